@@ -1,0 +1,5 @@
+"""`python -m toposdns`."""
+
+from toposdns.cli import main
+
+raise SystemExit(main())

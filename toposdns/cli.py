@@ -1,0 +1,115 @@
+"""The `toposdns` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from toposdns import __version__
+from toposdns.config import (
+    POD_MODES,
+    ConfigError,
+    ServeConfig,
+    check_ttl,
+    parse_listen,
+    parse_zones,
+)
+from toposdns.logs import configure_logging
+from toposdns.resolve.resolver import ResolverConfig
+from toposdns.source.snapshot_file import SnapshotError
+
+log = logging.getLogger("toposdns")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, with one sub-command per job."""
+    parser = argparse.ArgumentParser(
+        prog="toposdns",
+        description="Kubernetes cluster DNS that answers like CoreDNS, with topology-aware "
+        "headless services.",
+    )
+    parser.add_argument("--version", action="version", version=f"toposdns {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="answer DNS queries over UDP and TCP")
+    serve.add_argument("--snapshot", type=Path, metavar="FILE",
+                       help="serve the objects in this YAML/JSON file, reloaded when it changes")
+    serve.add_argument("--listen", default="0.0.0.0:53", metavar="HOST:PORT",
+                       help="DNS address, UDP and TCP (default %(default)s; port 0 picks one)")
+    _add_answer_options(serve)
+    serve.add_argument("--tcp-idle-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="close TCP connections idle this long (default %(default)s)")
+    serve.add_argument("--tcp-max-connections", type=int, default=1024, metavar="N",
+                       help="refuse TCP connections beyond this many (default %(default)s)")
+    serve.add_argument("--log-format", choices=("text", "json"), default="text")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                       default="info")
+    return parser
+
+
+def _add_answer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zone", action="append", default=[], metavar="ZONE[,ZONE]",
+                        help="zones to serve, repeatable (default cluster.local, in-addr.arpa, "
+                        "ip6.arpa)")
+    parser.add_argument("--ttl", type=int, default=5, help="TTL of answers (default 5)")
+    parser.add_argument("--pods", choices=POD_MODES, default="disabled",
+                        help="pod records <a-b-c-d>.<ns>.pod.<zone> (default disabled)")
+    parser.add_argument("--endpoint-pod-names", action="store_true",
+                        help="name endpoints without a hostname after their pod")
+    parser.add_argument("--namespaces", default="", metavar="NS[,NS]",
+                        help="serve only these namespaces (CoreDNS `namespaces`)")
+
+
+def resolver_config(args: argparse.Namespace) -> ResolverConfig:
+    """The answer options shared by `serve` and `explain`."""
+    zones, primary = parse_zones(args.zone)
+    return ResolverConfig(
+        zones=zones,
+        ttl=check_ttl(args.ttl),
+        pods=args.pods,
+        endpoint_pod_names=args.endpoint_pod_names,
+        namespaces=frozenset(ns.strip() for ns in args.namespaces.split(",") if ns.strip()),
+        primary_zone=primary,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from toposdns.server import run, serve
+
+    configure_logging(args.log_level, args.log_format)
+    try:
+        host, port = parse_listen(args.listen)
+        if args.snapshot is None:
+            raise ConfigError(
+                "--snapshot FILE is required: this version serves from a snapshot file only"
+            )
+        config = ServeConfig(
+            snapshot=args.snapshot,
+            listen_host=host,
+            listen_port=port,
+            resolver=resolver_config(args),
+            tcp_idle_timeout=args.tcp_idle_timeout,
+            tcp_max_connections=args.tcp_max_connections,
+        )
+    except ConfigError as exc:
+        print(f"toposdns serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run(serve(config))
+    except SnapshotError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", args.listen, exc)
+        return 1
+    return 0

@@ -1,0 +1,73 @@
+"""Validated settings for the server, built from the command line; no I/O here."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toposdns.resolve.answer import Name
+from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
+
+DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
+POD_MODES = ("disabled", "insecure", "verified")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work, with what to do about it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Everything `toposdns serve` needs."""
+
+    snapshot: Path | None
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 53
+    resolver: ResolverConfig = field(default_factory=ResolverConfig)
+    tcp_idle_timeout: float = 10.0
+    tcp_max_connections: int = 1024
+
+
+def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
+    """Zones from repeatable, comma-separated `--zone` values.
+
+    Returns the lower-cased zones in order, and the first non-reverse zone in its given case,
+    which PTR answers point into.
+    """
+    texts = [part.strip() for value in values for part in value.split(",") if part.strip()]
+    zones: list[Name] = []
+    primary: Name | None = None
+    for text in texts or DEFAULT_ZONES:
+        labels = tuple(label for label in text.rstrip(".").split(".")) if text != "." else ()
+        if any(not label or len(label) > 63 for label in labels):
+            raise ConfigError(f"--zone {text!r}: not a domain name")
+        lower = tuple(label.lower() for label in labels)
+        if lower in zones:
+            continue
+        zones.append(lower)
+        if primary is None and lower[-2:] not in REVERSE_ZONES:
+            primary = labels
+    if primary is None:
+        raise ConfigError("--zone: at least one zone must be a forward zone, e.g. cluster.local")
+    return tuple(zones), primary
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT, [V6]:PORT or :PORT; port 0 picks a free port."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:5353")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"--listen {text!r}: {host!r} is not an IP address") from None
+    return host, int(port_text)
+
+
+def check_ttl(ttl: int) -> int:
+    """CoreDNS accepts TTLs from 0 to 3600."""
+    if not 0 <= ttl <= 3600:
+        raise ConfigError(f"--ttl {ttl}: must be between 0 and 3600")
+    return ttl

@@ -1,0 +1,1 @@
+"""The pure resolver: question + snapshot + config -> answer."""

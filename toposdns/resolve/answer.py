@@ -1,0 +1,126 @@
+"""What the resolver returns: resource records and the answer they make up.
+
+Names are tuples of labels (the root is the empty tuple), so a label is never confused with a
+dotted string and a query's letter case is kept exactly as it was asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Name = tuple[str, ...]
+
+# RR types and rcodes used by the resolver (RFC 1035, 3596, 2782, 6891).
+A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
+    1, 2, 5, 6, 12, 15, 16, 28, 33, 41, 251, 252, 255,
+)  # fmt: skip
+NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 1, 2, 3, 4, 5
+BADVERS = 16
+
+TYPE_NAMES = {A: "A", NS: "NS", CNAME: "CNAME", SOA: "SOA", PTR: "PTR", MX: "MX", TXT: "TXT",
+              AAAA: "AAAA", SRV: "SRV", OPT: "OPT", IXFR: "IXFR", AXFR: "AXFR", ANY: "ANY"}  # fmt: skip
+RCODE_NAMES = {NOERROR: "NOERROR", FORMERR: "FORMERR", SERVFAIL: "SERVFAIL",
+               NXDOMAIN: "NXDOMAIN", NOTIMP: "NOTIMP", REFUSED: "REFUSED", BADVERS: "BADVERS"}  # fmt: skip
+
+
+def type_name(rtype: int) -> str:
+    """Mnemonic of an RR type, or RFC 3597's TYPEnnn."""
+    return TYPE_NAMES.get(rtype, f"TYPE{rtype}")
+
+
+def type_code(text: str) -> int:
+    """RR type from its mnemonic or TYPEnnn form; ValueError if unknown."""
+    upper = text.upper()
+    for code, name in TYPE_NAMES.items():
+        if name == upper:
+            return code
+    if upper.startswith("TYPE") and upper[4:].isdigit():
+        return int(upper[4:])
+    raise ValueError(f"unknown record type {text!r}")
+
+
+def name_text(name: Name) -> str:
+    """Presentation form with a trailing dot, escaping dots and odd bytes inside labels."""
+    if not name:
+        return "."
+    out = []
+    for label in name:
+        chars = []
+        for ch in label:
+            code = ord(ch)
+            if ch in '.\\"()@;$':
+                chars.append("\\" + ch)
+            elif code <= 0x20 or code >= 0x7F:
+                chars.append(f"\\{code:03d}")
+            else:
+                chars.append(ch)
+        out.append("".join(chars))
+    return ".".join(out) + "."
+
+
+@dataclass(frozen=True, slots=True)
+class Srv:
+    """SRV rdata (RFC 2782)."""
+
+    priority: int
+    weight: int
+    port: int
+    target: Name
+
+
+@dataclass(frozen=True, slots=True)
+class Soa:
+    """SOA rdata."""
+
+    mname: Name
+    rname: Name
+    serial: int
+    refresh: int
+    retry: int
+    expire: int
+    minimum: int
+
+
+#: A/AAAA rdata is the address text; PTR/CNAME/NS a Name; TXT a tuple of strings.
+Rdata = str | Name | Srv | Soa
+
+
+@dataclass(frozen=True, slots=True)
+class RR:
+    """One resource record of class IN."""
+
+    name: Name
+    rtype: int
+    ttl: int
+    rdata: Rdata
+
+    def __str__(self) -> str:
+        return f"{name_text(self.name)}\t{self.ttl}\tIN\t{type_name(self.rtype)}\t{self.rdata_text()}"
+
+    def rdata_text(self) -> str:
+        """The rdata in zone-file form."""
+        data = self.rdata
+        if isinstance(data, Srv):
+            return f"{data.priority} {data.weight} {data.port} {name_text(data.target)}"
+        if isinstance(data, Soa):
+            return (
+                f"{name_text(data.mname)} {name_text(data.rname)} {data.serial} "
+                f"{data.refresh} {data.retry} {data.expire} {data.minimum}"
+            )
+        if isinstance(data, str):
+            return data
+        if self.rtype == TXT:
+            return " ".join('"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"' for s in data)
+        return name_text(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete DNS answer, before it is put on the wire."""
+
+    rcode: int
+    answer: tuple[RR, ...] = ()
+    authority: tuple[RR, ...] = ()
+    additional: tuple[RR, ...] = ()
+    #: AA: set on everything the cluster zones answer; not on REFUSED and other server errors.
+    authoritative: bool = True

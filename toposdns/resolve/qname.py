@@ -1,0 +1,62 @@
+"""The cluster DNS name grammar (CoreDNS `plugin/kubernetes/parse.go`).
+
+A name under a zone is read right to left: `svc` or `pod`, then the namespace, then the
+service (or the dashed pod IP). What is left decides the form:
+
+    nothing          <svc>.<ns>.svc.<zone>
+    one label        <endpoint>.<svc>.<ns>.svc.<zone>
+    two labels       _<port>._<proto>.<svc>.<ns>.svc.<zone>  (a leading "_" is optional)
+    three or more    invalid: NXDOMAIN
+
+For pods the same shapes parse, and one or two labels left of the dashed IP are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SVC = "svc"
+POD = "pod"
+
+
+class InvalidName(ValueError):
+    """The name cannot exist in a cluster zone (answered NXDOMAIN)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A parsed cluster name; every field lower-cased, "" when absent."""
+
+    kind: str = ""  # "svc", "pod", or "" for the apex and other empty bases
+    namespace: str = ""
+    service: str = ""
+    endpoint: str = ""
+    port: str = ""
+    protocol: str = ""
+
+
+def parse_request(base: tuple[str, ...]) -> Request:
+    """Parse the labels left of the zone (lower-cased) into a Request.
+
+    An empty base, or one that is just `svc` or `pod`, is a name that exists with no records.
+    """
+    if not base or base == (SVC,) or base == (POD,):
+        return Request()
+    kind = base[-1]
+    if kind not in (SVC, POD):
+        raise InvalidName(f"{kind!r} is neither svc nor pod")
+    rest = base[:-1]
+    namespace = rest[-1]
+    service = rest[-2] if len(rest) >= 2 else ""
+    extra = rest[:-2]
+    if len(extra) > 2:
+        raise InvalidName("too many labels before the service name")
+    if kind == POD or not extra:
+        return Request(kind, namespace, service)
+    if len(extra) == 1:
+        return Request(kind, namespace, service, endpoint=extra[0])
+    return Request(kind, namespace, service, port=_strip(extra[0]), protocol=_strip(extra[1]))
+
+
+def _strip(label: str) -> str:
+    return label[1:] if label.startswith("_") else label

@@ -1,0 +1,425 @@
+"""Answer a question from a snapshot, exactly as CoreDNS's `kubernetes` plugin does.
+
+This is a pure function of (question, snapshot, config): no I/O, no clock. Its structure follows
+CoreDNS so that each rule can be checked against the source named in
+`shared/spec/coredns-contract.md`:
+
+- `resolve` is `handler.go` ServeDNS: zone match, dispatch on the qtype, negative answers;
+- `_Lookup.services` / `records` / `find_services` / `find_pods` are `kubernetes.go`;
+- `_Lookup.address` / `srv` / `ptr` / `ns` are `plugin/backend_lookup.go`.
+
+A lookup produces *entries* (CoreDNS's `msg.Service`): a host, which is an IP or a CNAME
+target, a port, and the owner name an SRV record would point at.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from toposdns.resolve.answer import (
+    AAAA,
+    AXFR,
+    CNAME,
+    IXFR,
+    NOERROR,
+    NS,
+    NXDOMAIN,
+    PTR,
+    REFUSED,
+    RR,
+    SERVFAIL,
+    SOA,
+    SRV,
+    TXT,
+    A,
+    Answer,
+    Name,
+    Soa,
+    Srv,
+)
+from toposdns.resolve.qname import POD, SVC, InvalidName, Request, parse_request
+from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port
+from toposdns.store.snapshot import Snapshot, canonical_ip
+
+DNS_SCHEMA_VERSION = "1.1.0"
+DNS_VERSION_TTL = 28800
+REVERSE_ZONES = (("in-addr", "arpa"), ("ip6", "arpa"))
+# CoreDNS stops following in-zone CNAMEs once this many are already in the answer.
+MAX_CNAME_CHAIN = 7
+
+
+@dataclass(frozen=True, slots=True)
+class ResolverConfig:
+    """The options that change answers (CoreDNS's `kubernetes` stanza)."""
+
+    #: Served zones as lower-case labels, in configured order.
+    zones: tuple[Name, ...] = (("cluster", "local"), ("in-addr", "arpa"), ("ip6", "arpa"))
+    ttl: int = 5
+    pods: str = "disabled"  # disabled | insecure | verified
+    endpoint_pod_names: bool = False
+    #: CoreDNS's `namespaces` option: when set, only these namespaces are served.
+    namespaces: frozenset[str] = frozenset()
+    #: This server's own non-loopback addresses, for apex NS and `ns.dns.<zone>` (local.go).
+    ns_addresses: tuple[str, ...] = ()
+    #: The first non-reverse zone, in its configured case: PTR answers point into it.
+    primary_zone: Name = ("cluster", "local")
+
+
+class NotFound(LookupError):
+    """CoreDNS's errNoItems / errNsNotExposed: the name does not exist (NXDOMAIN)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    host: str  # an IP address, or for ExternalName the CNAME target
+    port: int
+    key: Name  # the name SRV and NS records point at
+    is_ip: bool = True
+
+
+def resolve(name: Name, qtype: int, snapshot: Snapshot, config: ResolverConfig) -> Answer:
+    """Answer one question. `name` is the query name's labels exactly as asked."""
+    lower = tuple(label.lower() for label in name)
+    zone_len = match_zone(lower, config.zones)
+    if zone_len is None or qtype in (AXFR, IXFR):
+        # Not ours, or a transfer (which needs CoreDNS's transfer plugin): the server's bare REFUSED.
+        return Answer(REFUSED, authoritative=False)
+    zone = name[len(name) - zone_len :]
+    lookup = _Lookup(snapshot, config, zone)
+    soa = lookup.soa()
+    try:
+        records, extra = lookup.dispatch(name, lower, qtype)
+    except (NotFound, InvalidName):
+        # Until the first sync, a name that was not found may yet appear: SERVFAIL, not NXDOMAIN.
+        return Answer(NXDOMAIN if snapshot.synced else SERVFAIL, authority=(soa,))
+    if not records:
+        return Answer(NOERROR, authority=(soa,))
+    return Answer(NOERROR, _dedup(records), (), _dedup(extra))
+
+
+def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
+    """Length of the longest served zone that `lower` is in, or None."""
+    best: int | None = None
+    for zone in zones:
+        n = len(zone)
+        if (best is None or n > best) and lower[len(lower) - n :] == zone:
+            best = n
+    return best
+
+
+def is_reverse(lower: Name) -> bool:
+    """True for names under in-addr.arpa or ip6.arpa."""
+    return lower[-2:] in REVERSE_ZONES
+
+
+def reverse_address(lower: Name) -> str | None:
+    """The address a full in-addr.arpa / ip6.arpa name stands for, or None (dnsutil)."""
+    if lower[-2:] == ("in-addr", "arpa") and len(lower) == 6:
+        text = ".".join(reversed(lower[:4]))
+    elif lower[-2:] == ("ip6", "arpa") and len(lower) == 34:
+        nibbles = "".join(reversed(lower[:32]))
+        text = ":".join(nibbles[i : i + 4] for i in range(0, 32, 4))
+    else:
+        return None
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def endpoint_hostname(endpoint: Endpoint, address: str, pod_names: bool) -> str:
+    """The label an endpoint answers under: hostname, else pod name (option), else dashed IP."""
+    if endpoint.hostname:
+        return endpoint.hostname
+    if pod_names and endpoint.pod_name:
+        return endpoint.pod_name
+    if "." in address:
+        return address.replace(".", "-")
+    dashed = address.replace(":", "-")
+    return dashed + "0" if dashed.endswith("-") else dashed
+
+
+def _match_port(request: Request, port: Port) -> bool:
+    return (not request.port or request.port == port.name.lower()) and (
+        not request.protocol or request.protocol == port.protocol.lower()
+    )
+
+
+def _dedup(records: list[RR]) -> tuple[RR, ...]:
+    return tuple(dict.fromkeys(records))
+
+
+def _pod_address(label: str) -> str:
+    # Three dashes and no "--" is IPv4; anything else is read as IPv6 (CoreDNS findPods).
+    if label.count("-") == 3 and "--" not in label:
+        return label.replace("-", ".")
+    return label.replace("-", ":")
+
+
+def _family(host: str) -> int | None:
+    try:
+        return A if ipaddress.ip_address(host).version == 4 else AAAA
+    except ValueError:
+        return None
+
+
+class _Lookup:
+    """One query's view of the snapshot: the matched zone, as cased in the query."""
+
+    def __init__(self, snapshot: Snapshot, config: ResolverConfig, zone: Name) -> None:
+        self.snap = snapshot
+        self.cfg = config
+        self.zone = zone
+        self.zone_lower = tuple(label.lower() for label in zone)
+        self.ttl = config.ttl
+
+    def soa(self) -> RR:
+        """The zone's SOA, as CoreDNS writes it (backend_lookup.go SOA)."""
+        data = Soa(
+            ("ns", "dns") + self.zone,
+            ("hostmaster",) + self.zone,
+            self.snap.serial & 0xFFFFFFFF,
+            7200,
+            1800,
+            86400,
+            self.ttl,
+        )
+        return RR(self.zone, SOA, min(self.ttl, 300), data)
+
+    def dispatch(self, name: Name, lower: Name, qtype: int) -> tuple[list[RR], list[RR]]:
+        """The qtype switch of handler.go; raises NotFound/InvalidName for NXDOMAIN."""
+        if qtype in (A, AAAA):
+            return self.address(name, lower, qtype, []), []
+        if qtype == TXT:
+            return self.txt(name, lower), []
+        if qtype == CNAME:
+            entries = self.services(lower, qtype)
+            return [RR(name, CNAME, self.ttl, _labels(e.host)) for e in entries if not e.is_ip], []
+        if qtype == PTR:
+            return self.ptr(name, lower), []
+        if qtype == SRV:
+            return self.srv(name, lower)
+        if qtype == SOA:
+            return ([self.soa()] if lower == self.zone_lower else []), []
+        # The apex test compares the lower-cased name with the zone as asked (a CoreDNS quirk:
+        # a mixed-case apex NS query falls through to NODATA).
+        if qtype == NS and lower == self.zone:
+            return self.ns(name)
+        # Anything else: a fake A lookup tells NXDOMAIN from NODATA; no records either way.
+        self.address(name, lower, A, [])
+        return [], []
+
+    # kubernetes.go
+
+    def services(self, lower: Name, qtype: int) -> list[_Entry]:
+        """kubernetes.go Services: the entries a name holds, for the A/AAAA/SRV/... paths."""
+        if lower[: 2] == ("ns", "dns") and lower[2:] == self.zone:
+            return [e for e in self.ns_entries() if _family(e.host) == qtype]
+        entries = self.records(lower)
+        if qtype == SRV:
+            entries = [e for e in entries if e.is_ip]  # no SRV for ExternalName
+        return entries
+
+    def records(self, lower: Name) -> list[_Entry]:
+        """kubernetes.go Records: parse, then find pods or services."""
+        request = parse_request(lower[: len(lower) - len(self.zone)])
+        if not request.kind:
+            return []
+        if is_reverse(lower):
+            raise NotFound
+        if not self.exposed(request.namespace):
+            raise NotFound
+        if request.kind == POD:
+            return self.find_pods(request)
+        return self.find_services(request)
+
+    def exposed(self, namespace: str) -> bool:
+        """A namespace is served if it exists and, with `namespaces` set, is listed."""
+        listed = self.cfg.namespaces
+        return namespace in self.snap.namespaces and (not listed or namespace in listed)
+
+    def find_pods(self, request: Request) -> list[_Entry]:
+        mode = self.cfg.pods
+        if mode == "disabled":
+            raise NotFound
+        if not request.service:
+            return []
+        address = _pod_address(request.service)
+        try:
+            ip = canonical_ip(address)
+        except ValueError:
+            raise NotFound from None
+        if mode == "verified" and (request.namespace, ip) not in self.snap.pod_ips:
+            raise NotFound
+        key = (request.service, request.namespace, POD) + self.zone
+        return [_Entry(ip, 0, key)]
+
+    def find_services(self, request: Request) -> list[_Entry]:
+        if not request.service:
+            return []
+        svc = self.snap.services.get((request.namespace, request.service))
+        if svc is None:
+            raise NotFound
+        base = (svc.name, svc.namespace, SVC) + self.zone
+        if svc.kind == EXTERNAL_NAME:
+            if request.endpoint or request.port or request.protocol:
+                raise NotFound
+            if _family(svc.external_name) is not None:
+                raise NotFound  # an IP in externalName is ignored
+            return [_Entry(svc.external_name, 0, base, is_ip=False)]
+        entries: list[_Entry] = []
+        if svc.kind == HEADLESS or request.endpoint:
+            pod_names = self.cfg.endpoint_pod_names
+            for eps in self.snap.slices.get((svc.namespace, svc.name), ()):
+                for ep in eps.endpoints:
+                    for address in ep.addresses:
+                        hostname = endpoint_hostname(ep, address, pod_names)
+                        if request.endpoint and request.endpoint != hostname.lower():
+                            continue
+                        for port in eps.ports:
+                            if _match_port(request, port):
+                                entries.append(_Entry(address, port.port, (hostname,) + base))
+            if not entries:
+                raise NotFound
+            return entries
+        matched = False
+        for port in svc.ports:
+            if _match_port(request, port):
+                matched = True
+                entries.extend(_Entry(ip, port.port, base) for ip in svc.cluster_ips)
+        if not matched:
+            raise NotFound
+        return entries
+
+    def ns_entries(self) -> list[_Entry]:
+        """ns.go nsAddrs: this server's own Service if it finds its endpoint, else ns.dns.<zone>."""
+        entries: list[_Entry] = []
+        pod_names = self.cfg.endpoint_pod_names
+        for own in self.cfg.ns_addresses:
+            for eps, _ep, _address in self.snap.endpoint_ips.get(canonical_ip(own), ()):
+                svc = self.snap.services.get((eps.namespace, eps.service))
+                if svc is None:
+                    continue
+                base = (svc.name, svc.namespace, SVC) + self.zone
+                if svc.kind == HEADLESS:
+                    for ep in eps.endpoints:
+                        for address in ep.addresses:
+                            hostname = endpoint_hostname(ep, address, pod_names)
+                            entries.append(_Entry(address, 0, (hostname,) + base))
+                else:
+                    entries.extend(_Entry(ip, 0, base) for ip in svc.cluster_ips)
+        if not entries:
+            key = ("ns", "dns") + self.zone
+            entries = [_Entry(ip, 0, key) for ip in self.cfg.ns_addresses]
+        return entries
+
+    # backend_lookup.go
+
+    def address(self, name: Name, lower: Name, qtype: int, previous: list[RR]) -> list[RR]:
+        """A and AAAA records, following ExternalName CNAMEs that stay inside the zone."""
+        records: list[RR] = []
+        seen: set[str] = set()
+        for entry in self.services(lower, qtype):
+            if entry.is_ip:
+                if _family(entry.host) == qtype and entry.host not in seen:
+                    seen.add(entry.host)
+                    records.append(RR(name, qtype, self.ttl, entry.host))
+                continue
+            target = _labels(entry.host)
+            target_lower = tuple(label.lower() for label in target)
+            if target_lower[len(target_lower) - len(lower) :] == lower:
+                continue  # the target is at or below the name: a loop
+            cname = RR(name, CNAME, self.ttl, target)
+            if len(previous) > MAX_CNAME_CHAIN or any(r.rdata == target for r in previous):
+                continue
+            if target_lower[len(target_lower) - len(self.zone) :] != self.zone_lower:
+                # Out of zone: CoreDNS asks its upstream. Without one, the CNAME stands alone.
+                records.append(cname)
+                continue
+            try:
+                chased = self.address(target, target_lower, qtype, previous + [cname])
+            except (NotFound, InvalidName):
+                continue
+            if chased:
+                records.append(cname)
+                records.extend(chased)
+        return records
+
+    def txt(self, name: Name, lower: Name) -> list[RR]:
+        """dns-version is the only TXT; other existing names are NODATA, the rest NXDOMAIN."""
+        if lower[: len(lower) - len(self.zone)] == ("dns-version",):
+            return [RR(name, TXT, DNS_VERSION_TTL, (DNS_SCHEMA_VERSION,))]
+        try:
+            exists = bool(self.records(lower))
+        except (NotFound, InvalidName):
+            exists = False
+        if not exists:
+            raise NotFound
+        return []
+
+    def srv(self, name: Name, lower: Name) -> tuple[list[RR], list[RR]]:
+        """SRV records with CoreDNS's weights, and the targets' addresses as additional records."""
+        entries = self.services(lower, SRV)
+        # The weight counts every entry, duplicates and sentinel ports included (backend_lookup.go).
+        total = 100.0 * len(entries)
+        weight = max(1, int(100.0 / total * 100.0)) if entries else 0
+        records: list[RR] = []
+        extra: list[RR] = []
+        seen: set[tuple[Name, str, int]] = set()
+        for entry in entries:
+            if entry.port == -1:
+                continue
+            if (entry.key, "", entry.port) not in seen:
+                seen.add((entry.key, "", entry.port))
+                records.append(RR(name, SRV, self.ttl, Srv(0, weight, entry.port, entry.key)))
+            if (entry.key, entry.host, 0) not in seen:
+                seen.add((entry.key, entry.host, 0))
+                family = _family(entry.host)
+                assert family is not None
+                extra.append(RR(entry.key, family, self.ttl, entry.host))
+        return records, extra
+
+    def ptr(self, name: Name, lower: Name) -> list[RR]:
+        """Reverse lookups: the first Service holding the IP, else every endpoint holding it."""
+        ip = reverse_address(lower)
+        if ip is None:
+            self.records(lower)  # may raise NotFound: NXDOMAIN; otherwise NODATA
+            return []
+        primary = self.cfg.primary_zone
+        listed = self.cfg.namespaces
+        services = [
+            svc
+            for svc in self.snap.service_ips.get(ip, ())
+            if not listed or svc.namespace in listed
+        ]
+        targets: list[Name] = []
+        if services:
+            targets.append((services[0].name, services[0].namespace, SVC) + primary)
+        else:
+            pod_names = self.cfg.endpoint_pod_names
+            for eps, ep, address in self.snap.endpoint_ips.get(ip, ()):
+                if listed and eps.namespace not in listed:
+                    continue
+                hostname = endpoint_hostname(ep, address, pod_names)
+                targets.append((hostname, eps.service, eps.namespace, SVC) + primary)
+        if not targets:
+            raise NotFound
+        return [RR(name, PTR, self.ttl, target) for target in dict.fromkeys(targets)]
+
+    def ns(self, name: Name) -> tuple[list[RR], list[RR]]:
+        """Apex NS: one NS per distinct target, with every address as glue."""
+        records: list[RR] = []
+        extra: list[RR] = []
+        for entry in self.ns_entries():
+            family = _family(entry.host)
+            assert family is not None
+            extra.append(RR(entry.key, family, self.ttl, entry.host))
+            if all(r.rdata != entry.key for r in records):
+                records.append(RR(name, NS, self.ttl, entry.key))
+        return records, extra
+
+
+def _labels(host: str) -> Name:
+    """A host name as labels; a trailing dot is optional (CoreDNS makes it fully qualified)."""
+    return tuple(host.rstrip(".").split(".")) if host.strip(".") else ()

@@ -1,0 +1,1 @@
+"""UDP and TCP frontends and the bytes-in, bytes-out responder behind them."""

@@ -1,0 +1,99 @@
+"""The TCP frontend (RFC 7766): 2-byte length framing, pipelining, idle timeout, connection cap.
+
+Queries on one connection are answered in the order they arrive; each answer is written as soon
+as it is ready, so a client may send many queries without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import cast
+
+from toposdns.serve.responder import TCP, Responder
+
+log = logging.getLogger("toposdns")
+
+
+class TcpLimits:
+    """Shared by all connections of one listener."""
+
+    def __init__(self, max_connections: int, idle_timeout: float) -> None:
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.open = 0
+
+
+class TcpProtocol(asyncio.Protocol):
+    """One TCP connection."""
+
+    def __init__(self, responder: Responder, limits: TcpLimits) -> None:
+        self.responder = responder
+        self.limits = limits
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.last_active = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
+        if self.limits.open >= self.limits.max_connections:
+            log.warning("closing a TCP connection: %d already open", self.limits.open)
+            self.transport.abort()
+            return
+        self.limits.open += 1
+        self.counted = True
+        self.last_active = time.monotonic()
+        self.timer = asyncio.get_running_loop().call_later(
+            self.limits.idle_timeout, self.check_idle
+        )
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.last_active = time.monotonic()
+        buffer = self.buffer
+        buffer += data
+        cache = self.responder.wire[TCP]
+        while len(buffer) >= 2:
+            length = (buffer[0] << 8) | buffer[1]
+            if len(buffer) < 2 + length:
+                break
+            message = bytes(buffer[2 : 2 + length])
+            del buffer[: 2 + length]
+            cached = cache.get(message[2:])
+            if cached is not None:
+                reply: bytes | None = message[:2] + cached
+            else:
+                reply = self.responder.respond(message, TCP)
+            if reply is not None:
+                self.transport.write(len(reply).to_bytes(2, "big") + reply)
+
+    def pause_writing(self) -> None:
+        # The client is not reading its answers: stop reading its queries too.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def check_idle(self) -> None:
+        """Close the connection once it has been idle for the whole timeout."""
+        assert self.transport is not None
+        idle = time.monotonic() - self.last_active
+        if idle >= self.limits.idle_timeout:
+            self.transport.close()
+            return
+        self.timer = asyncio.get_running_loop().call_later(
+            self.limits.idle_timeout - idle, self.check_idle
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.counted:
+            self.limits.open -= 1
+            self.counted = False

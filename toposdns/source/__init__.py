@@ -1,0 +1,1 @@
+"""Where objects come from: a snapshot file (and, later, the Kubernetes API)."""

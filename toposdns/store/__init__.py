@@ -1,0 +1,1 @@
+"""Slim records of Kubernetes objects and the immutable snapshot built from them."""

@@ -1,0 +1,248 @@
+"""Turn raw Kubernetes objects (decoded JSON/YAML dicts) into the store's slim records.
+
+Every check here names the object and the field it refused, because the same messages reach an
+operator from a snapshot file and from the live API.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any
+
+from toposdns.store.model import (
+    CLUSTER_IP,
+    EXTERNAL_NAME,
+    HEADLESS,
+    NO_PORT,
+    Endpoint,
+    EndpointSlice,
+    Namespace,
+    PodLocator,
+    Port,
+    Record,
+    Service,
+)
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+TOPOLOGY_KEYS_ANNOTATION = "toposdns.io/topology-keys"
+NODE_LOCATOR_LABEL = "toposdns.io/locator"
+
+#: (apiVersion, kind) pairs a snapshot or the live source may hold.
+KINDS = {
+    ("v1", "Service"),
+    ("v1", "Namespace"),
+    ("discovery.k8s.io/v1", "EndpointSlice"),
+    ("toposdns.io/v1alpha1", "PodLocator"),
+}
+
+
+class ObjectError(ValueError):
+    """A Kubernetes object that cannot be served, with where and why."""
+
+    def __init__(self, obj: str, field: str, reason: str) -> None:
+        super().__init__(f"{obj}: {field}: {reason}" if field else f"{obj}: {reason}")
+        self.obj = obj
+        self.field = field
+        self.reason = reason
+
+
+def describe(raw: Any) -> str:
+    """Name an object the way kubectl does: `Kind namespace/name`."""
+    if not isinstance(raw, Mapping):
+        return f"<{type(raw).__name__}>"
+    meta = raw.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = meta.get("name", "?")
+    ns = meta.get("namespace")
+    return f"{raw.get('kind', '?')} {ns}/{name}" if ns else f"{raw.get('kind', '?')} {name}"
+
+
+def convert_object(raw: Any) -> Record:
+    """Convert one raw object; raise ObjectError if it is malformed or of an unknown kind."""
+    obj = describe(raw)
+    if not isinstance(raw, Mapping):
+        raise ObjectError(obj, "", "not a mapping")
+    key = (raw.get("apiVersion"), raw.get("kind"))
+    if key not in KINDS:
+        known = ", ".join(sorted(f"{k} ({v})" for v, k in KINDS))
+        raise ObjectError(obj, "apiVersion/kind", f"unsupported {key[0]}/{key[1]}; expected {known}")
+    meta = _mapping(raw.get("metadata"), obj, "metadata")
+    name = _str(meta.get("name"), obj, "metadata.name", required=True)
+    if key[1] == "Namespace":
+        return Namespace(name)
+    namespace = _str(meta.get("namespace"), obj, "metadata.namespace", required=True)
+    if key[1] == "Service":
+        return _service(raw, obj, namespace, name, meta)
+    if key[1] == "EndpointSlice":
+        return _endpoint_slice(raw, obj, namespace, name, meta)
+    return _pod_locator(raw, obj, namespace, name, meta)
+
+
+def _service(
+    raw: Mapping[str, Any], obj: str, namespace: str, name: str, meta: Mapping[str, Any]
+) -> Service:
+    spec = _mapping(raw.get("spec"), obj, "spec")
+    svc_type = _str(spec.get("type"), obj, "spec.type") or "ClusterIP"
+    ips: tuple[str, ...] = ()
+    external = ""
+    if svc_type == "ExternalName":
+        kind = EXTERNAL_NAME
+        external = _str(spec.get("externalName"), obj, "spec.externalName", required=True)
+    elif svc_type in ("ClusterIP", "NodePort", "LoadBalancer"):
+        cluster_ip = _str(spec.get("clusterIP"), obj, "spec.clusterIP")
+        listed = _list(spec.get("clusterIPs"), obj, "spec.clusterIPs")
+        raw_ips = [_str(ip, obj, "spec.clusterIPs", required=True) for ip in listed]
+        if not raw_ips and cluster_ip:
+            raw_ips = [cluster_ip]
+        if raw_ips == ["None"] or cluster_ip == "None":
+            kind = HEADLESS
+        else:
+            kind = CLUSTER_IP
+            ips = tuple(_ip(ip, obj, "spec.clusterIPs") for ip in raw_ips)
+            if not ips:
+                raise ObjectError(obj, "spec.clusterIP", "a ClusterIP service needs an address")
+    else:
+        raise ObjectError(obj, "spec.type", f"unknown service type {svc_type!r}")
+    ports = tuple(
+        _port(p, obj, f"spec.ports[{i}]")
+        for i, p in enumerate(_list(spec.get("ports"), obj, "spec.ports"))
+    )
+    annotations = _mapping(meta.get("annotations"), obj, "metadata.annotations")
+    annotation = annotations.get(TOPOLOGY_KEYS_ANNOTATION)
+    keys = spec.get("topologyKeys")
+    return Service(
+        namespace=namespace,
+        name=name,
+        kind=kind,
+        cluster_ips=ips,
+        ports=ports or (NO_PORT,),
+        external_name=external,
+        topology_keys=None
+        if keys is None
+        else tuple(_str(k, obj, "spec.topologyKeys") for k in _list(keys, obj, "spec.topologyKeys")),
+        topology_annotation=None
+        if annotation is None
+        else tuple(k.strip() for k in _str(annotation, obj, TOPOLOGY_KEYS_ANNOTATION).split(",")),
+        traffic_distribution=_str(spec.get("trafficDistribution"), obj, "spec.trafficDistribution"),
+        external_traffic_policy=_str(
+            spec.get("externalTrafficPolicy"), obj, "spec.externalTrafficPolicy"
+        ),
+    )
+
+
+def _endpoint_slice(
+    raw: Mapping[str, Any], obj: str, namespace: str, name: str, meta: Mapping[str, Any]
+) -> EndpointSlice:
+    labels = _mapping(meta.get("labels"), obj, "metadata.labels")
+    service = _str(labels.get(SERVICE_NAME_LABEL), obj, f"metadata.labels[{SERVICE_NAME_LABEL}]")
+    address_type = _str(raw.get("addressType"), obj, "addressType", required=True)
+    if address_type not in ("IPv4", "IPv6", "FQDN"):
+        raise ObjectError(obj, "addressType", f"unknown addressType {address_type!r}")
+    endpoints = []
+    for i, ep in enumerate(_list(raw.get("endpoints"), obj, "endpoints")):
+        where = f"endpoints[{i}]"
+        ep = _mapping(ep, obj, where)
+        conditions = _mapping(ep.get("conditions"), obj, f"{where}.conditions")
+        # Only `ready` counts, and a missing value means ready (CoreDNS object/endpoint.go).
+        if conditions.get("ready") is False:
+            continue
+        addresses = _list(ep.get("addresses"), obj, f"{where}.addresses")
+        if address_type == "FQDN":
+            continue  # FQDN slices are deprecated and never served by CoreDNS.
+        addrs = tuple(_ip(a, obj, f"{where}.addresses") for a in addresses)
+        target = _mapping(ep.get("targetRef"), obj, f"{where}.targetRef")
+        pod_name = _str(target.get("name"), obj, f"{where}.targetRef.name")
+        hints = ep.get("hints")
+        hint_zones = None
+        if hints is not None:
+            zones = _list(_mapping(hints, obj, f"{where}.hints").get("forZones"), obj, where)
+            hint_zones = tuple(
+                _str(_mapping(z, obj, f"{where}.hints.forZones").get("name"), obj, where)
+                for z in zones
+            ) or None
+        endpoints.append(
+            Endpoint(
+                addresses=addrs,
+                hostname=_str(ep.get("hostname"), obj, f"{where}.hostname"),
+                # Longer pod names are not valid DNS labels; CoreDNS drops them at conversion.
+                pod_name=pod_name if len(pod_name) < 64 else "",
+                node_name=_str(ep.get("nodeName"), obj, f"{where}.nodeName"),
+                zone=_str(ep.get("zone"), obj, f"{where}.zone"),
+                hint_zones=hint_zones,
+            )
+        )
+    ports = tuple(
+        _port(p, obj, f"ports[{i}]") for i, p in enumerate(_list(raw.get("ports"), obj, "ports"))
+    )
+    return EndpointSlice(namespace, name, service, ports or (NO_PORT,), tuple(endpoints))
+
+
+def _pod_locator(
+    raw: Mapping[str, Any], obj: str, namespace: str, name: str, meta: Mapping[str, Any]
+) -> PodLocator:
+    addresses = tuple(
+        _ip(a, obj, "addresses") for a in _list(raw.get("addresses"), obj, "addresses")
+    )
+    labels = _mapping(raw.get("nodeLabels"), obj, "nodeLabels")
+    node_labels = {
+        _str(k, obj, "nodeLabels"): _str(v, obj, f"nodeLabels[{k}]") for k, v in labels.items()
+    }
+    meta_labels = _mapping(meta.get("labels"), obj, "metadata.labels")
+    return PodLocator(
+        namespace=namespace,
+        name=name,
+        addresses=addresses,
+        node_name=_str(raw.get("nodeName"), obj, "nodeName"),
+        node_labels=node_labels,
+        is_node=meta_labels.get(NODE_LOCATOR_LABEL) == "node",
+    )
+
+
+def _port(raw: Any, obj: str, where: str) -> Port:
+    raw = _mapping(raw, obj, where)
+    number = raw.get("port")
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number <= 65535:
+        # An EndpointSlice port may omit its number ("all ports"); CoreDNS then serves port 0.
+        if number is not None:
+            raise ObjectError(obj, f"{where}.port", f"not a port number: {number!r}")
+        number = 0
+    protocol = _str(raw.get("protocol"), obj, f"{where}.protocol") or "TCP"
+    return Port(_str(raw.get("name"), obj, f"{where}.name"), protocol, number)
+
+
+def _ip(value: Any, obj: str, field: str) -> str:
+    text = _str(value, obj, field, required=True)
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise ObjectError(obj, field, f"not an IP address: {text!r}") from None
+    return text
+
+
+def _str(value: Any, obj: str, field: str, required: bool = False) -> str:
+    if value is None:
+        if required:
+            raise ObjectError(obj, field, "is required")
+        return ""
+    if not isinstance(value, str):
+        raise ObjectError(obj, field, f"must be a string, got {type(value).__name__}")
+    if required and not value:
+        raise ObjectError(obj, field, "must not be empty")
+    return value
+
+
+def _mapping(value: Any, obj: str, field: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ObjectError(obj, field, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, obj: str, field: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ObjectError(obj, field, f"must be a list, got {type(value).__name__}")
+    return value

@@ -1,0 +1,96 @@
+"""Slim, immutable records of the Kubernetes objects DNS needs.
+
+Like CoreDNS's `object/` package, everything DNS does not read is dropped at conversion, so a
+snapshot of a large cluster stays small. Not-ready endpoints are dropped too: CoreDNS reads only
+`conditions.ready` and never serves an endpoint whose value is false.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Kinds of Service as DNS sees them.
+CLUSTER_IP = "ClusterIP"  # also NodePort and LoadBalancer: all answer with their cluster IPs
+HEADLESS = "Headless"
+EXTERNAL_NAME = "ExternalName"
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """A named port. CoreDNS gives objects without ports one sentinel port of number -1."""
+
+    name: str
+    protocol: str
+    port: int
+
+
+#: The sentinel CoreDNS uses for a Service or EndpointSlice that declares no ports.
+NO_PORT = Port("", "", -1)
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A v1 Service, reduced to what DNS answers from."""
+
+    namespace: str
+    name: str
+    kind: str
+    cluster_ips: tuple[str, ...]
+    ports: tuple[Port, ...]
+    external_name: str = ""
+    #: `spec.topologyKeys` (None when absent, which differs from an empty list only for explain).
+    topology_keys: tuple[str, ...] | None = None
+    #: The `toposdns.io/topology-keys` annotation, split on commas.
+    topology_annotation: tuple[str, ...] | None = None
+    traffic_distribution: str = ""
+    external_traffic_policy: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One ready endpoint of an EndpointSlice."""
+
+    addresses: tuple[str, ...]
+    hostname: str = ""
+    #: `targetRef.name` when the target is a Pod (used by `--endpoint-pod-names`).
+    pod_name: str = ""
+    node_name: str = ""
+    zone: str = ""
+    #: `hints.forZones[].name`; None when the endpoint carries no zone hint.
+    hint_zones: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSlice:
+    """A discovery.k8s.io/v1 EndpointSlice with only its ready endpoints."""
+
+    namespace: str
+    name: str
+    service: str
+    ports: tuple[Port, ...]
+    endpoints: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A v1 Namespace: DNS only needs to know that it exists."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodLocator:
+    """A toposdns.io/v1alpha1 PodLocator: where a pod (or, for node locators, a node) runs."""
+
+    namespace: str
+    name: str
+    addresses: tuple[str, ...]
+    node_name: str
+    node_labels: Mapping[str, str]
+    #: True for the controller's per-node locators (label `toposdns.io/locator: node`).
+    is_node: bool = False
+
+
+#: Any object a snapshot can hold.
+Record = Service | EndpointSlice | Namespace | PodLocator

@@ -1,0 +1,1 @@
+"""The DNS wire format: decoding queries and encoding replies."""

@@ -1,0 +1,136 @@
+"""Read a DNS query off the wire (RFC 1035, RFC 6891), by hand: this runs for every packet.
+
+The header checks are those of miekg/dns's default accept function, which CoreDNS serves
+through: responses are ignored, opcodes other than QUERY get NOTIMP, and a query whose section
+counts no query can have gets FORMERR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from struct import error as StructError
+from struct import unpack_from
+
+from toposdns.resolve.answer import FORMERR, NOTIMP, OPT, Name
+
+HEADER_SIZE = 12
+MAX_NAME_WIRE = 255
+
+
+class Dropped(Exception):
+    """Not worth an answer: shorter than a header, or a response."""
+
+
+class Rejected(Exception):
+    """Answered with a bare header carrying `rcode` (FORMERR or NOTIMP)."""
+
+    def __init__(self, data: bytes, rcode: int, why: str) -> None:
+        super().__init__(why)
+        self.data = data
+        self.rcode = rcode
+
+
+@dataclass(frozen=True, slots=True)
+class Edns:
+    """The query's OPT record."""
+
+    udp_size: int
+    #: The OPT TTL field: extended rcode, version, DO and Z bits.
+    ttl: int
+    options: tuple[tuple[int, bytes], ...] = ()
+
+    @property
+    def version(self) -> int:
+        """EDNS version; only 0 exists."""
+        return (self.ttl >> 16) & 0xFF
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A decoded query: its header fields, its one question and its OPT record."""
+
+    id: int
+    flags: int
+    name: Name
+    qtype: int
+    qclass: int
+    edns: Edns | None = None
+
+
+def decode_query(data: bytes) -> Query:
+    """Decode a query; raise Dropped or Rejected when it cannot be answered normally."""
+    if len(data) < HEADER_SIZE:
+        raise Dropped("shorter than a DNS header")
+    qid, flags, qdcount, ancount, nscount, arcount = unpack_from("!6H", data)
+    if flags & 0x8000:
+        raise Dropped("a response, not a query")
+    if (flags >> 11) & 0xF != 0:
+        raise Rejected(data, NOTIMP, "opcode is not QUERY")
+    if qdcount != 1 or ancount > 1 or nscount > 1 or arcount > 2:
+        raise Rejected(data, FORMERR, "section counts no query can have")
+    try:
+        name, offset = read_name(data, HEADER_SIZE)
+        qtype, qclass = unpack_from("!HH", data, offset)
+        offset += 4
+        edns = None
+        for index in range(ancount + nscount + arcount):
+            _, offset = read_name(data, offset)
+            rtype, rclass, ttl, rdlength = unpack_from("!HHIH", data, offset)
+            offset += 10
+            rdata = data[offset : offset + rdlength]
+            if len(rdata) != rdlength:
+                raise ValueError("record data runs past the end of the packet")
+            offset += rdlength
+            if rtype == OPT and index >= ancount + nscount:
+                if edns is not None:
+                    raise ValueError("more than one OPT record")
+                edns = Edns(rclass, ttl, read_options(rdata))
+    except (ValueError, IndexError, StructError) as exc:
+        raise Rejected(data, FORMERR, f"malformed query: {exc}") from None
+    return Query(qid, flags, name, qtype, qclass, edns)
+
+
+def read_name(data: bytes, offset: int) -> tuple[Name, int]:
+    """Read a possibly compressed name; return its labels (latin-1) and the offset after it."""
+    labels: list[str] = []
+    end = -1
+    wire_length = 1
+    jumps = 0
+    while True:
+        length = data[offset]
+        if length == 0:
+            offset += 1
+            break
+        if length & 0xC0 == 0xC0:
+            jumps += 1
+            if jumps > 64:
+                raise ValueError("compression pointer loop")
+            if end < 0:
+                end = offset + 2
+            offset = ((length & 0x3F) << 8) | data[offset + 1]
+            continue
+        if length & 0xC0:
+            raise ValueError("unknown label type")
+        label = data[offset + 1 : offset + 1 + length]
+        if len(label) != length:
+            raise ValueError("label runs past the end of the packet")
+        wire_length += length + 1
+        if wire_length > MAX_NAME_WIRE:
+            raise ValueError("name longer than 255 octets")
+        labels.append(label.decode("latin-1"))
+        offset += 1 + length
+    return tuple(labels), (end if end >= 0 else offset)
+
+
+def read_options(rdata: bytes) -> tuple[tuple[int, bytes], ...]:
+    """Split OPT rdata into (code, data) options."""
+    options = []
+    offset = 0
+    while offset < len(rdata):
+        code, length = unpack_from("!HH", rdata, offset)
+        value = rdata[offset + 4 : offset + 4 + length]
+        if len(value) != length:
+            raise ValueError("EDNS option runs past the end of the OPT record")
+        options.append((code, value))
+        offset += 4 + length
+    return tuple(options)

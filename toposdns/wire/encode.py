@@ -1,0 +1,195 @@
+"""Put an answer on the wire the way CoreDNS does (miekg/dns `Truncate`, CoreDNS `Scrub`).
+
+Replies go out uncompressed when they fit. A reply larger than the client's buffer is compressed
+and then cut record by record from the end, with TC set if anything was dropped (even only
+additional records); the question is always kept. A UDP reply that fits but exceeds the
+fragmentation limit (1480 bytes over IPv4, 1220 over IPv6) is compressed too.
+"""
+
+from __future__ import annotations
+
+from socket import AF_INET, AF_INET6, inet_pton
+from struct import pack
+
+from toposdns.resolve.answer import (
+    AAAA,
+    CNAME,
+    NS,
+    OPT,
+    PTR,
+    RR,
+    SOA,
+    SRV,
+    TXT,
+    A,
+    Answer,
+    Name,
+    Soa,
+    Srv,
+)
+from toposdns.wire.decode import Edns, Query
+
+MIN_UDP_SIZE = 512
+MAX_TCP_SIZE = 65535
+FRAGMENT_LIMIT_V4 = 1480
+FRAGMENT_LIMIT_V6 = 1220
+#: EDNS options CoreDNS echoes back (request.SupportedOptions): NSID, EXPIRE, COOKIE,
+#: TCP-KEEPALIVE and PADDING. Everything else, ECS included, is dropped.
+ECHOED_OPTIONS = frozenset({3, 9, 10, 11, 12})
+_COMPRESSIBLE = (NS, CNAME, PTR)
+
+
+def udp_limit(edns: Edns | None) -> int:
+    """How large a UDP reply may be: the client's EDNS buffer, and never under 512."""
+    return max(MIN_UDP_SIZE, edns.udp_size) if edns is not None else MIN_UDP_SIZE
+
+
+def reply_flags(query: Query, rcode: int, authoritative: bool, truncated: bool = False) -> int:
+    """Header flags of a reply: QR, the query's opcode, RD and CD copied; RA and AD clear."""
+    flags = 0x8000 | (query.flags & 0x7900) | (query.flags & 0x0010) | (rcode & 0xF)
+    flags &= ~0x0600  # AA and TC are the reply's own
+    if authoritative:
+        flags |= 0x0400
+    if truncated:
+        flags |= 0x0200
+    return flags
+
+
+def encode_opt(edns: Edns, rcode: int = 0) -> bytes:
+    """The reply's OPT: the client's buffer size, version 0, its DO bit, the echoable options."""
+    options = b"".join(
+        pack("!HH", code, len(value)) + value
+        for code, value in edns.options
+        if code in ECHOED_OPTIONS
+    )
+    ttl = ((rcode >> 4) << 24) | (edns.ttl & 0xFF00)
+    return b"\x00" + pack("!HHIH", OPT, edns.udp_size, ttl, len(options)) + options
+
+
+def encode_reply(query: Query, answer: Answer, limit: int, fragment_limit: int = 0) -> bytes:
+    """Encode a whole reply to `query`; `fragment_limit` > 0 only for UDP."""
+    opt = encode_opt(query.edns, answer.rcode) if query.edns is not None else b""
+    writer = _Writer(query, compress=False)
+    message = writer.finish(answer, opt, None)
+    if len(message) <= limit:
+        if fragment_limit and len(message) > fragment_limit:
+            return _Writer(query, compress=True).finish(answer, opt, None)
+        return message
+    return _Writer(query, compress=True).finish(answer, opt, limit)
+
+
+def encode_bare(query: Query, rcode: int) -> bytes:
+    """A reply with the question and no records, not authoritative (REFUSED, SERVFAIL, ...)."""
+    opt = encode_opt(query.edns, rcode) if query.edns is not None else b""
+    return _Writer(query, compress=False).finish(Answer(rcode, authoritative=False), opt, None)
+
+
+def encode_badvers(query: Query) -> bytes:
+    """BADVERS for EDNS versions other than 0: rcode 16 split between header and OPT.
+
+    As CoreDNS's `edns.Version`, the OPT carries a zero buffer size and no options.
+    """
+    opt = b"\x00" + pack("!HHIH", OPT, 0, 1 << 24, 0)
+    return _Writer(query, compress=False).finish(Answer(0, authoritative=False), opt, None)
+
+
+def encode_rejection(data: bytes, rcode: int) -> bytes:
+    """miekg/dns's reply to a packet it rejects: the header alone, ID and RD/CD copied."""
+    flags = (data[2] << 8) | data[3]
+    flags = 0x8000 | (flags & 0x7900) | (flags & 0x0010) | rcode
+    return data[:2] + pack("!5H", flags, 0, 0, 0, 0)
+
+
+class _Writer:
+    """Writes one message; optionally compresses names and stops at a size limit."""
+
+    def __init__(self, query: Query, compress: bool) -> None:
+        self.query = query
+        self.names: dict[Name, int] | None = {} if compress else None
+        self.buf = bytearray()
+        self.added: list[Name] = []  # suffixes the current record made known
+
+    def finish(self, answer: Answer, opt: bytes, limit: int | None) -> bytes:
+        """Header, question, as many records as fit under `limit`, then the OPT record."""
+        query = self.query
+        self.buf += b"\x00" * 12
+        self.name(query.name)
+        self.buf += pack("!HH", query.qtype, query.qclass)
+        budget = None if limit is None else limit - len(opt)
+        counts = []
+        truncated = False
+        for section in (answer.answer, answer.authority, answer.additional):
+            written = 0
+            if not truncated:
+                for rr in section:
+                    if not self.record(rr, budget):
+                        truncated = True
+                        break
+                    written += 1
+            truncated = truncated or written < len(section)
+            counts.append(written)
+        self.buf += opt
+        flags = reply_flags(query, answer.rcode, answer.authoritative, truncated)
+        counts[2] += 1 if opt else 0
+        self.buf[:12] = pack("!6H", query.id, flags, 1, *counts)
+        return bytes(self.buf)
+
+    def record(self, rr: RR, budget: int | None) -> bool:
+        """Append one record; undo it and return False if it would pass the budget."""
+        start = len(self.buf)
+        self.added = []
+        self.name(rr.name)
+        self.buf += pack("!HHI", rr.rtype, 1, rr.ttl)
+        length_at = len(self.buf)
+        self.buf += b"\x00\x00"
+        self.rdata(rr)
+        self.buf[length_at : length_at + 2] = pack("!H", len(self.buf) - length_at - 2)
+        if budget is not None and len(self.buf) > budget:
+            del self.buf[start:]
+            if self.names is not None:
+                for suffix in self.added:
+                    del self.names[suffix]
+            return False
+        return True
+
+    def rdata(self, rr: RR) -> None:
+        data = rr.rdata
+        if rr.rtype == A and isinstance(data, str):
+            self.buf += inet_pton(AF_INET, data)
+        elif rr.rtype == AAAA and isinstance(data, str):
+            self.buf += inet_pton(AF_INET6, data)
+        elif isinstance(data, Srv):
+            self.buf += pack("!HHH", data.priority, data.weight, data.port)
+            self.name(data.target, compress=False)  # never compressed (RFC 2782, RFC 3597 §4)
+        elif isinstance(data, Soa):
+            self.name(data.mname)
+            self.name(data.rname)
+            self.buf += pack(
+                "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
+            )
+        elif rr.rtype == TXT and isinstance(data, tuple):
+            for text in data:
+                raw = text.encode()
+                self.buf += bytes((len(raw),)) + raw
+        elif rr.rtype in _COMPRESSIBLE and isinstance(data, tuple):
+            self.name(data)
+        else:
+            raise TypeError(f"cannot encode {rr}")
+
+    def name(self, name: Name, compress: bool = True) -> None:
+        """Write a name; when compressing, point at a suffix already written."""
+        names = self.names if compress else None
+        for i in range(len(name)):
+            suffix = name[i:]
+            if names is not None:
+                pointer = names.get(suffix)
+                if pointer is not None:
+                    self.buf += pack("!H", 0xC000 | pointer)
+                    return
+                if len(self.buf) < 0x4000:
+                    names[suffix] = len(self.buf)
+                    self.added.append(suffix)
+            raw = name[i].encode("latin-1")
+            self.buf += bytes((len(raw),)) + raw
+        self.buf += b"\x00"
+
