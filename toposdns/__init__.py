@@ -1,3 +1,3 @@
-"""toposdns: Kubernetes cluster DNS that answers like CoreDNS, with topology-aware headless services."""
+"""toposdns: cluster DNS that answers like CoreDNS, with topology-aware headless services."""
 
 __version__ = "0.1.0.dev0"

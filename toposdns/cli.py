@@ -34,32 +34,64 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="answer DNS queries over UDP and TCP")
-    serve.add_argument("--snapshot", type=Path, metavar="FILE",
-                       help="serve the objects in this YAML/JSON file, reloaded when it changes")
-    serve.add_argument("--listen", default="0.0.0.0:53", metavar="HOST:PORT",
-                       help="DNS address, UDP and TCP (default %(default)s; port 0 picks one)")
+    serve.add_argument(
+        "--snapshot",
+        type=Path,
+        metavar="FILE",
+        help="serve the objects in this YAML/JSON file, reloaded when it changes",
+    )
+    serve.add_argument(
+        "--listen",
+        default="0.0.0.0:53",
+        metavar="HOST:PORT",
+        help="DNS address, UDP and TCP (default %(default)s; port 0 picks one)",
+    )
     _add_answer_options(serve)
-    serve.add_argument("--tcp-idle-timeout", type=float, default=10.0, metavar="SECONDS",
-                       help="close TCP connections idle this long (default %(default)s)")
-    serve.add_argument("--tcp-max-connections", type=int, default=1024, metavar="N",
-                       help="refuse TCP connections beyond this many (default %(default)s)")
+    serve.add_argument(
+        "--tcp-idle-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close TCP connections idle this long (default %(default)s)",
+    )
+    serve.add_argument(
+        "--tcp-max-connections",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="refuse TCP connections beyond this many (default %(default)s)",
+    )
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                       default="info")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
 
 def _add_answer_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--zone", action="append", default=[], metavar="ZONE[,ZONE]",
-                        help="zones to serve, repeatable (default cluster.local, in-addr.arpa, "
-                        "ip6.arpa)")
+    parser.add_argument(
+        "--zone",
+        action="append",
+        default=[],
+        metavar="ZONE[,ZONE]",
+        help="zones to serve, repeatable (default cluster.local, in-addr.arpa, ip6.arpa)",
+    )
     parser.add_argument("--ttl", type=int, default=5, help="TTL of answers (default 5)")
-    parser.add_argument("--pods", choices=POD_MODES, default="disabled",
-                        help="pod records <a-b-c-d>.<ns>.pod.<zone> (default disabled)")
-    parser.add_argument("--endpoint-pod-names", action="store_true",
-                        help="name endpoints without a hostname after their pod")
-    parser.add_argument("--namespaces", default="", metavar="NS[,NS]",
-                        help="serve only these namespaces (CoreDNS `namespaces`)")
+    parser.add_argument(
+        "--pods",
+        choices=POD_MODES,
+        default="disabled",
+        help="pod records <a-b-c-d>.<ns>.pod.<zone> (default disabled)",
+    )
+    parser.add_argument(
+        "--endpoint-pod-names",
+        action="store_true",
+        help="name endpoints without a hostname after their pod",
+    )
+    parser.add_argument(
+        "--namespaces",
+        default="",
+        metavar="NS[,NS]",
+        help="serve only these namespaces (CoreDNS `namespaces`)",
+    )
 
 
 def resolver_config(args: argparse.Namespace) -> ResolverConfig:

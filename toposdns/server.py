@@ -33,7 +33,7 @@ def own_addresses(host: str) -> tuple[str, ...]:
     found: list[str] = []
     with contextlib.suppress(OSError):
         for info in socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_UDP):
-            address = ipaddress.ip_address(info[4][0].split("%")[0])
+            address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
             if not address.is_loopback and str(address) not in found:
                 found.append(str(address))
     return tuple(found)

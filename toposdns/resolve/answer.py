@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dnslib import QTYPE
+
 Name = tuple[str, ...]
 
 # RR types and rcodes used by the resolver (RFC 1035, 3596, 2782, 6891).
@@ -17,24 +19,29 @@ A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
 NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 1, 2, 3, 4, 5
 BADVERS = 16
 
-TYPE_NAMES = {A: "A", NS: "NS", CNAME: "CNAME", SOA: "SOA", PTR: "PTR", MX: "MX", TXT: "TXT",
-              AAAA: "AAAA", SRV: "SRV", OPT: "OPT", IXFR: "IXFR", AXFR: "AXFR", ANY: "ANY"}  # fmt: skip
-RCODE_NAMES = {NOERROR: "NOERROR", FORMERR: "FORMERR", SERVFAIL: "SERVFAIL",
-               NXDOMAIN: "NXDOMAIN", NOTIMP: "NOTIMP", REFUSED: "REFUSED", BADVERS: "BADVERS"}  # fmt: skip
+RCODE_NAMES = {
+    NOERROR: "NOERROR",
+    FORMERR: "FORMERR",
+    SERVFAIL: "SERVFAIL",
+    NXDOMAIN: "NXDOMAIN",
+    NOTIMP: "NOTIMP",
+    REFUSED: "REFUSED",
+    BADVERS: "BADVERS",
+}
 
 
 def type_name(rtype: int) -> str:
     """Mnemonic of an RR type, or RFC 3597's TYPEnnn."""
-    return TYPE_NAMES.get(rtype, f"TYPE{rtype}")
+    name: str = QTYPE.forward.get(rtype, f"TYPE{rtype}")
+    return name
 
 
 def type_code(text: str) -> int:
     """RR type from its mnemonic or TYPEnnn form; ValueError if unknown."""
     upper = text.upper()
-    for code, name in TYPE_NAMES.items():
-        if name == upper:
-            return code
-    if upper.startswith("TYPE") and upper[4:].isdigit():
+    if upper in QTYPE.reverse:
+        return int(QTYPE.reverse[upper])
+    if upper.startswith("TYPE") and upper[4:].isdigit() and int(upper[4:]) < 65536:
         return int(upper[4:])
     raise ValueError(f"unknown record type {text!r}")
 
@@ -95,7 +102,9 @@ class RR:
     rdata: Rdata
 
     def __str__(self) -> str:
-        return f"{name_text(self.name)}\t{self.ttl}\tIN\t{type_name(self.rtype)}\t{self.rdata_text()}"
+        return (
+            f"{name_text(self.name)}\t{self.ttl}\tIN\t{type_name(self.rtype)}\t{self.rdata_text()}"
+        )
 
     def rdata_text(self) -> str:
         """The rdata in zone-file form."""

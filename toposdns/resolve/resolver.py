@@ -83,7 +83,7 @@ def resolve(name: Name, qtype: int, snapshot: Snapshot, config: ResolverConfig) 
     lower = tuple(label.lower() for label in name)
     zone_len = match_zone(lower, config.zones)
     if zone_len is None or qtype in (AXFR, IXFR):
-        # Not ours, or a transfer (which needs CoreDNS's transfer plugin): the server's bare REFUSED.
+        # Not ours, or a zone transfer (CoreDNS needs its transfer plugin): a bare REFUSED.
         return Answer(REFUSED, authoritative=False)
     zone = name[len(name) - zone_len :]
     lookup = _Lookup(snapshot, config, zone)
@@ -214,7 +214,7 @@ class _Lookup:
 
     def services(self, lower: Name, qtype: int) -> list[_Entry]:
         """kubernetes.go Services: the entries a name holds, for the A/AAAA/SRV/... paths."""
-        if lower[: 2] == ("ns", "dns") and lower[2:] == self.zone:
+        if lower[:2] == ("ns", "dns") and lower[2:] == self.zone:
             return [e for e in self.ns_entries() if _family(e.host) == qtype]
         entries = self.records(lower)
         if qtype == SRV:

@@ -24,10 +24,8 @@ from toposdns.store.snapshot import Snapshot, build_snapshot
 
 log = logging.getLogger("toposdns")
 
-try:
-    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
+# libyaml's loader is many times faster on large files; PyYAML may be built without it.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class SnapshotError(Exception):

@@ -66,7 +66,9 @@ def convert_object(raw: Any) -> Record:
     key = (raw.get("apiVersion"), raw.get("kind"))
     if key not in KINDS:
         known = ", ".join(sorted(f"{k} ({v})" for v, k in KINDS))
-        raise ObjectError(obj, "apiVersion/kind", f"unsupported {key[0]}/{key[1]}; expected {known}")
+        raise ObjectError(
+            obj, "apiVersion/kind", f"unsupported {key[0]}/{key[1]}; expected {known}"
+        )
     meta = _mapping(raw.get("metadata"), obj, "metadata")
     name = _str(meta.get("name"), obj, "metadata.name", required=True)
     if key[1] == "Namespace":
@@ -120,7 +122,9 @@ def _service(
         external_name=external,
         topology_keys=None
         if keys is None
-        else tuple(_str(k, obj, "spec.topologyKeys") for k in _list(keys, obj, "spec.topologyKeys")),
+        else tuple(
+            _str(k, obj, "spec.topologyKeys") for k in _list(keys, obj, "spec.topologyKeys")
+        ),
         topology_annotation=None
         if annotation is None
         else tuple(k.strip() for k in _str(annotation, obj, TOPOLOGY_KEYS_ANNOTATION).split(",")),
@@ -157,10 +161,13 @@ def _endpoint_slice(
         hint_zones = None
         if hints is not None:
             zones = _list(_mapping(hints, obj, f"{where}.hints").get("forZones"), obj, where)
-            hint_zones = tuple(
-                _str(_mapping(z, obj, f"{where}.hints.forZones").get("name"), obj, where)
-                for z in zones
-            ) or None
+            hint_zones = (
+                tuple(
+                    _str(_mapping(z, obj, f"{where}.hints.forZones").get("name"), obj, where)
+                    for z in zones
+                )
+                or None
+            )
         endpoints.append(
             Endpoint(
                 addresses=addrs,

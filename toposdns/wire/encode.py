@@ -18,8 +18,6 @@ from toposdns.resolve.answer import (
     OPT,
     PTR,
     RR,
-    SOA,
-    SRV,
     TXT,
     A,
     Answer,
@@ -192,4 +190,3 @@ class _Writer:
             raw = name[i].encode("latin-1")
             self.buf += bytes((len(raw),)) + raw
         self.buf += b"\x00"
-

@@ -1,0 +1,108 @@
+"""The responder: bytes in, bytes out, with its caches and its error replies."""
+
+from __future__ import annotations
+
+import logging
+
+import dnslib
+import pytest
+
+import toposdns.serve.responder as responder_module
+from tests.helpers import config_of, snapshot_of
+from toposdns.serve.responder import TCP, UDP4, Responder
+
+OBJECTS = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
+    },
+]
+
+
+@pytest.fixture
+def responder() -> Responder:
+    return Responder(config_of(), snapshot_of(OBJECTS))
+
+
+def ask(
+    responder: Responder,
+    name: str,
+    qtype: str = "A",
+    qclass: str = "IN",
+    transport=UDP4,
+    edns: dnslib.EDNS0 | None = None,
+    qid: int = 7,
+) -> dnslib.DNSRecord:
+    q = dnslib.DNSRecord(
+        dnslib.DNSHeader(id=qid, rd=1),
+        q=dnslib.DNSQuestion(name, getattr(dnslib.QTYPE, qtype), getattr(dnslib.CLASS, qclass)),
+    )
+    if edns is not None:
+        q.add_ar(edns)
+    data = bytes(q.pack())
+    cached = responder.wire[transport].get(data[2:])
+    reply = data[:2] + cached if cached is not None else responder.respond(data, transport)
+    assert reply is not None
+    return dnslib.DNSRecord.parse(reply)
+
+
+def test_answers_and_caches_wire_bytes(responder: Responder) -> None:
+    first = ask(responder, "web.shop.svc.cluster.local", qid=1)
+    assert [str(rr.rdata) for rr in first.rr] == ["10.96.0.5"]
+    assert len(responder.wire[UDP4]) == 1
+    second = ask(responder, "web.shop.svc.cluster.local", qid=2)  # from the wire cache
+    assert second.header.id == 2 and second.rr == first.rr
+
+
+def test_new_snapshot_drops_cached_replies(responder: Responder) -> None:
+    ask(responder, "web.shop.svc.cluster.local")
+    moved = [OBJECTS[0], {**OBJECTS[1], "spec": {"clusterIP": "10.96.0.6"}}]
+    responder.update(snapshot_of(moved))
+    assert not responder.wire[UDP4] and not responder.answers
+    assert [str(rr.rdata) for rr in ask(responder, "web.shop.svc.cluster.local").rr] == [
+        "10.96.0.6"
+    ]
+
+
+def test_queries_with_edns_options_stay_out_of_the_wire_cache(responder: Responder) -> None:
+    cookie = dnslib.EDNSOption(10, b"12345678")
+    reply = ask(responder, "web.shop.svc.cluster.local", edns=dnslib.EDNS0(opts=[cookie]))
+    assert reply.rr and not responder.wire[UDP4] and len(responder.answers) == 1
+
+
+def test_transports_have_separate_caches(responder: Responder) -> None:
+    ask(responder, "web.shop.svc.cluster.local", transport=TCP)
+    assert len(responder.wire[TCP]) == 1 and not responder.wire[UDP4]
+
+
+def test_other_classes_are_refused(responder: Responder) -> None:
+    reply = ask(responder, "web.shop.svc.cluster.local", qclass="CH")
+    assert (reply.header.rcode, reply.header.aa, len(reply.questions)) == (5, 0, 1)
+
+
+def test_edns_version_1_gets_badvers(responder: Responder) -> None:
+    reply = ask(responder, "web.shop.svc.cluster.local", edns=dnslib.EDNS0(version=1))
+    assert reply.header.rcode == 0 and reply.ar[0].ttl >> 24 == 1 and not reply.rr
+
+
+def test_internal_error_is_servfail_with_a_log_line(
+    responder: Responder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(responder_module, "resolve", broken)
+    logging.getLogger("toposdns").propagate = True
+    with caplog.at_level(logging.ERROR, logger="toposdns"):
+        reply = ask(responder, "web.shop.svc.cluster.local")
+    assert (reply.header.rcode, reply.header.aa, len(reply.questions)) == (2, 0, 1)
+    assert "web.shop.svc.cluster.local. A" in caplog.text and "boom" in caplog.text
+
+
+def test_short_and_response_packets_get_no_reply(responder: Responder) -> None:
+    assert responder.respond(b"\x00\x01\x02", UDP4) is None
+    response = dnslib.DNSRecord.question("web.shop.svc.cluster.local").reply().pack()
+    assert responder.respond(bytes(response), UDP4) is None
