@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import json
 import logging
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ from toposdns.config import (
     ServeConfig,
     check_ttl,
     parse_listen,
+    parse_networks,
     parse_zones,
 )
 from toposdns.logs import configure_logging
@@ -48,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_answer_options(serve)
     serve.add_argument(
+        "--ecs-trust",
+        default="",
+        metavar="CIDR[,CIDR]",
+        help="take the client address from EDNS Client Subnet when the query comes from these "
+        "networks, e.g. the CoreDNS pods that forward to toposdns (default: none)",
+    )
+    serve.add_argument(
         "--tcp-idle-timeout",
         type=float,
         default=10.0,
@@ -63,6 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-format", choices=("text", "json"), default="text")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+    explain = commands.add_parser(
+        "explain",
+        help="show why a client gets the records it gets",
+        description="Resolve NAME for the client at --client and show how: the locator that "
+        "placed the client, the service's topology policy, the tier that matched, the "
+        "candidates and the records returned.",
+    )
+    explain.add_argument("--snapshot", type=Path, metavar="FILE", required=True)
+    explain.add_argument(
+        "--client", required=True, metavar="IP", help="the client's address (a pod or node IP)"
+    )
+    explain.add_argument("--json", action="store_true", help="print JSON for tools")
+    explain.add_argument("name", help="the query name, e.g. web.shop.svc.cluster.local")
+    explain.add_argument("type", nargs="?", default="A", help="record type (default A)")
+    _add_answer_options(explain)
     return parser
 
 
@@ -110,9 +136,35 @@ def resolver_config(args: argparse.Namespace) -> ResolverConfig:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        return _serve(args)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    if args.command == "explain":
+        return _explain(args)
+    return _serve(args)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from toposdns.explain import explain, render_json, render_text
+    from toposdns.resolve.answer import type_code
+    from toposdns.source.snapshot_file import load_snapshot
+
+    try:
+        config = resolver_config(args)
+        qtype = type_code(args.type)
+        ipaddress.ip_address(args.client)
+    except (ConfigError, ValueError) as exc:
+        print(f"toposdns explain: {exc}", file=sys.stderr)
+        return 2
+    try:
+        snapshot = load_snapshot(args.snapshot)
+    except SnapshotError as exc:
+        print(f"toposdns explain: {exc}", file=sys.stderr)
+        return 1
+    name = tuple(label for label in args.name.rstrip(".").split(".") if label)
+    result = explain(snapshot, config, args.client, name, qtype)
+    if args.json:
+        print(json.dumps(render_json(result), indent=2))
+    else:
+        print(render_text(result))
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -130,6 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
             listen_host=host,
             listen_port=port,
             resolver=resolver_config(args),
+            ecs_trust=parse_networks(args.ecs_trust),
             tcp_idle_timeout=args.tcp_idle_timeout,
             tcp_max_connections=args.tcp_max_connections,
         )

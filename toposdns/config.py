@@ -25,6 +25,8 @@ class ServeConfig:
     listen_host: str = "0.0.0.0"
     listen_port: int = 53
     resolver: ResolverConfig = field(default_factory=ResolverConfig)
+    #: Forwarders whose EDNS Client Subnet is believed (none by default).
+    ecs_trust: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     tcp_idle_timeout: float = 10.0
     tcp_max_connections: int = 1024
 
@@ -71,3 +73,14 @@ def check_ttl(ttl: int) -> int:
     if not 0 <= ttl <= 3600:
         raise ConfigError(f"--ttl {ttl}: must be between 0 and 3600")
     return ttl
+
+
+def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A comma-separated CIDR list, as `--ecs-trust` takes."""
+    networks = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ConfigError(f"--ecs-trust: {part!r} is not a CIDR, e.g. 10.244.0.0/16") from None
+    return tuple(networks)

@@ -13,11 +13,14 @@ from dataclasses import replace
 from typing import Any
 
 from toposdns.config import ServeConfig
+from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.serve.responder import UDP4, UDP6, Responder
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.snapshot_file import SnapshotFileSource
+from toposdns.store.snapshot import Snapshot
+from toposdns.store.topology import invalid_changes
 
 log = logging.getLogger("toposdns")
 
@@ -39,13 +42,31 @@ def own_addresses(host: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
+    """Log and count each invalid topology policy once, when it appears or changes."""
+    for (namespace, name), policy in invalid_changes(old.policies, new.policies):
+        INVALID_POLICIES.inc()
+        log.warning(
+            "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
+            namespace,
+            name,
+            policy.source,
+            "; ".join(policy.errors),
+        )
+
+
 async def serve(config: ServeConfig) -> None:
     """Serve until SIGTERM or SIGINT. Raises SnapshotError if the first load fails."""
     assert config.snapshot is not None
     resolver_config = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
-    responder = Responder(resolver_config, None)  # type: ignore[arg-type]
-    source = SnapshotFileSource(config.snapshot, responder.update)
-    responder.update(source.load())
+    responder = Responder(resolver_config, Snapshot(), config.ecs_trust)
+
+    def publish(snapshot: Snapshot) -> None:
+        report_invalid_policies(responder.snapshot, snapshot)
+        responder.update(snapshot)
+
+    source = SnapshotFileSource(config.snapshot, publish)
+    publish(source.load())
 
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET

@@ -43,8 +43,9 @@ def ask(
     if edns is not None:
         q.add_ar(edns)
     data = bytes(q.pack())
-    cached = responder.wire[transport].get(data[2:])
-    reply = data[:2] + cached if cached is not None else responder.respond(data, transport)
+    reply = responder.cached(data, transport, "127.0.0.1")
+    if reply is None:
+        reply = responder.respond(data, transport, "127.0.0.1")
     assert reply is not None
     return dnslib.DNSRecord.parse(reply)
 
@@ -103,6 +104,6 @@ def test_internal_error_is_servfail_with_a_log_line(
 
 
 def test_short_and_response_packets_get_no_reply(responder: Responder) -> None:
-    assert responder.respond(b"\x00\x01\x02", UDP4) is None
+    assert responder.respond(b"\x00\x01\x02", UDP4, "127.0.0.1") is None
     response = dnslib.DNSRecord.question("web.shop.svc.cluster.local").reply().pack()
-    assert responder.respond(bytes(response), UDP4) is None
+    assert responder.respond(bytes(response), UDP4, "127.0.0.1") is None

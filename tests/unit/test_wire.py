@@ -23,7 +23,7 @@ from toposdns.resolve.answer import (
     Soa,
     Srv,
 )
-from toposdns.wire.decode import Dropped, Edns, Query, Rejected, decode_query
+from toposdns.wire.decode import ClientSubnet, Dropped, Edns, Query, Rejected, decode_query
 from toposdns.wire.encode import (
     encode_badvers,
     encode_bare,
@@ -56,12 +56,34 @@ class TestDecode:
 
     def test_edns_with_options(self) -> None:
         cookie = dnslib.EDNSOption(10, b"\x01" * 8)
-        ecs = dnslib.EDNSOption(8, bytes.fromhex("00011800c0000200"))
+        ecs = dnslib.EDNSOption(8, bytes.fromhex("00011800c00002"))
         data = query_bytes(udp_len=1232, flags="do", opts=[cookie, ecs])
-        edns = decode_query(data).edns
+        query = decode_query(data)
+        edns = query.edns
         assert edns is not None
         assert edns.udp_size == 1232 and edns.version == 0 and edns.ttl & 0x8000
-        assert edns.options == ((10, b"\x01" * 8), (8, bytes.fromhex("00011800c0000200")))
+        assert edns.options == ((10, b"\x01" * 8), (8, bytes.fromhex("00011800c00002")))
+        assert query.ecs == ClientSubnet(1, 24, "192.0.2.0", b"\xc0\x00\x02")
+
+    def test_ecs_ipv6(self) -> None:
+        ecs = dnslib.EDNSOption(8, bytes.fromhex("00023800") + bytes.fromhex("20010db8000000"))
+        query = decode_query(query_bytes(opts=[ecs]))
+        assert query.ecs is not None and query.ecs.address == "2001:db8::"
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "00031800c00002",  # unknown family
+            "00012100c0000201",  # /33 for IPv4
+            "00011818c00002",  # scope set in a query
+            "00011800c0000201",  # more address bytes than the prefix needs
+            "00011700c00003",  # a bit set past /23
+        ],
+    )
+    def test_malformed_ecs_is_formerr(self, value: str) -> None:
+        with pytest.raises(Rejected) as info:
+            decode_query(query_bytes(opts=[dnslib.EDNSOption(8, bytes.fromhex(value))]))
+        assert info.value.rcode == 1
 
     def test_compression_pointers_are_followed(self) -> None:
         # An additional OPT-less record whose owner points back at the question name.

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from dnslib import QTYPE
 
+from toposdns.store.topology import Policy
+
 Name = tuple[str, ...]
 
 # RR types and rcodes used by the resolver (RFC 1035, 3596, 2782, 6891).
@@ -133,3 +135,5 @@ class Answer:
     additional: tuple[RR, ...] = ()
     #: AA: set on everything the cluster zones answer; not on REFUSED and other server errors.
     authoritative: bool = True
+    #: The topology policy the answer followed when it depends on the client, else None.
+    policy: Policy | None = None

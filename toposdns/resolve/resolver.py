@@ -39,8 +39,9 @@ from toposdns.resolve.answer import (
     Srv,
 )
 from toposdns.resolve.qname import POD, SVC, InvalidName, Request, parse_request
-from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port
-from toposdns.store.snapshot import Snapshot, canonical_ip
+from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port, Service, canonical_ip
+from toposdns.store.snapshot import Snapshot
+from toposdns.store.topology import Labels, Policy, Selection, endpoint_labels, select
 
 DNS_SCHEMA_VERSION = "1.1.0"
 DNS_VERSION_TTL = 28800
@@ -76,17 +77,41 @@ class _Entry:
     port: int
     key: Name  # the name SRV and NS records point at
     is_ip: bool = True
+    endpoint: Endpoint | None = None
 
 
-def resolve(name: Name, qtype: int, snapshot: Snapshot, config: ResolverConfig) -> Answer:
-    """Answer one question. `name` is the query name's labels exactly as asked."""
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """How a headless service chose endpoints for the client (what `explain` shows)."""
+
+    service: Service
+    policy: Policy
+    client: Labels
+    candidates: tuple[tuple[Endpoint, Labels], ...]
+    selection: Selection
+
+
+def resolve(
+    name: Name,
+    qtype: int,
+    snapshot: Snapshot,
+    config: ResolverConfig,
+    client: Labels | None = None,
+    trace: list[Decision] | None = None,
+) -> Answer:
+    """Answer one question. `name` is the query name's labels exactly as asked.
+
+    `client` is the asking client's node labels (empty or None when unknown). When the answer
+    depends on them, `Answer.policy` says which policy it followed; `trace`, when given,
+    collects each topology decision.
+    """
     lower = tuple(label.lower() for label in name)
     zone_len = match_zone(lower, config.zones)
     if zone_len is None or qtype in (AXFR, IXFR):
         # Not ours, or a zone transfer (CoreDNS needs its transfer plugin): a bare REFUSED.
         return Answer(REFUSED, authoritative=False)
     zone = name[len(name) - zone_len :]
-    lookup = _Lookup(snapshot, config, zone)
+    lookup = _Lookup(snapshot, config, zone, client or {}, trace)
     soa = lookup.soa()
     try:
         records, extra = lookup.dispatch(name, lower, qtype)
@@ -94,8 +119,8 @@ def resolve(name: Name, qtype: int, snapshot: Snapshot, config: ResolverConfig) 
         # Until the first sync, a name that was not found may yet appear: SERVFAIL, not NXDOMAIN.
         return Answer(NXDOMAIN if snapshot.synced else SERVFAIL, authority=(soa,))
     if not records:
-        return Answer(NOERROR, authority=(soa,))
-    return Answer(NOERROR, _dedup(records), (), _dedup(extra))
+        return Answer(NOERROR, authority=(soa,), policy=lookup.policy)
+    return Answer(NOERROR, _dedup(records), (), _dedup(extra), policy=lookup.policy)
 
 
 def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
@@ -167,12 +192,23 @@ def _family(host: str) -> int | None:
 class _Lookup:
     """One query's view of the snapshot: the matched zone, as cased in the query."""
 
-    def __init__(self, snapshot: Snapshot, config: ResolverConfig, zone: Name) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        config: ResolverConfig,
+        zone: Name,
+        client: Labels,
+        trace: list[Decision] | None,
+    ) -> None:
         self.snap = snapshot
         self.cfg = config
         self.zone = zone
         self.zone_lower = tuple(label.lower() for label in zone)
         self.ttl = config.ttl
+        self.client = client
+        self.trace = trace
+        #: The topology policy the answer followed, if it depends on the client.
+        self.policy: Policy | None = None
 
     def soa(self) -> RR:
         """The zone's SOA, as CoreDNS writes it (backend_lookup.go SOA)."""
@@ -279,9 +315,12 @@ class _Lookup:
                             continue
                         for port in eps.ports:
                             if _match_port(request, port):
-                                entries.append(_Entry(address, port.port, (hostname,) + base))
+                                key = (hostname,) + base
+                                entries.append(_Entry(address, port.port, key, endpoint=ep))
             if not entries:
                 raise NotFound
+            if svc.kind == HEADLESS and not request.endpoint:
+                return self.filter(svc, entries)
             return entries
         matched = False
         for port in svc.ports:
@@ -291,6 +330,30 @@ class _Lookup:
         if not matched:
             raise NotFound
         return entries
+
+    def filter(self, svc: Service, entries: list[_Entry]) -> list[_Entry]:
+        """Keep the entries of the endpoints the service's topology policy picks for the client.
+
+        Only the headless service name is filtered; endpoint names, PTR and ClusterIP services
+        answer the same for everyone.
+        """
+        policy = self.snap.policies.get((svc.namespace, svc.name))
+        if policy is None:
+            return entries
+        snap = self.snap
+        candidates = tuple(
+            (ep, endpoint_labels(ep, snap.locators, snap.node_locators))
+            for eps in snap.slices.get((svc.namespace, svc.name), ())
+            for ep in eps.endpoints
+        )
+        selection = select(policy, self.client, candidates)
+        if self.trace is not None:
+            self.trace.append(Decision(svc, policy, self.client, candidates, selection))
+        if not policy.active:
+            return entries
+        self.policy = policy
+        chosen = {id(candidates[i][0]) for i in selection.chosen}
+        return [entry for entry in entries if id(entry.endpoint) in chosen]
 
     def ns_entries(self) -> list[_Entry]:
         """ns.go nsAddrs: this server's own Service if it finds its endpoint, else ns.dns.<zone>."""

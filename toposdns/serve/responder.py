@@ -1,12 +1,16 @@
-"""Bytes in, bytes out: decode, resolve, encode, and the caches that keep this off the hot path.
+"""Bytes in, bytes out: decode, place the client, resolve, encode, and the caches around it.
 
 Two caches, both emptied whenever a new snapshot arrives:
 
 - the *wire* cache maps a query's bytes after its ID to the reply's bytes after the ID, one per
   transport (the reply size limits differ). A hit costs one dict lookup and a concatenation.
-  Only queries without EDNS options go in, since options such as cookies differ per client.
-- the *answer* cache maps (name as asked, qtype) to the resolver's Answer, so queries that miss
-  the wire cache (cookies, odd flags) are only re-encoded, not re-resolved.
+  Only queries without EDNS options go in, since options such as cookies and Client Subnet
+  differ per client. For a topology-filtered name the value is a `TopologyReplies`: one reply
+  per client signature, chosen by the querying address's labels.
+- the *answer* cache maps (name as asked, qtype) to the resolver's Answer, or, for names whose
+  answer depends on the client, to their Policy; those answers are then cached per
+  (name, qtype, signature). A signature is the client's values for the policy's label keys, so a
+  cluster of thousands of nodes in three zones keeps three answers for a zone policy.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from dataclasses import dataclass
 from cachetools import LRUCache
 
 from toposdns.resolve.answer import REFUSED, SERVFAIL, Answer, Name, name_text, type_name
+from toposdns.resolve.client import NO_LABELS, Network, client_address, identify, plain_address
 from toposdns.resolve.resolver import ResolverConfig, resolve
 from toposdns.store.snapshot import Snapshot
+from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
@@ -52,15 +58,34 @@ UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6)
 TCP = Transport("tcp", True, 0)
 
 
+class TopologyReplies:
+    """Wire replies to one query whose answer depends on the client, by client signature."""
+
+    __slots__ = ("policy", "replies")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.replies: dict[tuple[object, ...], bytes] = {}
+
+
+WireCache = dict[bytes, bytes | TopologyReplies]
+
+
 class Responder:
     """Answers raw queries from the current snapshot."""
 
-    def __init__(self, config: ResolverConfig, snapshot: Snapshot) -> None:
+    def __init__(
+        self, config: ResolverConfig, snapshot: Snapshot, ecs_trust: tuple[Network, ...] = ()
+    ) -> None:
         self.config = config
         self.snapshot = snapshot
+        self.ecs_trust = ecs_trust
         #: Per-transport wire caches; frontends hold references, so they are cleared in place.
-        self.wire: dict[Transport, dict[bytes, bytes]] = {UDP4: {}, UDP6: {}, TCP: {}}
-        self.answers: LRUCache[tuple[Name, int], Answer] = LRUCache(ANSWER_CACHE_SIZE)
+        self.wire: dict[Transport, WireCache] = {UDP4: {}, UDP6: {}, TCP: {}}
+        self.answers: LRUCache[tuple[Name, int], Answer | Policy] = LRUCache(ANSWER_CACHE_SIZE)
+        self.topology_answers: LRUCache[tuple[Name, int, tuple[object, ...]], Answer] = LRUCache(
+            ANSWER_CACHE_SIZE
+        )
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot; every cached reply is dropped."""
@@ -68,8 +93,26 @@ class Responder:
         for cache in self.wire.values():
             cache.clear()
         self.answers.clear()
+        self.topology_answers.clear()
 
-    def respond(self, data: bytes, transport: Transport) -> bytes | None:
+    def labels_of(self, source: str) -> Labels:
+        """The node labels of a querying address (empty when no locator holds it)."""
+        locator = self.snapshot.locators.get(source)
+        if locator is None and (":" in source and ("%" in source or "." in source)):
+            locator = self.snapshot.locators.get(plain_address(source))
+        return NO_LABELS if locator is None else locator.node_labels
+
+    def cached(self, data: bytes, transport: Transport, source: str) -> bytes | None:
+        """The wire-cache hit for a query, ID patched in, or None: the hot path."""
+        hit = self.wire[transport].get(data[2:])
+        if hit is None:
+            return None
+        if isinstance(hit, bytes):
+            return data[:2] + hit
+        reply = hit.replies.get(hit.policy.signature(self.labels_of(source)))
+        return None if reply is None else data[:2] + reply
+
+    def respond(self, data: bytes, transport: Transport, source: str) -> bytes | None:
         """The reply to one query message, or None when it gets none."""
         try:
             query = decode_query(data)
@@ -78,7 +121,7 @@ class Responder:
         except Rejected as rejected:
             return encode_rejection(rejected.data, rejected.rcode)
         try:
-            reply = self.reply(query, transport)
+            reply, policy, labels = self.reply(query, transport, source)
         except Exception:
             log.exception(
                 "internal error answering %s %s; replied SERVFAIL",
@@ -87,27 +130,59 @@ class Responder:
             )
             return encode_bare(query, SERVFAIL)
         if query.edns is None or not query.edns.options:
-            cache = self.wire[transport]
-            if len(cache) >= WIRE_CACHE_SIZE:
-                cache.clear()  # cheaper than LRU bookkeeping on every hit
-            cache[data[2:]] = reply[2:]
+            self.remember(data, reply, transport, policy, labels)
         return reply
 
-    def reply(self, query: Query, transport: Transport) -> bytes:
-        """Encode the reply to a decoded query."""
-        if query.qclass != CLASS_IN:
-            return encode_bare(query, REFUSED)
-        if query.edns is not None and query.edns.version != 0:
-            return encode_badvers(query)
-        answer = self.answer(query.name, query.qtype)
-        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
-        return encode_reply(query, answer, limit, transport.fragment_limit)
+    def remember(
+        self, data: bytes, reply: bytes, transport: Transport, policy: Policy | None, labels: Labels
+    ) -> None:
+        """Put a reply in the wire cache, per client signature when it depends on the client."""
+        cache = self.wire[transport]
+        if len(cache) >= WIRE_CACHE_SIZE:
+            cache.clear()  # cheaper than LRU bookkeeping on every hit
+        if policy is None:
+            cache[data[2:]] = reply[2:]
+            return
+        entry = cache.get(data[2:])
+        if not isinstance(entry, TopologyReplies):
+            entry = cache[data[2:]] = TopologyReplies(policy)
+        entry.replies[policy.signature(labels)] = reply[2:]
 
-    def answer(self, name: Name, qtype: int) -> Answer:
-        """The resolver's answer, cached until the next snapshot."""
+    def reply(
+        self, query: Query, transport: Transport, source: str
+    ) -> tuple[bytes, Policy | None, Labels]:
+        """Encode the reply to a decoded query; also say which policy and labels it used."""
+        if query.qclass != CLASS_IN:
+            return encode_bare(query, REFUSED), None, NO_LABELS
+        if query.edns is not None and query.edns.version != 0:
+            return encode_badvers(query), None, NO_LABELS
+        ecs = query.ecs.address if query.ecs is not None else None
+        address, via_ecs = client_address(source, ecs, self.ecs_trust)
+        labels = identify(self.snapshot, address, via_ecs).labels
+        answer = self.answer(query.name, query.qtype, labels)
+        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+        # The answer was tailored to the ECS prefix only if it depended on the client at all.
+        scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+        reply = encode_reply(query, answer, limit, transport.fragment_limit, scope)
+        return reply, answer.policy, labels
+
+    def answer(self, name: Name, qtype: int, labels: Labels = NO_LABELS) -> Answer:
+        """The resolver's answer for a client with these labels, cached until the next snapshot."""
         key = (name, qtype)
-        answer = self.answers.get(key)
-        if answer is None:
-            answer = resolve(name, qtype, self.snapshot, self.config)
+        found = self.answers.get(key)
+        if isinstance(found, Answer):
+            return found
+        if found is not None:
+            topology_key = (name, qtype, found.signature(labels))
+            answer = self.topology_answers.get(topology_key)
+            if answer is None:
+                answer = resolve(name, qtype, self.snapshot, self.config, labels)
+                self.topology_answers[topology_key] = answer
+            return answer
+        answer = resolve(name, qtype, self.snapshot, self.config, labels)
+        if answer.policy is None:
             self.answers[key] = answer
+        else:
+            self.answers[key] = answer.policy
+            self.topology_answers[(name, qtype, answer.policy.signature(labels))] = answer
         return answer

@@ -56,18 +56,17 @@ class TcpProtocol(asyncio.Protocol):
         self.last_active = time.monotonic()
         buffer = self.buffer
         buffer += data
-        cache = self.responder.wire[TCP]
+        responder = self.responder
+        source = self.transport.get_extra_info("peername")[0]
         while len(buffer) >= 2:
             length = (buffer[0] << 8) | buffer[1]
             if len(buffer) < 2 + length:
                 break
             message = bytes(buffer[2 : 2 + length])
             del buffer[: 2 + length]
-            cached = cache.get(message[2:])
-            if cached is not None:
-                reply: bytes | None = message[:2] + cached
-            else:
-                reply = self.responder.respond(message, TCP)
+            reply = responder.cached(message, TCP, source)
+            if reply is None:
+                reply = responder.respond(message, TCP, source)
             if reply is not None:
                 self.transport.write(len(reply).to_bytes(2, "big") + reply)
 

@@ -17,7 +17,6 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def __init__(self, responder: Responder, kind: Transport) -> None:
         self.responder = responder
         self.kind = kind
-        self.cache = responder.wire[kind]
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -26,13 +25,13 @@ class UdpProtocol(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         assert self.transport is not None
-        cached = self.cache.get(data[2:])
-        if cached is not None:
-            self.transport.sendto(data[:2] + cached, addr)
-            return
-        reply = self.responder.respond(data, self.kind)
-        if reply is not None:
-            self.transport.sendto(reply, addr)
+        responder = self.responder
+        reply = responder.cached(data, self.kind, addr[0])
+        if reply is None:
+            reply = responder.respond(data, self.kind, addr[0])
+            if reply is None:
+                return
+        self.transport.sendto(reply, addr)
 
     def error_received(self, exc: Exception) -> None:
         # ICMP errors for clients that went away: nothing to do, and not worth a log per packet.

@@ -7,8 +7,15 @@ snapshot of a large cluster stays small. Not-ready endpoints are dropped too: Co
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+
+def canonical_ip(text: str) -> str:
+    """The canonical text of an address, so `fd00:0::1` and `fd00::1` index alike."""
+    return str(ipaddress.ip_address(text))
+
 
 #: Kinds of Service as DNS sees them.
 CLUSTER_IP = "ClusterIP"  # also NodePort and LoadBalancer: all answer with their cluster IPs

@@ -6,24 +6,21 @@ sees one consistent view of the cluster.
 
 from __future__ import annotations
 
-import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from toposdns.store.model import (
+    HEADLESS,
     Endpoint,
     EndpointSlice,
     Namespace,
     PodLocator,
     Record,
     Service,
+    canonical_ip,
 )
-
-
-def canonical_ip(text: str) -> str:
-    """The canonical text of an address, so `fd00:0::1` and `fd00::1` index alike."""
-    return str(ipaddress.ip_address(text))
+from toposdns.store.topology import Policy, policy_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +43,8 @@ class Snapshot:
     node_locators: Mapping[str, PodLocator] = field(default_factory=dict)
     #: (namespace, canonical IP) of every pod locator, for `--pods verified`.
     pod_ips: frozenset[tuple[str, str]] = frozenset()
+    #: Headless services that ask for a topology policy, valid or not, by (namespace, name).
+    policies: Mapping[tuple[str, str], Policy] = field(default_factory=dict)
     #: SOA serial: unix seconds of the last change that DNS can see.
     serial: int = 0
     #: False until every source has delivered its first full list (live source only).
@@ -86,9 +85,17 @@ def build_snapshot(records: Iterable[Record], serial: int, synced: bool = True) 
                     pod_locators.setdefault(canonical_ip(ip), record)
                     pod_ips.add((record.namespace, canonical_ip(ip)))
 
+    policies = {}
+    for key, svc in services.items():
+        if svc.kind == HEADLESS:
+            policy = policy_for(svc, slices.get(key, ()))
+            if policy.source != "none":
+                policies[key] = policy
+
     return Snapshot(
         services=services,
         slices={key: tuple(value) for key, value in slices.items()},
+        policies=policies,
         namespaces=frozenset(namespaces),
         service_ips={key: tuple(value) for key, value in service_ips.items()},
         endpoint_ips={key: tuple(value) for key, value in endpoint_ips.items()},

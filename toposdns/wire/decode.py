@@ -7,6 +7,7 @@ counts no query can have gets FORMERR.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from struct import error as StructError
 from struct import unpack_from
@@ -15,6 +16,7 @@ from toposdns.resolve.answer import FORMERR, NOTIMP, OPT, Name
 
 HEADER_SIZE = 12
 MAX_NAME_WIRE = 255
+ECS_OPTION = 8
 
 
 class Dropped(Exception):
@@ -46,6 +48,18 @@ class Edns:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientSubnet:
+    """An EDNS Client Subnet option (RFC 7871)."""
+
+    family: int  # 1 IPv4, 2 IPv6
+    source_prefix: int
+    #: The address, zero-padded to full length (what identifies the client).
+    address: str
+    #: The option's address bytes as sent, truncated to the source prefix.
+    raw_address: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Query:
     """A decoded query: its header fields, its one question and its OPT record."""
 
@@ -55,6 +69,7 @@ class Query:
     qtype: int
     qclass: int
     edns: Edns | None = None
+    ecs: ClientSubnet | None = None
 
 
 def decode_query(data: bytes) -> Query:
@@ -85,9 +100,14 @@ def decode_query(data: bytes) -> Query:
                 if edns is not None:
                     raise ValueError("more than one OPT record")
                 edns = Edns(rclass, ttl, read_options(rdata))
+        ecs = None
+        if edns is not None:
+            for code, value in edns.options:
+                if code == ECS_OPTION:
+                    ecs = read_client_subnet(value)
     except (ValueError, IndexError, StructError) as exc:
         raise Rejected(data, FORMERR, f"malformed query: {exc}") from None
-    return Query(qid, flags, name, qtype, qclass, edns)
+    return Query(qid, flags, name, qtype, qclass, edns, ecs)
 
 
 def read_name(data: bytes, offset: int) -> tuple[Name, int]:
@@ -120,6 +140,27 @@ def read_name(data: bytes, offset: int) -> tuple[Name, int]:
         labels.append(label.decode("latin-1"))
         offset += 1 + length
     return tuple(labels), (end if end >= 0 else offset)
+
+
+def read_client_subnet(value: bytes) -> ClientSubnet:
+    """Parse an ECS option; ValueError for what RFC 7871 §7.1.1 answers with FORMERR."""
+    family, source_prefix, scope_prefix = unpack_from("!HBB", value)
+    raw = value[4:]
+    if family == 1:
+        size = 4
+    elif family == 2:
+        size = 16
+    else:
+        raise ValueError(f"ECS family {family} is neither IPv4 (1) nor IPv6 (2)")
+    if source_prefix > size * 8 or scope_prefix != 0:
+        raise ValueError("ECS prefix lengths out of range")
+    if len(raw) != (source_prefix + 7) // 8:
+        raise ValueError("ECS address longer or shorter than its source prefix")
+    if raw and source_prefix % 8 and raw[-1] & (0xFF >> (source_prefix % 8)):
+        raise ValueError("ECS address has bits set past its source prefix")
+    padded = raw + bytes(size - len(raw))
+    address = str(ipaddress.ip_address(padded))
+    return ClientSubnet(family, source_prefix, address, raw)
 
 
 def read_options(rdata: bytes) -> tuple[tuple[int, bytes], ...]:

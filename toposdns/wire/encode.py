@@ -25,7 +25,7 @@ from toposdns.resolve.answer import (
     Soa,
     Srv,
 )
-from toposdns.wire.decode import Edns, Query
+from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
 
 MIN_UDP_SIZE = 512
 MAX_TCP_SIZE = 65535
@@ -53,20 +53,33 @@ def reply_flags(query: Query, rcode: int, authoritative: bool, truncated: bool =
     return flags
 
 
-def encode_opt(edns: Edns, rcode: int = 0) -> bytes:
-    """The reply's OPT: the client's buffer size, version 0, its DO bit, the echoable options."""
+def encode_opt(
+    edns: Edns, rcode: int = 0, ecs: ClientSubnet | None = None, scope: int = 0
+) -> bytes:
+    """The reply's OPT: the client's buffer size, version 0, its DO bit, the echoable options.
+
+    Unlike CoreDNS, a Client Subnet option is echoed (RFC 7871 §7.2.2) with SCOPE `scope`: the
+    source prefix when the answer depended on it, else 0.
+    """
     options = b"".join(
         pack("!HH", code, len(value)) + value
         for code, value in edns.options
         if code in ECHOED_OPTIONS
     )
+    if ecs is not None:
+        value = pack("!HBB", ecs.family, ecs.source_prefix, scope) + ecs.raw_address
+        options += pack("!HH", ECS_OPTION, len(value)) + value
     ttl = ((rcode >> 4) << 24) | (edns.ttl & 0xFF00)
     return b"\x00" + pack("!HHIH", OPT, edns.udp_size, ttl, len(options)) + options
 
 
-def encode_reply(query: Query, answer: Answer, limit: int, fragment_limit: int = 0) -> bytes:
+def encode_reply(
+    query: Query, answer: Answer, limit: int, fragment_limit: int = 0, ecs_scope: int = 0
+) -> bytes:
     """Encode a whole reply to `query`; `fragment_limit` > 0 only for UDP."""
-    opt = encode_opt(query.edns, answer.rcode) if query.edns is not None else b""
+    opt = b""
+    if query.edns is not None:
+        opt = encode_opt(query.edns, answer.rcode, query.ecs, ecs_scope)
     writer = _Writer(query, compress=False)
     message = writer.finish(answer, opt, None)
     if len(message) <= limit:
@@ -78,7 +91,7 @@ def encode_reply(query: Query, answer: Answer, limit: int, fragment_limit: int =
 
 def encode_bare(query: Query, rcode: int) -> bytes:
     """A reply with the question and no records, not authoritative (REFUSED, SERVFAIL, ...)."""
-    opt = encode_opt(query.edns, rcode) if query.edns is not None else b""
+    opt = encode_opt(query.edns, rcode, query.ecs) if query.edns is not None else b""
     return _Writer(query, compress=False).finish(Answer(rcode, authoritative=False), opt, None)
 
 

@@ -1,0 +1,160 @@
+"""`toposdns explain`: why a client gets the records it gets.
+
+It runs the same resolver the server runs, with a trace, and tells which locator placed the
+client, which policy applied (or why it was ignored), which tier matched, the candidates and the
+records returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from toposdns.resolve.answer import RCODE_NAMES, Answer, Name, name_text, type_name
+from toposdns.resolve.client import Client, identify
+from toposdns.resolve.qname import InvalidName, parse_request
+from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
+from toposdns.store.snapshot import Snapshot
+from toposdns.store.topology import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Everything `explain` reports for one question from one client."""
+
+    client: Client
+    name: Name
+    qtype: int
+    answer: Answer
+    decisions: list[Decision] = field(default_factory=list)
+    #: The policy of the headless service the name belongs to, when no decision was needed.
+    idle_policy: tuple[str, Policy] | None = None
+
+
+def explain(
+    snapshot: Snapshot, config: ResolverConfig, address: str, name: Name, qtype: int
+) -> Explanation:
+    """Resolve `name` for a client at `address`, keeping the topology decisions."""
+    client = identify(snapshot, address)
+    decisions: list[Decision] = []
+    answer = resolve(name, qtype, snapshot, config, client.labels, decisions)
+    return Explanation(
+        client, name, qtype, answer, decisions, _service_policy(snapshot, config, name)
+    )
+
+
+def _service_policy(
+    snapshot: Snapshot, config: ResolverConfig, name: Name
+) -> tuple[str, Policy] | None:
+    lower = tuple(label.lower() for label in name)
+    zone_len = match_zone(lower, config.zones)
+    if zone_len is None:
+        return None
+    try:
+        request = parse_request(lower[: len(lower) - zone_len])
+    except InvalidName:
+        return None
+    policy = snapshot.policies.get((request.namespace, request.service))
+    if policy is None:
+        return None
+    return f"{request.namespace}/{request.service}", policy
+
+
+def _labels_text(labels: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(none)"
+
+
+def _placement(client: Client) -> str:
+    locator = client.locator
+    if locator is None:
+        return "no PodLocator holds this address: the client has no labels"
+    kind = "node locator" if locator.is_node else "PodLocator"
+    return f"{kind} {locator.namespace}/{locator.name} on node {locator.node_name or '?'}"
+
+
+def render_text(result: Explanation) -> str:
+    """The explanation for a person."""
+    client = result.client
+    lines = [
+        f"client {client.address}: {_placement(client)}",
+        f"  labels: {_labels_text(client.labels)}",
+        f"question: {name_text(result.name)} {type_name(result.qtype)}",
+    ]
+    if not result.decisions:
+        if result.idle_policy is None:
+            lines.append("topology: not applied (not a headless service with a policy)")
+        else:
+            service, policy = result.idle_policy
+            lines.append(f"service {service} (headless): policy {policy.describe()}")
+            lines.extend(f"  ignored: {error}" for error in policy.errors)
+            lines.append("  not applied: no ready endpoint to choose from, or not the service name")
+    for decision in result.decisions:
+        svc, policy = decision.service, decision.policy
+        lines.append(f"service {svc.namespace}/{svc.name} (headless): policy {policy.describe()}")
+        for error in policy.errors:
+            lines.append(f"  ignored: {error}")
+        chosen = set(decision.selection.chosen)
+        lines.append("  candidates:")
+        for i, (endpoint, labels) in enumerate(decision.candidates):
+            mark = "chosen" if i in chosen else "-"
+            address = ",".join(endpoint.addresses)
+            lines.append(f"    {mark:6} {address:18} {_labels_text(labels)}")
+        lines.append(f"  rule: {decision.selection.rule}")
+    answer = result.answer
+    lines.append(f"answer: {RCODE_NAMES.get(answer.rcode, answer.rcode)}")
+    for section, records in (
+        ("answer", answer.answer),
+        ("authority", answer.authority),
+        ("additional", answer.additional),
+    ):
+        for rr in records:
+            lines.append(f"  {section:10} {rr}")
+    return "\n".join(lines)
+
+
+def render_json(result: Explanation) -> dict[str, Any]:
+    """The explanation for tools."""
+    client = result.client
+    locator = client.locator
+    answer = result.answer
+    return {
+        "client": {
+            "address": client.address,
+            "locator": None
+            if locator is None
+            else {
+                "namespace": locator.namespace,
+                "name": locator.name,
+                "node": locator.node_name,
+                "kind": "node" if locator.is_node else "pod",
+            },
+            "labels": dict(client.labels),
+        },
+        "question": {"name": name_text(result.name), "type": type_name(result.qtype)},
+        "topology": [
+            {
+                "service": f"{d.service.namespace}/{d.service.name}",
+                "policy": {
+                    "source": d.policy.source,
+                    "keys": list(d.policy.keys),
+                    "hints": d.policy.hints,
+                    "valid": not d.policy.errors,
+                    "errors": list(d.policy.errors),
+                },
+                "candidates": [
+                    {
+                        "addresses": list(ep.addresses),
+                        "labels": dict(labels),
+                        "chosen": i in d.selection.chosen,
+                    }
+                    for i, (ep, labels) in enumerate(d.candidates)
+                ],
+                "rule": d.selection.rule,
+            }
+            for d in result.decisions
+        ],
+        "rcode": RCODE_NAMES.get(answer.rcode, str(answer.rcode)),
+        "answer": [str(rr) for rr in answer.answer],
+        "authority": [str(rr) for rr in answer.authority],
+        "additional": [str(rr) for rr in answer.additional],
+    }

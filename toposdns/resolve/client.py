@@ -1,0 +1,58 @@
+"""Who is asking: the client's address, and the node labels its PodLocator gives it.
+
+The address is the EDNS Client Subnet address when the packet carries one and comes from a
+trusted forwarder (`--ecs-trust`), else the packet's source. A pod or node PodLocator holding that
+address places the client; an unknown address has no labels (SPEC.md §3).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from toposdns.store.model import PodLocator
+from toposdns.store.snapshot import Snapshot
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+NO_LABELS: Mapping[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """A placed client. `labels` is empty when no locator holds its address."""
+
+    address: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    locator: PodLocator | None = None
+    #: True when the address came from EDNS Client Subnet.
+    via_ecs: bool = False
+
+
+def client_address(source: str, ecs: str | None, trust: Sequence[Network]) -> tuple[str, bool]:
+    """The address that identifies the client, and whether it came from ECS."""
+    if ecs is not None and trust:
+        ip = ipaddress.ip_address(plain_address(source))
+        if any(ip in network for network in trust):
+            return ecs, True
+    return plain_address(source), False
+
+
+def plain_address(source: str) -> str:
+    """A socket address as the locators index it: no zone index, no IPv4-mapped prefix."""
+    source = source.split("%", 1)[0]
+    if source.startswith("::ffff:") and "." in source:
+        return source[7:]
+    return source
+
+
+def identify(snapshot: Snapshot, address: str, via_ecs: bool = False) -> Client:
+    """Place an address with the snapshot's locators."""
+    try:
+        key = str(ipaddress.ip_address(address))
+    except ValueError:
+        return Client(address, via_ecs=via_ecs)
+    locator = snapshot.locators.get(key)
+    if locator is None:
+        return Client(key, via_ecs=via_ecs)
+    return Client(key, locator.node_labels, locator, via_ecs)

@@ -1,0 +1,247 @@
+"""Topology policies of headless services: which one applies, whether it is valid, what it picks.
+
+A headless service answers a client with the endpoints of the client's topology domain. The
+policy comes from the first of these that the service sets (SPEC.md §4):
+
+1. `spec.topologyKeys` (Service Topology, Kubernetes 1.17-1.21);
+2. the `toposdns.io/topology-keys` annotation (the same list, for clusters without the field);
+3. `spec.trafficDistribution`: PreferSameNode is the tiers (node, zone, all), PreferSameZone and
+   its older name PreferClose are (zone, all);
+4. EndpointSlice zone hints, when every ready endpoint carries one;
+5. nothing: every ready endpoint, as CoreDNS answers.
+
+Key lists are validated as the API server validated `topologyKeys`; an invalid policy is
+ignored (every endpoint is returned) and its errors are kept for logs and `explain`.
+
+Selection by keys is kube-proxy's `FilterTopologyEndpoint` (shared/spec/topology.md §3): the
+first tier with any endpoint wins whole, tiers never mix, and a client whose labels are unknown
+gets everything only if the last key is "*".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from toposdns.store.convert import TOPOLOGY_KEYS_ANNOTATION
+from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service, canonical_ip
+
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+REGION = "topology.kubernetes.io/region"
+ANY = "*"
+MAX_KEYS = 16
+
+TRAFFIC_DISTRIBUTIONS = {
+    "PreferSameNode": (HOSTNAME, ZONE, ANY),
+    "PreferSameZone": (ZONE, ANY),
+    "PreferClose": (ZONE, ANY),
+}
+
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_MESSAGE = (
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+_SUBDOMAIN_MESSAGE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How a headless service chooses endpoints for a client."""
+
+    #: Where it came from: topologyKeys, annotation, trafficDistribution, hints or none.
+    source: str
+    #: Tiers, in order (kube-proxy's topologyKeys semantics).
+    keys: tuple[str, ...] = ()
+    #: Zone hints mode: the endpoints hinted for the client's zone, else all.
+    hints: bool = False
+    #: Why the policy is ignored; empty when it is valid.
+    errors: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        """True when answers depend on the client."""
+        return bool(self.keys or self.hints) and not self.errors
+
+    def signature(self, labels: Labels) -> tuple[object, ...]:
+        """What of a client's labels decides its answer: clients with equal signatures get
+        equal answers, so answers are cached per signature, never per address."""
+        if self.hints:
+            return (labels.get(ZONE),)
+        return (bool(labels),) + tuple(labels.get(key) for key in self.keys if key != ANY)
+
+    def describe(self) -> str:
+        """One line for people: the source and what it asks for."""
+        if self.hints:
+            return "EndpointSlice hints.forZones"
+        if not self.keys and not self.errors:
+            return "none: every ready endpoint"
+        return f"{self.source} [{', '.join(self.keys)}]"
+
+
+NO_POLICY = Policy("none")
+
+
+def policy_for(service: Service, slices: Iterable[EndpointSlice]) -> Policy:
+    """The policy a headless service asks for (first source that applies)."""
+    if service.topology_keys:
+        return _keys_policy(service, "topologyKeys", service.topology_keys, "spec.topologyKeys")
+    if service.topology_annotation is not None:
+        field = f"metadata.annotations[{TOPOLOGY_KEYS_ANNOTATION}]"
+        keys = tuple(k for k in service.topology_annotation if k) or service.topology_annotation
+        return _keys_policy(service, "annotation", keys, field)
+    if service.traffic_distribution:
+        tiers = TRAFFIC_DISTRIBUTIONS.get(service.traffic_distribution)
+        if tiers is None:
+            known = ", ".join(TRAFFIC_DISTRIBUTIONS)
+            error = (
+                f'spec.trafficDistribution: Unsupported value: "{service.traffic_distribution}": '
+                f"supported values: {known}"
+            )
+            return Policy("trafficDistribution", errors=(error,))
+        return Policy(f"trafficDistribution {service.traffic_distribution}", tiers)
+    endpoints = [ep for eps in slices for ep in eps.endpoints]
+    if endpoints and all(ep.hint_zones for ep in endpoints):
+        return Policy("hints", hints=True)
+    return NO_POLICY
+
+
+def invalid_changes(
+    old: Mapping[tuple[str, str], Policy], new: Mapping[tuple[str, str], Policy]
+) -> list[tuple[tuple[str, str], Policy]]:
+    """Invalid policies in `new` that `old` did not have in that form: each is reported once."""
+    return [
+        (key, policy) for key, policy in new.items() if policy.errors and old.get(key) != policy
+    ]
+
+
+def _keys_policy(service: Service, source: str, keys: tuple[str, ...], field: str) -> Policy:
+    return Policy(source, keys, errors=tuple(validate_keys(keys, field, service)))
+
+
+def validate_keys(keys: Sequence[str], field: str, service: Service) -> list[str]:
+    """The API server's `topologyKeys` checks, with its messages. Errors accumulate."""
+    errors = []
+    if service.external_traffic_policy == "Local":
+        errors.append(
+            f"{field}: Forbidden: may not be specified when `externalTrafficPolicy=Local`"
+        )
+    if len(keys) > MAX_KEYS:
+        errors.append(f"{field}: Too many: {len(keys)}: must have at most {MAX_KEYS} items")
+    seen: set[str] = set()
+    for i, key in enumerate(keys):
+        where = f"{field}[{i}]"
+        if key in seen:
+            errors.append(f'{where}: Duplicate value: "{key}"')
+        seen.add(key)
+        if key == ANY:
+            if i != len(keys) - 1:
+                errors.append(f'{where}: Invalid value: "*": "*" must be the last value specified')
+            continue
+        for message in qualified_name_errors(key):
+            # The API server reports the whole list as the value here, not the key.
+            errors.append(f"{where}: Invalid value: {json.dumps(list(keys))}: {message}")
+    return errors
+
+
+def qualified_name_errors(value: str) -> list[str]:
+    """apimachinery's IsQualifiedName: `[prefix/]name`, as label keys are."""
+    parts = value.split("/")
+    if len(parts) == 1:
+        name = parts[0]
+    elif len(parts) == 2:
+        prefix, name = parts
+        if not prefix:
+            return ["prefix part must be non-empty"]
+        errors = []
+        if len(prefix) > 253:
+            errors.append("prefix part must be no more than 253 characters")
+        if not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+            errors.append(f"prefix part {_SUBDOMAIN_MESSAGE}")
+        if errors:
+            return errors
+    else:
+        return [
+            f"a qualified name {_NAME_MESSAGE} with an optional DNS subdomain prefix and '/' "
+            "(e.g. 'example.com/MyName')"
+        ]
+    if not name:
+        return ["name part must be non-empty"]
+    errors = []
+    if len(name) > 63:
+        errors.append("name part must be no more than 63 characters")
+    if not _NAME_PART.fullmatch(name):
+        errors.append(f"name part {_NAME_MESSAGE}")
+    return errors
+
+
+def endpoint_labels(
+    endpoint: Endpoint, locators: Mapping[str, PodLocator], node_locators: Mapping[str, PodLocator]
+) -> Labels:
+    """Where an endpoint runs: its pod's locator, else its node's locator, else the slice."""
+    for address in endpoint.addresses:
+        locator = locators.get(canonical_ip(address))
+        if locator is not None and not locator.is_node:
+            return locator.node_labels
+    node = node_locators.get(endpoint.node_name) if endpoint.node_name else None
+    if node is not None:
+        return node.node_labels
+    labels = {}
+    if endpoint.node_name:
+        labels[HOSTNAME] = endpoint.node_name
+    if endpoint.zone:
+        labels[ZONE] = endpoint.zone
+    return labels
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The endpoints chosen for a client, and which rule chose them (for `explain`)."""
+
+    chosen: tuple[int, ...]
+    rule: str
+
+
+def select(
+    policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
+) -> Selection:
+    """Choose among candidates (endpoint, its topology labels); returns indexes into them."""
+    everyone = tuple(range(len(candidates)))
+    if policy.errors:
+        return Selection(everyone, "policy ignored (invalid): every endpoint")
+    if policy.hints:
+        zone = client.get(ZONE)
+        hinted = tuple(
+            i for i, (ep, _) in enumerate(candidates) if zone and zone in (ep.hint_zones or ())
+        )
+        if hinted:
+            return Selection(hinted, f"hinted for zone {zone}")
+        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint")
+    keys = policy.keys
+    if not keys:
+        return Selection(everyone, "no policy: every endpoint")
+    if not client:
+        if keys[-1] == ANY:
+            return Selection(everyone, 'client labels unknown, last key is "*": every endpoint')
+        return Selection((), 'client labels unknown and no "*": no endpoint')
+    for key in keys:
+        if key == ANY:
+            return Selection(everyone, '"*": every endpoint')
+        value = client.get(key)
+        if value is None:
+            continue
+        tier = tuple(i for i, (_, labels) in enumerate(candidates) if labels.get(key) == value)
+        if tier:
+            return Selection(tier, f"{key}={value}")
+    return Selection((), "no tier matched: no endpoint")
