@@ -1,0 +1,227 @@
+"""Topology through the resolver and the responder: what is filtered, what is cached, ECS."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import dnslib
+import pytest
+
+from tests.helpers import config_of, snapshot_of
+from toposdns.resolve.answer import AAAA, NOERROR, NXDOMAIN, PTR, SRV, A
+from toposdns.resolve.resolver import resolve
+from toposdns.serve.responder import UDP4, Responder
+
+NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
+NODE_B = {"kubernetes.io/hostname": "node-b", "topology.kubernetes.io/zone": "z1"}
+NODE_C = {"kubernetes.io/hostname": "node-c", "topology.kubernetes.io/zone": "z2"}
+NODE_D = {"kubernetes.io/hostname": "node-d", "topology.kubernetes.io/zone": "z3"}
+
+
+def headless(
+    name: str,
+    spec: dict[str, Any],
+    endpoints: list[dict[str, Any]],
+    annotations: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": "shop", "annotations": annotations or {}},
+            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}], **spec},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{name}-1",
+                "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": name},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 80}],
+            "endpoints": endpoints,
+        },
+    ]
+
+
+def locator(name: str, address: str, labels: dict[str, str], node: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "shop"}
+    if node:
+        meta["labels"] = {"toposdns.io/locator": "node"}
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": meta,
+        "addresses": [address],
+        "nodeName": labels["kubernetes.io/hostname"],
+        "nodeLabels": labels,
+    }
+
+
+ENDPOINTS = [
+    {"addresses": ["10.1.0.1"], "hostname": "web-0", "nodeName": "node-a", "zone": "z1"},
+    {"addresses": ["10.3.0.1"], "hostname": "web-1", "nodeName": "node-c", "zone": "z2"},
+    {"addresses": ["10.3.0.2"], "hostname": "web-2", "nodeName": "node-c", "zone": "z2"},
+]
+KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
+OBJECTS = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+    *headless("web", {"topologyKeys": KEYS}, ENDPOINTS),
+    *headless(
+        "zonal",
+        {},
+        ENDPOINTS,
+        annotations={"toposdns.io/topology-keys": "topology.kubernetes.io/zone"},
+    ),
+    *headless("near", {"trafficDistribution": "PreferSameNode"}, ENDPOINTS),
+    *headless("bad", {"topologyKeys": ["*", "kubernetes.io/hostname"]}, ENDPOINTS),
+    *headless("empty", {"topologyKeys": KEYS}, []),
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "alias", "namespace": "shop"},
+        "spec": {"type": "ExternalName", "externalName": "web.shop.svc.cluster.local"},
+    },
+    locator("client-a", "127.0.0.2", NODE_A),
+    locator("client-b", "127.0.0.3", NODE_B),
+    locator("client-c", "127.0.0.4", NODE_C),
+    locator("node-d", "127.0.0.5", NODE_D, node=True),
+]
+SNAPSHOT = snapshot_of(OBJECTS)
+CONFIG = config_of(zones=["cluster.local", "in-addr.arpa"])
+
+
+def ips(name: str, labels: dict[str, str], qtype: int = A) -> list[str]:
+    answer = resolve(tuple(name.split(".")), qtype, SNAPSHOT, CONFIG, labels)
+    return sorted(str(rr.rdata) for rr in answer.answer if rr.rtype in (A, AAAA))
+
+
+@pytest.mark.parametrize(
+    ("service", "client", "want"),
+    [
+        ("web", NODE_A, ["10.1.0.1"]),  # same node
+        ("web", NODE_B, ["10.1.0.1"]),  # same zone
+        ("web", NODE_C, ["10.3.0.1", "10.3.0.2"]),  # same node, the whole tier
+        ("web", NODE_D, ["10.1.0.1", "10.3.0.1", "10.3.0.2"]),  # "*"
+        ("web", {}, ["10.1.0.1", "10.3.0.1", "10.3.0.2"]),  # unknown client, last key "*"
+        ("zonal", NODE_B, ["10.1.0.1"]),
+        ("zonal", NODE_D, []),  # no tier: NODATA
+        ("zonal", {}, []),  # unknown client and no "*": nothing
+        ("near", NODE_A, ["10.1.0.1"]),
+        ("near", NODE_B, ["10.1.0.1"]),
+        ("near", NODE_D, ["10.1.0.1", "10.3.0.1", "10.3.0.2"]),
+        ("bad", NODE_A, ["10.1.0.1", "10.3.0.1", "10.3.0.2"]),  # invalid: ignored
+    ],
+)
+def test_headless_a(service: str, client: dict[str, str], want: list[str]) -> None:
+    assert ips(f"{service}.shop.svc.cluster.local", client) == want
+
+
+def test_no_tier_is_nodata_with_soa_and_depends_on_the_client() -> None:
+    answer = resolve(("zonal", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_D)
+    assert answer.rcode == NOERROR and not answer.answer and answer.authority
+    assert answer.policy is not None
+
+
+def test_no_endpoints_at_all_is_still_nxdomain() -> None:
+    name = ("empty", "shop", "svc", "cluster", "local")
+    assert resolve(name, A, SNAPSHOT, CONFIG, NODE_A).rcode == NXDOMAIN
+
+
+def test_an_invalid_policy_does_not_depend_on_the_client() -> None:
+    answer = resolve(("bad", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_A)
+    assert answer.policy is None and len(answer.answer) == 3
+
+
+def test_srv_is_filtered_and_weights_recomputed() -> None:
+    name = ("_http", "_tcp", "web", "shop", "svc", "cluster", "local")
+    answer = resolve(name, SRV, SNAPSHOT, CONFIG, NODE_C)
+    assert sorted(rr.rdata_text() for rr in answer.answer) == [
+        "0 50 80 web-1.web.shop.svc.cluster.local.",
+        "0 50 80 web-2.web.shop.svc.cluster.local.",
+    ]
+    assert sorted(str(rr.rdata) for rr in answer.additional) == ["10.3.0.1", "10.3.0.2"]
+
+
+def test_endpoint_names_and_ptr_are_not_filtered() -> None:
+    assert ips("web-1.web.shop.svc.cluster.local", NODE_A) == ["10.3.0.1"]
+    ptr = resolve(("1", "0", "3", "10", "in-addr", "arpa"), PTR, SNAPSHOT, CONFIG, NODE_A)
+    # The fixture reuses the endpoints in four services: one PTR each, whatever the client.
+    assert sorted(rr.rdata_text() for rr in ptr.answer) == [
+        f"web-1.{svc}.shop.svc.cluster.local." for svc in ("bad", "near", "web", "zonal")
+    ]
+    assert ptr.policy is None
+
+
+def test_cname_chase_into_a_headless_service_is_filtered() -> None:
+    answer = resolve(("alias", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_A)
+    assert [rr.rdata_text() for rr in answer.answer] == ["web.shop.svc.cluster.local.", "10.1.0.1"]
+    assert answer.policy is not None
+
+
+# The responder: identity by source address or trusted ECS, caches keyed by signature.
+
+
+def ask(responder: Responder, name: str, source: str, ecs: str | None = None) -> dnslib.DNSRecord:
+    q = dnslib.DNSRecord.question(name)
+    if ecs is not None:
+        network = ipaddress.ip_network(ecs)
+        prefix = network.prefixlen
+        raw = network.network_address.packed[: (prefix + 7) // 8]
+        value = bytes((0, 1 if network.version == 4 else 2, prefix, 0)) + raw
+        q.add_ar(dnslib.EDNS0(opts=[dnslib.EDNSOption(8, value)]))
+    data = bytes(q.pack())
+    reply = responder.cached(data, UDP4, source) or responder.respond(data, UDP4, source)
+    assert reply is not None
+    return dnslib.DNSRecord.parse(reply)
+
+
+def addresses(reply: dnslib.DNSRecord) -> list[str]:
+    return sorted(str(rr.rdata) for rr in reply.rr if rr.rtype == 1)
+
+
+def test_clients_get_their_own_answers_from_the_wire_cache() -> None:
+    responder = Responder(CONFIG, SNAPSHOT)
+    for _ in range(2):  # the second round is served from the wire cache
+        assert addresses(ask(responder, "web.shop.svc.cluster.local", "127.0.0.2")) == ["10.1.0.1"]
+        assert addresses(ask(responder, "web.shop.svc.cluster.local", "127.0.0.4")) == [
+            "10.3.0.1",
+            "10.3.0.2",
+        ]
+        assert len(addresses(ask(responder, "web.shop.svc.cluster.local", "127.0.0.9"))) == 3
+    # One wire entry for the name, one reply per signature; never one per address.
+    (entry,) = responder.wire[UDP4].values()
+    assert not isinstance(entry, bytes) and len(entry.replies) == 3
+
+
+def test_clients_of_one_zone_share_a_cached_answer() -> None:
+    objects = OBJECTS + [
+        locator(f"z1-{i}", f"10.9.0.{i}", {**NODE_A, "kubernetes.io/hostname": f"n{i}"})
+        for i in range(1, 50)
+    ]
+    responder = Responder(CONFIG, snapshot_of(objects))
+    for i in range(1, 50):
+        assert addresses(ask(responder, "zonal.shop.svc.cluster.local", f"10.9.0.{i}")) == [
+            "10.1.0.1"
+        ]
+    assert len(responder.topology_answers) == 1
+
+
+def test_ecs_is_believed_only_from_trusted_sources() -> None:
+    trusted = Responder(CONFIG, SNAPSHOT, (ipaddress.ip_network("127.0.0.100/32"),))
+    via_ecs = ask(trusted, "web.shop.svc.cluster.local", "127.0.0.100", ecs="127.0.0.4/32")
+    assert addresses(via_ecs) == ["10.3.0.1", "10.3.0.2"]
+    option = via_ecs.ar[0].rdata[0]
+    assert option.code == 8 and option.data == bytes((0, 1, 32, 32, 127, 0, 0, 4))  # scope 32
+    untrusted = ask(trusted, "web.shop.svc.cluster.local", "127.0.0.2", ecs="127.0.0.4/32")
+    assert addresses(untrusted) == ["10.1.0.1"]  # the packet's source, node-a
+    assert untrusted.ar[0].rdata[0].data[3] == 0  # scope 0: ECS was not used
+
+
+def test_ecs_scope_is_zero_when_the_answer_does_not_depend_on_the_client() -> None:
+    responder = Responder(CONFIG, SNAPSHOT, (ipaddress.ip_network("127.0.0.0/8"),))
+    reply = ask(responder, "web-0.web.shop.svc.cluster.local", "127.0.0.1", ecs="127.0.0.4/32")
+    assert addresses(reply) == ["10.1.0.1"] and reply.ar[0].rdata[0].data[3] == 0
