@@ -147,6 +147,7 @@ def snapshot_objects(cluster: Cluster) -> dict[str, object]:
                         "nodeName": ep.node.name,
                         "zone": ep.node.zone,
                         "conditions": {"ready": True},
+                        "targetRef": {"kind": "Pod", "namespace": svc.namespace, "name": ep.pod},
                     }
                     for ep in svc.endpoints
                 ],

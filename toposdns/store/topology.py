@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toposdns.store.convert import TOPOLOGY_KEYS_ANNOTATION
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service, canonical_ip
@@ -68,6 +68,11 @@ class Policy:
     hints: bool = False
     #: Why the policy is ignored; empty when it is valid.
     errors: tuple[str, ...] = ()
+    #: The keys a client's labels are compared on ("*" compares nothing).
+    match_keys: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "match_keys", tuple(k for k in self.keys if k != ANY))
 
     @property
     def active(self) -> bool:
@@ -79,7 +84,8 @@ class Policy:
         equal answers, so answers are cached per signature, never per address."""
         if self.hints:
             return (labels.get(ZONE),)
-        return (bool(labels),) + tuple(labels.get(key) for key in self.keys if key != ANY)
+        # Runs on the hot path for every topology-filtered query: keep it to one map().
+        return (bool(labels), *map(labels.get, self.match_keys))
 
     def describe(self) -> str:
         """One line for people: the source and what it asks for."""
