@@ -156,36 +156,38 @@ def validate_keys(keys: Sequence[str], field: str, service: Service) -> list[str
                 errors.append(f'{where}: Invalid value: "*": "*" must be the last value specified')
             continue
         for message in qualified_name_errors(key):
-            # The API server reports the whole list as the value here, not the key.
-            errors.append(f"{where}: Invalid value: {json.dumps(list(keys))}: {message}")
+            # The API server reports the whole list as the value here, not the key, printed
+            # the way Go's %#v prints a []string.
+            errors.append(f"{where}: Invalid value: {_go_strings(keys)}: {message}")
     return errors
 
 
+def _go_strings(values: Sequence[str]) -> str:
+    return "[]string{" + ", ".join(json.dumps(v) for v in values) + "}"
+
+
 def qualified_name_errors(value: str) -> list[str]:
-    """apimachinery's IsQualifiedName: `[prefix/]name`, as label keys are."""
+    """apimachinery's IsQualifiedName: `[prefix/]name`, as label keys are. Errors accumulate."""
     parts = value.split("/")
-    if len(parts) == 1:
-        name = parts[0]
-    elif len(parts) == 2:
-        prefix, name = parts
-        if not prefix:
-            return ["prefix part must be non-empty"]
-        errors = []
-        if len(prefix) > 253:
-            errors.append("prefix part must be no more than 253 characters")
-        if not _DNS1123_SUBDOMAIN.fullmatch(prefix):
-            errors.append(f"prefix part {_SUBDOMAIN_MESSAGE}")
-        if errors:
-            return errors
-    else:
+    if len(parts) > 2:
         return [
             f"a qualified name {_NAME_MESSAGE} with an optional DNS subdomain prefix and '/' "
             "(e.g. 'example.com/MyName')"
         ]
-    if not name:
-        return ["name part must be non-empty"]
     errors = []
-    if len(name) > 63:
+    name = parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            errors.append("prefix part must be non-empty")
+        else:
+            if len(prefix) > 253:
+                errors.append("prefix part must be no more than 253 characters")
+            if not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+                errors.append(f"prefix part {_SUBDOMAIN_MESSAGE}")
+    if not name:
+        errors.append("name part must be non-empty")
+    elif len(name) > 63:
         errors.append("name part must be no more than 63 characters")
     if not _NAME_PART.fullmatch(name):
         errors.append(f"name part {_NAME_MESSAGE}")

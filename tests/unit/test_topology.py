@@ -1,0 +1,799 @@
+"""The topology module: kube-proxy's FilterTopologyEndpoint, the API server's topologyKeys
+validation, policy precedence, zone hints, answer-cache signatures and endpoint topology.
+
+Expectations are upstream's (shared/spec/topology.md §3, §4, §7; SPEC.md §4), not the module's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from toposdns.store.model import HEADLESS, Endpoint, EndpointSlice, PodLocator, Service
+from toposdns.store.topology import (
+    NO_POLICY,
+    Policy,
+    endpoint_labels,
+    policy_for,
+    qualified_name_errors,
+    select,
+    validate_keys,
+)
+
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+REGION = "topology.kubernetes.io/region"
+SPEC_FIELD = "spec.topologyKeys"
+ANNOTATION_FIELD = "metadata.annotations[toposdns.io/topology-keys]"
+
+Candidates = list[tuple[Endpoint, Mapping[str, str]]]
+
+
+def chosen_ips(policy: Policy, client: Mapping[str, str], candidates: Candidates) -> list[str]:
+    """The addresses select() picks, in the order it returns them."""
+    return [candidates[i][0].addresses[0] for i in select(policy, client, candidates).chosen]
+
+
+def keys_policy(*keys: str) -> Policy:
+    return Policy("topologyKeys", tuple(keys))
+
+
+def svc(**fields: Any) -> Service:
+    return Service("shop", "web", HEADLESS, (), (), **fields)
+
+
+def eps(*endpoints: Endpoint, name: str = "web-abc") -> EndpointSlice:
+    return EndpointSlice("shop", name, "web", (), tuple(endpoints))
+
+
+# --------------------------------------------------------------------------------------------
+# 1. kube-proxy TestFilterTopologyEndpoint (pkg/proxy/topology_test.go, v1.17-v1.20), as data.
+# Each endpoint's topology is the labels of the node it runs on; the client is the current node.
+# --------------------------------------------------------------------------------------------
+
+
+def node(hostname: str, zone: str) -> dict[str, str]:
+    return {HOSTNAME: hostname, ZONE: zone, REGION: "cd"}
+
+
+def two_per_node(*nodes: int) -> list[tuple[str, str]]:
+    """Endpoints 1.1.N.1 and 1.1.N.2 on testNodeN, for each N (upstream's layout)."""
+    return [(f"1.1.{n}.{i}", f"testNode{n}") for n in nodes for i in (1, 2)]
+
+
+NODES_SAME_ZONE_2 = {
+    "testNode1": node("testNode1", "90001"),
+    "testNode2": node("testNode2", "90001"),
+}
+NODES_SAME_ZONE_3 = {**NODES_SAME_ZONE_2, "testNode3": node("testNode3", "90001")}
+NODES_TWO_ZONES_4 = {
+    **NODES_SAME_ZONE_2,
+    "testNode3": node("testNode3", "90002"),
+    "testNode4": node("testNode4", "90002"),
+}
+
+# (name, node labels by node, endpoints (ip, node), current node, topology keys, expected ips)
+KUBE_PROXY_CASES = [
+    (
+        "no topology key and endpoints",
+        {"testNode1": node("10.0.0.1", "90001")},
+        [],
+        "testNode1",
+        None,
+        [],
+    ),
+    (
+        "no topology key but have endpoints",
+        NODES_SAME_ZONE_2,
+        two_per_node(1, 2),
+        "testNode1",
+        None,
+        ["1.1.1.1", "1.1.1.2", "1.1.2.1", "1.1.2.2"],
+    ),
+    (
+        "one topology key with one node matched",
+        NODES_SAME_ZONE_2,
+        two_per_node(1, 2),
+        "testNode1",
+        [HOSTNAME],
+        ["1.1.1.1", "1.1.1.2"],
+    ),
+    (
+        "one topology key without node matched",
+        NODES_SAME_ZONE_3,
+        two_per_node(1, 2),
+        "testNode3",
+        [HOSTNAME],
+        [],
+    ),
+    (
+        "one topology key with multiple nodes matched",
+        NODES_TWO_ZONES_4,
+        two_per_node(1, 2, 3, 4),
+        "testNode2",
+        [ZONE],
+        ["1.1.1.1", "1.1.1.2", "1.1.2.1", "1.1.2.2"],
+    ),
+    (
+        # Upstream's comment says (hostname, zone) but its table has only hostname.
+        "early match in multiple topology keys",
+        NODES_TWO_ZONES_4,
+        two_per_node(1, 2, 3, 4),
+        "testNode2",
+        [HOSTNAME],
+        ["1.1.2.1", "1.1.2.2"],
+    ),
+    (
+        "later match in multiple topology keys",
+        {**NODES_TWO_ZONES_4, "testNode5": node("testNode5", "90002")},
+        two_per_node(1, 2, 3, 4),
+        "testNode5",
+        [HOSTNAME, ZONE],
+        ["1.1.3.1", "1.1.3.2", "1.1.4.1", "1.1.4.2"],
+    ),
+    (
+        "multiple topology keys without node matched",
+        {**NODES_TWO_ZONES_4, "testNode5": node("testNode5", "90003")},
+        two_per_node(1, 2, 3, 4),
+        "testNode5",
+        [HOSTNAME, ZONE],
+        [],
+    ),
+    (
+        "multiple topology keys matched node when 'Any' key ignored",
+        NODES_SAME_ZONE_2,
+        two_per_node(1, 2),
+        "testNode1",
+        [HOSTNAME, "*"],
+        ["1.1.1.1", "1.1.1.2"],
+    ),
+    (
+        "two topology keys matched node with 'Any' key",
+        NODES_SAME_ZONE_3,
+        two_per_node(1, 2),
+        "testNode3",
+        [HOSTNAME, "*"],
+        ["1.1.1.1", "1.1.1.2", "1.1.2.1", "1.1.2.2"],
+    ),
+    (
+        "multiple topology keys matched node with 'Any' key",
+        {**NODES_TWO_ZONES_4, "testNode5": node("testNode5", "90003")},
+        two_per_node(1, 2, 3, 4),
+        "testNode5",
+        [HOSTNAME, ZONE, "*"],
+        [f"1.1.{n}.{i}" for n in (1, 2, 3, 4) for i in (1, 2)],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "nodes, endpoints, current, keys, expected",
+    [case[1:] for case in KUBE_PROXY_CASES],
+    ids=[case[0] for case in KUBE_PROXY_CASES],
+)
+def test_filter_topology_endpoint(
+    nodes: dict[str, dict[str, str]],
+    endpoints: list[tuple[str, str]],
+    current: str,
+    keys: list[str] | None,
+    expected: list[str],
+) -> None:
+    candidates: Candidates = [(Endpoint(addresses=(ip,)), nodes[n]) for ip, n in endpoints]
+    got = chosen_ips(keys_policy(*(keys or ())), nodes[current], candidates)
+    assert set(got) == set(expected)
+    assert got == [ip for ip, _ in endpoints if ip in got]  # a subset, in input order
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Properties of selection by keys (topology.md §3).
+# --------------------------------------------------------------------------------------------
+
+# Five endpoints: two on n1 (zone a), one on n2 (zone a), one on n3 (zone b), one with no zone.
+PROPERTY_CANDIDATES: Candidates = [
+    (Endpoint(addresses=("10.0.0.5",)), {HOSTNAME: "n3", ZONE: "b"}),
+    (Endpoint(addresses=("10.0.0.1",)), {HOSTNAME: "n1", ZONE: "a"}),
+    (Endpoint(addresses=("10.0.0.3",)), {HOSTNAME: "n2", ZONE: "a"}),
+    (Endpoint(addresses=("10.0.0.9",)), {HOSTNAME: "n4"}),
+    (Endpoint(addresses=("10.0.0.2",)), {HOSTNAME: "n1", ZONE: "a"}),
+]
+ALL = ["10.0.0.5", "10.0.0.1", "10.0.0.3", "10.0.0.9", "10.0.0.2"]
+N1 = {HOSTNAME: "n1", ZONE: "a", REGION: "r"}
+
+PROPERTY_CASES = [
+    # (id, keys, client labels, expected ips in input order)
+    ("same node wins whole", [HOSTNAME, ZONE], N1, ["10.0.0.1", "10.0.0.2"]),
+    (
+        "same zone when node has none, never the union",
+        [HOSTNAME, ZONE],
+        {HOSTNAME: "n9", ZONE: "a"},
+        ["10.0.0.1", "10.0.0.3", "10.0.0.2"],
+    ),
+    ("zone tier alone", [ZONE], N1, ["10.0.0.1", "10.0.0.3", "10.0.0.2"]),
+    ("star alone is everything", ["*"], N1, ALL),
+    ("star alone is everything for an empty client", ["*"], {}, ALL),
+    ("empty client, last key star: all", [HOSTNAME, ZONE, "*"], {}, ALL),
+    ("empty client, no star: none", [HOSTNAME, ZONE], {}, []),
+    (
+        "client lacking hostname skips to zone",
+        [HOSTNAME, ZONE],
+        {ZONE: "b"},
+        ["10.0.0.5"],
+    ),
+    ("non-empty client lacking every key, star: all", [HOSTNAME, ZONE, "*"], {"x": "y"}, ALL),
+    ("non-empty client lacking every key, no star: none", [HOSTNAME, ZONE], {"x": "y"}, []),
+    # Only len(labels) == 0 takes the edge case, which looks at the last key; a non-empty client
+    # walks the keys and reaches "*" (unvalidated key list, to tell the two paths apart).
+    ("non-empty client walks to a leading star", ["*", HOSTNAME], {"x": "y"}, ALL),
+    ("empty client checks only the last key", ["*", HOSTNAME], {}, []),
+    (
+        "endpoint lacking the key never matches",
+        [ZONE],
+        {HOSTNAME: "n4", ZONE: ""},
+        [],
+    ),
+    ("no tier matched: empty", [HOSTNAME, ZONE], {HOSTNAME: "n9", ZONE: "z"}, []),
+    ("no tier matched then star: all", [HOSTNAME, ZONE, "*"], {HOSTNAME: "n9", ZONE: "z"}, ALL),
+    ("values compare case-sensitively", [ZONE], {ZONE: "A"}, []),
+    ("key not written by the controller matches nothing", [REGION], N1, []),
+    ("no keys: everything", [], N1, ALL),
+]
+
+
+@pytest.mark.parametrize(
+    "keys, client, expected",
+    [case[1:] for case in PROPERTY_CASES],
+    ids=[case[0] for case in PROPERTY_CASES],
+)
+def test_select_properties(keys: list[str], client: dict[str, str], expected: list[str]) -> None:
+    got = chosen_ips(keys_policy(*keys), client, PROPERTY_CANDIDATES)
+    assert got == expected
+
+
+TIER_CLIENTS = [
+    N1,
+    {HOSTNAME: "n2", ZONE: "a"},
+    {HOSTNAME: "n3", ZONE: "b"},
+    {HOSTNAME: "n9", ZONE: "a"},
+    {HOSTNAME: "n9", ZONE: "b"},
+    {HOSTNAME: "n4"},
+    {ZONE: "a"},
+    {},
+    {"x": "y"},
+]
+
+
+@pytest.mark.parametrize("client", TIER_CLIENTS, ids=[str(c) for c in TIER_CLIENTS])
+@pytest.mark.parametrize("star", [False, True], ids=["no-star", "star"])
+def test_result_is_one_whole_tier_in_input_order(client: dict[str, str], star: bool) -> None:
+    keys = [HOSTNAME, ZONE] + (["*"] if star else [])
+    got = chosen_ips(keys_policy(*keys), client, PROPERTY_CANDIDATES)
+    assert got == [ip for ip in ALL if ip in got]
+    same_node = [ep.addresses[0] for ep, lb in PROPERTY_CANDIDATES if _same(lb, client, HOSTNAME)]
+    same_zone = [ep.addresses[0] for ep, lb in PROPERTY_CANDIDATES if _same(lb, client, ZONE)]
+    tiers = [[], same_node, same_zone] + ([ALL] if star else [])
+    assert got in tiers
+
+
+def _same(labels: Mapping[str, str], client: Mapping[str, str], key: str) -> bool:
+    return key in client and key in labels and labels[key] == client[key]
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Zone hints and the policy a service asks for (topology.md §7; SPEC.md §4).
+# --------------------------------------------------------------------------------------------
+
+HINTED: Candidates = [
+    (Endpoint(addresses=("10.1.0.1",), zone="a", hint_zones=("a",)), {ZONE: "a"}),
+    (Endpoint(addresses=("10.1.0.2",), zone="b", hint_zones=("b",)), {ZONE: "b"}),
+    # Hints may send an endpoint to another zone than its own, and name several zones.
+    (Endpoint(addresses=("10.1.0.3",), zone="b", hint_zones=("a", "c")), {ZONE: "b"}),
+]
+HINTED_ALL = ["10.1.0.1", "10.1.0.2", "10.1.0.3"]
+
+HINT_CASES = [
+    ("hinted for the zone", {ZONE: "a", HOSTNAME: "n1"}, ["10.1.0.1", "10.1.0.3"]),
+    ("hinted for the zone (other endpoint's zone)", {ZONE: "c"}, ["10.1.0.3"]),
+    ("none hinted for the zone: all", {ZONE: "z"}, HINTED_ALL),
+    ("client without a zone: all", {HOSTNAME: "n1"}, HINTED_ALL),
+    ("client with an empty zone: all", {ZONE: ""}, HINTED_ALL),
+    ("client labels unknown: all", {}, HINTED_ALL),
+]
+
+
+@pytest.mark.parametrize(
+    "client, expected", [c[1:] for c in HINT_CASES], ids=[c[0] for c in HINT_CASES]
+)
+def test_select_hints(client: dict[str, str], expected: list[str]) -> None:
+    assert chosen_ips(Policy("hints", hints=True), client, HINTED) == expected
+
+
+def hinted(ip: str, *zones: str) -> Endpoint:
+    return Endpoint(addresses=(ip,), zone=zones[0] if zones else "", hint_zones=zones or None)
+
+
+HINTS_POLICY_CASES = [
+    ("every endpoint hinted", [eps(hinted("10.0.0.1", "a"), hinted("10.0.0.2", "b"))], True),
+    (
+        "every endpoint of every slice hinted",
+        [eps(hinted("10.0.0.1", "a")), eps(hinted("10.0.0.2", "b"), name="web-def")],
+        True,
+    ),
+    ("one endpoint unhinted", [eps(hinted("10.0.0.1", "a"), hinted("10.0.0.2"))], False),
+    (
+        "one slice's endpoint unhinted",
+        [eps(hinted("10.0.0.1", "a")), eps(hinted("10.0.0.2"), name="web-def")],
+        False,
+    ),
+    (
+        "empty hint list counts as no hint",
+        [eps(hinted("10.0.0.1", "a"), Endpoint(addresses=("10.0.0.2",), hint_zones=()))],
+        False,
+    ),
+    ("no endpoints", [eps()], False),
+    ("no slices", [], False),
+]
+
+
+@pytest.mark.parametrize(
+    "slices, is_hints",
+    [c[1:] for c in HINTS_POLICY_CASES],
+    ids=[c[0] for c in HINTS_POLICY_CASES],
+)
+def test_policy_for_hints(slices: list[EndpointSlice], is_hints: bool) -> None:
+    policy = policy_for(svc(), slices)
+    if is_hints:
+        assert policy.hints and policy.active and not policy.errors and policy.keys == ()
+    else:
+        assert policy == NO_POLICY
+        assert not policy.active
+
+
+TRAFFIC_DISTRIBUTION_CASES = [
+    ("PreferSameNode", (HOSTNAME, ZONE, "*")),
+    ("PreferSameZone", (ZONE, "*")),
+    ("PreferClose", (ZONE, "*")),
+]
+
+
+@pytest.mark.parametrize("value, keys", TRAFFIC_DISTRIBUTION_CASES)
+def test_policy_for_traffic_distribution(value: str, keys: tuple[str, ...]) -> None:
+    policy = policy_for(svc(traffic_distribution=value), [])
+    assert policy.keys == keys
+    assert not policy.hints and not policy.errors and policy.active
+
+
+@pytest.mark.parametrize("value", ["PreferNowhere", "prefersamezone", "Local"])
+def test_policy_for_unknown_traffic_distribution_has_errors(value: str) -> None:
+    policy = policy_for(svc(traffic_distribution=value), [eps(hinted("10.0.0.1", "a"))])
+    assert policy.errors
+    assert all("spec.trafficDistribution" in e and value in e for e in policy.errors)
+    assert not policy.active
+    candidates: Candidates = [
+        (Endpoint(addresses=("10.0.0.1",)), {ZONE: "a"}),
+        (Endpoint(addresses=("10.0.0.2",)), {ZONE: "b"}),
+    ]
+    assert chosen_ips(policy, {ZONE: "a"}, candidates) == ["10.0.0.1", "10.0.0.2"]
+
+
+ALL_HINTED = [eps(hinted("10.0.0.1", "a"), hinted("10.0.0.2", "b"))]
+PRECEDENCE_CASES = [
+    # (id, service fields, expected (source, keys, hints))
+    (
+        "topologyKeys over everything",
+        {
+            "topology_keys": (HOSTNAME,),
+            "topology_annotation": (ZONE,),
+            "traffic_distribution": "PreferSameNode",
+        },
+        ("topologyKeys", (HOSTNAME,), False),
+    ),
+    (
+        "annotation over trafficDistribution and hints",
+        {"topology_annotation": (ZONE, "*"), "traffic_distribution": "PreferSameNode"},
+        ("annotation", (ZONE, "*"), False),
+    ),
+    (
+        "empty topologyKeys falls through to the annotation",
+        {"topology_keys": (), "topology_annotation": (REGION,)},
+        ("annotation", (REGION,), False),
+    ),
+    (
+        "trafficDistribution over hints",
+        {"traffic_distribution": "PreferSameZone"},
+        ("trafficDistribution PreferSameZone", (ZONE, "*"), False),
+    ),
+    ("hints over nothing", {}, ("hints", (), True)),
+]
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [c[1:] for c in PRECEDENCE_CASES],
+    ids=[c[0] for c in PRECEDENCE_CASES],
+)
+def test_policy_precedence(fields: dict[str, object], expected: tuple[object, ...]) -> None:
+    policy = policy_for(svc(**fields), ALL_HINTED)
+    assert (policy.source, policy.keys, policy.hints) == expected
+    assert not policy.errors
+
+
+def test_no_policy_without_any_source() -> None:
+    assert policy_for(svc(), [eps(hinted("10.0.0.1"))]) == NO_POLICY
+    candidates: Candidates = [(Endpoint(addresses=("10.0.0.1",)), {ZONE: "a"})]
+    assert chosen_ips(NO_POLICY, {ZONE: "b"}, candidates) == ["10.0.0.1"]
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Validation (topology.md §4): the API server's ValidateService topologyKeys block, with
+# apimachinery's IsQualifiedName and field.Error rendering. Errors accumulate.
+# --------------------------------------------------------------------------------------------
+
+NAME_MSG = (
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+QUALIFIED_MSG = (
+    f"a qualified name {NAME_MSG} with an optional DNS subdomain prefix and '/' "
+    "(e.g. 'example.com/MyName')"
+)
+NAME_64 = "a" * 64
+PREFIX_254 = "a" * 254
+
+# IsQualifiedName: every message, in order. It checks the name part even after a bad prefix,
+# and an empty name part fails both the emptiness and the regex check.
+QUALIFIED_NAME_CASES = [
+    ("kubernetes.io/hostname", []),
+    ("topology.kubernetes.io/zone", []),
+    ("example.com/My_Name.1", []),
+    ("plain", []),
+    ("a" * 63, []),
+    ("a" * 253 + "/x", []),
+    ("", ["name part must be non-empty", f"name part {NAME_MSG}"]),
+    ("a/b/c", [QUALIFIED_MSG]),
+    ("-bad", [f"name part {NAME_MSG}"]),
+    ("Example.com/x", [f"prefix part {SUBDOMAIN_MSG}"]),
+    (NAME_64, ["name part must be no more than 63 characters"]),
+    ("-" + "a" * 63, ["name part must be no more than 63 characters", f"name part {NAME_MSG}"]),
+    (PREFIX_254 + "/x", ["prefix part must be no more than 253 characters"]),
+    ("/x", ["prefix part must be non-empty"]),
+    ("example.com/", ["name part must be non-empty", f"name part {NAME_MSG}"]),
+    ("Example.com/-bad", [f"prefix part {SUBDOMAIN_MSG}", f"name part {NAME_MSG}"]),
+    (
+        "/",
+        ["prefix part must be non-empty", "name part must be non-empty", f"name part {NAME_MSG}"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "key, expected",
+    QUALIFIED_NAME_CASES,
+    ids=[k[:40] or "<empty>" for k, _ in QUALIFIED_NAME_CASES],
+)
+def test_qualified_name_errors(key: str, expected: list[str]) -> None:
+    assert qualified_name_errors(key) == expected
+
+
+def go_strings(keys: Sequence[str]) -> str:
+    """How field.Error renders a []string bad value: Go's %#v, e.g. []string{"a", "b"}."""
+    return "[]string{" + ", ".join(json.dumps(k) for k in keys) + "}"
+
+
+def invalid_key(field: str, i: int, keys: Sequence[str], message: str) -> str:
+    # The API server reports the whole list as the bad value, not the key.
+    return f"{field}[{i}]: Invalid value: {go_strings(keys)}: {message}"
+
+
+SEVENTEEN = [f"example.com/k{i}" for i in range(17)]
+STAR_DUP_17 = ["*"] + [f"example.com/k{i}" for i in range(15)] + ["example.com/k0"]
+MIXED = ["*", "a", "a", "b/c/d"]
+FORBIDDEN = "Forbidden: may not be specified when `externalTrafficPolicy=Local`"
+
+
+def validation_cases(field: str) -> list[tuple[str, list[str], str, list[str]]]:
+    """(id, keys, externalTrafficPolicy, expected messages) for one field path."""
+    return [
+        ("valid well-known keys", [HOSTNAME, ZONE, REGION, "*"], "", []),
+        ("valid mixed-case name part", ["example.com/My_Name.1"], "Cluster", []),
+        ("sixteen keys allowed", SEVENTEEN[:16], "", []),
+        ("externalTrafficPolicy Local", [HOSTNAME], "Local", [f"{field}: {FORBIDDEN}"]),
+        (
+            "seventeen keys",
+            SEVENTEEN,
+            "",
+            [f"{field}: Too many: 17: must have at most 16 items"],
+        ),
+        (
+            "duplicate",
+            [HOSTNAME, ZONE, HOSTNAME],
+            "",
+            [f'{field}[2]: Duplicate value: "{HOSTNAME}"'],
+        ),
+        (
+            "star not last",
+            ["*", HOSTNAME],
+            "",
+            [f'{field}[0]: Invalid value: "*": "*" must be the last value specified'],
+        ),
+        (
+            "star twice",
+            ["*", "*"],
+            "",
+            [
+                f'{field}[0]: Invalid value: "*": "*" must be the last value specified',
+                f'{field}[1]: Duplicate value: "*"',
+            ],
+        ),
+        (
+            "several rules at once",
+            STAR_DUP_17,
+            "Local",
+            [
+                f"{field}: {FORBIDDEN}",
+                f"{field}: Too many: 17: must have at most 16 items",
+                f'{field}[0]: Invalid value: "*": "*" must be the last value specified',
+                f'{field}[16]: Duplicate value: "example.com/k0"',
+            ],
+        ),
+        ("invalid: a/b/c", ["a/b/c"], "", [invalid_key(field, 0, ["a/b/c"], QUALIFIED_MSG)]),
+        (
+            "invalid: -bad after a valid key",
+            [HOSTNAME, "-bad"],
+            "",
+            [invalid_key(field, 1, [HOSTNAME, "-bad"], f"name part {NAME_MSG}")],
+        ),
+        (
+            "invalid: uppercase prefix",
+            ["Example.com/x"],
+            "",
+            [invalid_key(field, 0, ["Example.com/x"], f"prefix part {SUBDOMAIN_MSG}")],
+        ),
+        (
+            "invalid: name part over 63",
+            [NAME_64],
+            "",
+            [invalid_key(field, 0, [NAME_64], "name part must be no more than 63 characters")],
+        ),
+        (
+            "invalid: prefix over 253",
+            [PREFIX_254 + "/x"],
+            "",
+            [
+                invalid_key(
+                    field,
+                    0,
+                    [PREFIX_254 + "/x"],
+                    "prefix part must be no more than 253 characters",
+                )
+            ],
+        ),
+        (
+            "several invalid keys and rules accumulate",
+            MIXED,
+            "Local",
+            [
+                f"{field}: {FORBIDDEN}",
+                f'{field}[0]: Invalid value: "*": "*" must be the last value specified',
+                f'{field}[2]: Duplicate value: "a"',
+                invalid_key(field, 3, MIXED, QUALIFIED_MSG),
+            ],
+        ),
+    ]
+
+
+SPEC_CASES = validation_cases(SPEC_FIELD) + [
+    (
+        "invalid: empty key",
+        ["", "*"],
+        "",
+        [
+            invalid_key(SPEC_FIELD, 0, ["", "*"], "name part must be non-empty"),
+            invalid_key(SPEC_FIELD, 0, ["", "*"], f"name part {NAME_MSG}"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "keys, etp, expected", [c[1:] for c in SPEC_CASES], ids=[c[0] for c in SPEC_CASES]
+)
+def test_validate_keys(keys: list[str], etp: str, expected: list[str]) -> None:
+    service = svc(topology_keys=tuple(keys), external_traffic_policy=etp)
+    assert validate_keys(keys, SPEC_FIELD, service) == expected
+
+
+def through_policy_for(cases: list[tuple[str, list[str], str, list[str]]]) -> list[Any]:
+    """The cases for policy_for: every rule, and only one invalid-key case, since the rendering
+    of invalid keys is the same code whatever the source."""
+    keep = [c for c in cases if not c[0].startswith(("invalid:", "several invalid"))]
+    keep += [c for c in cases if c[0] == "invalid: a/b/c"]
+    return [pytest.param(*c[1:], id=c[0]) for c in keep]
+
+
+@pytest.mark.parametrize("keys, etp, expected", through_policy_for(SPEC_CASES))
+def test_policy_for_spec_topology_keys_validates(
+    keys: list[str], etp: str, expected: list[str]
+) -> None:
+    policy = policy_for(svc(topology_keys=tuple(keys), external_traffic_policy=etp), [])
+    assert policy.source == "topologyKeys"
+    assert list(policy.errors) == expected
+    assert policy.active is (not expected)
+
+
+ANNOTATION_CASES = validation_cases(ANNOTATION_FIELD)
+
+
+@pytest.mark.parametrize("keys, etp, expected", through_policy_for(ANNOTATION_CASES))
+def test_policy_for_annotation_validates(keys: list[str], etp: str, expected: list[str]) -> None:
+    policy = policy_for(svc(topology_annotation=tuple(keys), external_traffic_policy=etp), [])
+    assert policy.source == "annotation"
+    assert list(policy.errors) == expected
+    assert policy.active is (not expected)
+
+
+INVALID_POLICIES = [
+    ("forbidden with Local", {"topology_keys": (HOSTNAME,), "external_traffic_policy": "Local"}),
+    ("star not last", {"topology_keys": ("*", HOSTNAME)}),
+    ("invalid key", {"topology_keys": ("a/b/c",)}),
+    ("annotation duplicate", {"topology_annotation": (HOSTNAME, HOSTNAME)}),
+    ("annotation too many", {"topology_annotation": tuple(SEVENTEEN)}),
+]
+
+
+@pytest.mark.parametrize(
+    "fields", [c[1] for c in INVALID_POLICIES], ids=[c[0] for c in INVALID_POLICIES]
+)
+@pytest.mark.parametrize("client", [{HOSTNAME: "n1", ZONE: "a"}, {}, {"x": "y"}])
+def test_invalid_policy_is_ignored(fields: dict[str, object], client: dict[str, str]) -> None:
+    policy = policy_for(svc(**fields), ALL_HINTED)
+    assert policy.errors and not policy.active
+    assert chosen_ips(policy, client, PROPERTY_CANDIDATES) == ALL
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Policy.signature: equal signatures mean equal answers; clients that select differently
+# have different signatures.
+# --------------------------------------------------------------------------------------------
+
+SIGNATURE_CASES = [
+    # (id, keys, client a, client b, same signature)
+    (
+        "same values for the keys",
+        [HOSTNAME, ZONE],
+        {HOSTNAME: "n1", ZONE: "a"},
+        {ZONE: "a", HOSTNAME: "n1"},
+        True,
+    ),
+    (
+        "differ only in an unused label",
+        [HOSTNAME, ZONE, "*"],
+        {HOSTNAME: "n1", ZONE: "a", "rack": "1"},
+        {HOSTNAME: "n1", ZONE: "a", "rack": "2"},
+        True,
+    ),
+    ("unused label present or not", [ZONE], {ZONE: "a"}, {ZONE: "a", "rack": "2"}, True),
+    (
+        "differ in a used label",
+        [HOSTNAME, ZONE],
+        {HOSTNAME: "n1", ZONE: "a"},
+        {HOSTNAME: "n1", ZONE: "b"},
+        False,
+    ),
+    ("empty vs lacking the keys", [HOSTNAME, ZONE], {}, {"rack": "1"}, False),
+    ("empty vs lacking the keys, star last", [HOSTNAME, "*"], {}, {"rack": "1"}, False),
+    ("missing key vs empty value", [ZONE], {HOSTNAME: "n1"}, {HOSTNAME: "n1", ZONE: ""}, False),
+]
+
+
+@pytest.mark.parametrize(
+    "keys, a, b, same", [c[1:] for c in SIGNATURE_CASES], ids=[c[0] for c in SIGNATURE_CASES]
+)
+def test_signature(keys: list[str], a: dict[str, str], b: dict[str, str], same: bool) -> None:
+    policy = keys_policy(*keys)
+    assert (policy.signature(a) == policy.signature(b)) is same
+
+
+def test_empty_and_keyless_clients_select_differently() -> None:
+    # Why their signatures must differ: with ["*", hostname] (unvalidated) one gets all, the
+    # other none.
+    policy = keys_policy("*", HOSTNAME)
+    assert chosen_ips(policy, {}, PROPERTY_CANDIDATES) == []
+    assert chosen_ips(policy, {"rack": "1"}, PROPERTY_CANDIDATES) == ALL
+    assert policy.signature({}) != policy.signature({"rack": "1"})
+
+
+SIGNATURE_CLIENTS = TIER_CLIENTS + [
+    {HOSTNAME: "n1", ZONE: "a", "rack": "7"},
+    {HOSTNAME: "n9", ZONE: "a", REGION: "other"},
+    {"rack": "7"},
+    {ZONE: ""},
+]
+SIGNATURE_POLICIES = [
+    keys_policy(HOSTNAME, ZONE),
+    keys_policy(HOSTNAME, ZONE, "*"),
+    keys_policy(ZONE, "*"),
+    keys_policy("*"),
+    keys_policy("*", HOSTNAME),
+    Policy("hints", hints=True),
+]
+
+
+@pytest.mark.parametrize(
+    "policy", SIGNATURE_POLICIES, ids=[p.describe() for p in SIGNATURE_POLICIES]
+)
+def test_equal_signatures_give_equal_answers(policy: Policy) -> None:
+    candidates = HINTED if policy.hints else PROPERTY_CANDIDATES
+    answers: dict[tuple[object, ...], tuple[int, ...]] = {}
+    for client in SIGNATURE_CLIENTS:
+        chosen = select(policy, client, candidates).chosen
+        assert answers.setdefault(policy.signature(client), chosen) == chosen, client
+
+
+# --------------------------------------------------------------------------------------------
+# 6. endpoint_labels: pod locator by address, else node locator of nodeName, else the slice.
+# --------------------------------------------------------------------------------------------
+
+POD_LABELS = {HOSTNAME: "pod-node", ZONE: "pz", "rack": "r1"}
+NODE_LABELS = {HOSTNAME: "node-a-host", ZONE: "nz", REGION: "nr"}
+POD = PodLocator("shop", "web-0", ("10.0.0.1", "fd00::5"), "node-a", POD_LABELS)
+NODE = PodLocator("toposdns", "node-a", ("192.168.0.1",), "node-a", NODE_LABELS, is_node=True)
+LOCATORS = {"10.0.0.1": POD, "fd00::5": POD, "192.168.0.1": NODE}
+NODE_LOCATORS = {"node-a": NODE}
+
+ENDPOINT_LABEL_CASES = [
+    (
+        "pod locator wins over node locator",
+        Endpoint(addresses=("10.0.0.1",), node_name="node-a", zone="sz"),
+        POD_LABELS,
+    ),
+    (
+        "pod locator by a later address",
+        Endpoint(addresses=("10.9.9.9", "10.0.0.1"), node_name="node-a"),
+        POD_LABELS,
+    ),
+    (
+        "pod locator by non-canonical IPv6",
+        Endpoint(addresses=("fd00:0:0::5",), node_name="node-b", zone="sz"),
+        POD_LABELS,
+    ),
+    (
+        "no pod locator: node locator of nodeName",
+        Endpoint(addresses=("10.0.0.2",), node_name="node-a", zone="sz"),
+        NODE_LABELS,
+    ),
+    (
+        "address of a node locator is not a pod: node locator of nodeName",
+        Endpoint(addresses=("192.168.0.1",), node_name="node-a"),
+        NODE_LABELS,
+    ),
+    (
+        "no locator: the slice's nodeName and zone",
+        Endpoint(addresses=("10.0.0.2",), node_name="node-b", zone="sz"),
+        {HOSTNAME: "node-b", ZONE: "sz"},
+    ),
+    (
+        "no locator, no zone",
+        Endpoint(addresses=("10.0.0.2",), node_name="node-b"),
+        {HOSTNAME: "node-b"},
+    ),
+    ("no locator, no node", Endpoint(addresses=("10.0.0.2",), zone="sz"), {ZONE: "sz"}),
+    ("nothing known", Endpoint(addresses=("10.0.0.2",)), {}),
+]
+
+
+@pytest.mark.parametrize(
+    "endpoint, expected",
+    [c[1:] for c in ENDPOINT_LABEL_CASES],
+    ids=[c[0] for c in ENDPOINT_LABEL_CASES],
+)
+def test_endpoint_labels(endpoint: Endpoint, expected: dict[str, str]) -> None:
+    assert dict(endpoint_labels(endpoint, LOCATORS, NODE_LOCATORS)) == expected
