@@ -125,7 +125,7 @@ def test_pod_locator() -> None:
         ),
         (
             service({"clusterIP": "10.0.0.300"}),
-            "Service shop/web: spec.clusterIPs: not an IP address: '10.0.0.300'",
+            "Service shop/web: spec.clusterIP: not an IP address: '10.0.0.300'",
         ),
         (service({"type": "Bogus"}), "Service shop/web: spec.type: unknown service type 'Bogus'"),
         (service({"type": "ExternalName"}), "Service shop/web: spec.externalName: is required"),

@@ -59,7 +59,7 @@ def test_json(tmp_path: Path) -> None:
         ("items: [", "not valid YAML or JSON"),
         (
             json.dumps([NS, {**SVC, "spec": {"clusterIP": "x"}}]),
-            "Service shop/web: spec.clusterIPs: not an IP address: 'x'; fix or remove that object",
+            "Service shop/web: spec.clusterIP: not an IP address: 'x'; fix or remove that object",
         ),
         (json.dumps([NS, SVC, SVC]), "Service shop/web: appears twice"),
     ],

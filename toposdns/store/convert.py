@@ -95,13 +95,14 @@ def _service(
         cluster_ip = _str(spec.get("clusterIP"), obj, "spec.clusterIP")
         listed = _list(spec.get("clusterIPs"), obj, "spec.clusterIPs")
         raw_ips = [_str(ip, obj, "spec.clusterIPs", required=True) for ip in listed]
+        field = "spec.clusterIPs"
         if not raw_ips and cluster_ip:
-            raw_ips = [cluster_ip]
+            raw_ips, field = [cluster_ip], "spec.clusterIP"  # objects from before dual-stack
         if raw_ips == ["None"] or cluster_ip == "None":
             kind = HEADLESS
         else:
             kind = CLUSTER_IP
-            ips = tuple(_ip(ip, obj, "spec.clusterIPs") for ip in raw_ips)
+            ips = tuple(_ip(ip, obj, field) for ip in raw_ips)
             if not ips:
                 raise ObjectError(obj, "spec.clusterIP", "a ClusterIP service needs an address")
     else:

@@ -1,0 +1,309 @@
+"""Helpers for the integration tests: run the real server process, ask it with dig or dnspython.
+
+Everything here is bounded: process start, log waits, dig runs and socket reads all have a
+timeout, so a hung server fails a test instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dns.message
+import dns.query
+import dns.rdatatype
+
+HERE = Path(__file__).parent
+FIXTURE_SNAPSHOT = HERE / "snapshot.yaml"
+REPO = HERE.parent.parent
+
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 5.0
+READY_LINE = re.compile(r"serving DNS on (\S+):(\d+) \(udp, tcp\)")
+
+
+class ServerFailed(RuntimeError):
+    """The server did not come up."""
+
+
+class Server:
+    """One `toposdns serve` process on loopback, with its stderr collected by a thread."""
+
+    def __init__(self, snapshot: Path, args: tuple[str, ...] = ()) -> None:
+        self.snapshot = snapshot
+        self.args = args
+        self.host = ""
+        self.port = 0
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._eof = False
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "toposdns",
+                "serve",
+                "--snapshot",
+                str(snapshot),
+                "--listen",
+                "127.0.0.1:0",
+                *args,
+            ],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    def log(self) -> str:
+        """Everything the server wrote to stderr so far."""
+        with self._lock:
+            return "\n".join(self.lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 5.0, start: int = 0) -> re.Match[str]:
+        """The first match of `pattern` in a log line at index >= start; AssertionError if none."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines[start:]:
+                    found = regex.search(line)
+                    if found:
+                        return found
+                remaining = deadline - time.monotonic()
+                if self._eof or remaining <= 0:
+                    raise AssertionError(
+                        f"no log line matching {pattern!r} within {timeout}s; log:\n"
+                        + "\n".join(self.lines)
+                    )
+                self._changed.wait(min(remaining, 0.2))
+
+    def line_count(self) -> int:
+        with self._lock:
+            return len(self.lines)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        try:
+            found = self.wait_for_log(READY_LINE.pattern, timeout)
+        except AssertionError as exc:
+            self.stop(1.0)
+            raise ServerFailed(str(exc)) from None
+        self.host, self.port = found.group(1), int(found.group(2))
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """SIGTERM, then the exit code; None (after killing it) if it did not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
+        self._reader.join(2.0)
+        if self.proc.stderr is not None and not self._reader.is_alive():
+            self.proc.stderr.close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5.0)
+
+
+#: The `start_server` fixture: start_server(*args, snapshot=None) -> a running Server.
+StartServer = Callable[..., Server]
+
+
+def copy_snapshot(directory: Path, source: Path = FIXTURE_SNAPSHOT) -> Path:
+    """A private copy of a snapshot file, so tests can rewrite it."""
+    target = directory / "snapshot.yaml"
+    shutil.copyfile(source, target)
+    return target
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Replace a file in one step (as a ConfigMap update does), so no half file is ever read."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """Poll `check` until it is true or `timeout` passes; the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+# dig
+
+
+@dataclass
+class Dig:
+    """dig's output, parsed."""
+
+    text: str
+    status: str = ""
+    id: int = -1
+    flags: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+    question: list[list[str]] = field(default_factory=list)
+    answer: list[list[str]] = field(default_factory=list)
+    authority: list[list[str]] = field(default_factory=list)
+    additional: list[list[str]] = field(default_factory=list)
+    edns: str = ""
+    cookie: str = ""
+    server: str = ""
+
+    def rdata(self, rtype: str, section: str = "answer") -> list[str]:
+        """The rdata of every record of one type in a section, as dig prints it."""
+        return [" ".join(rr[4:]) for rr in getattr(self, section) if rr[3] == rtype]
+
+
+SECTIONS = {
+    "QUESTION": "question",
+    "ANSWER": "answer",
+    "AUTHORITY": "authority",
+    "ADDITIONAL": "additional",
+}
+
+
+def parse_dig(text: str) -> Dig:
+    out = Dig(text)
+    section = ""
+    for line in text.splitlines():
+        header = re.match(r";; ->>HEADER<<- opcode: (\w+), status: (\w+), id: (\d+)", line)
+        if header:
+            out.status, out.id = header.group(2), int(header.group(3))
+            continue
+        flags = re.match(r";; flags:([^;]*);(.*)", line)
+        if flags:
+            out.flags = set(flags.group(1).split())
+            out.counts = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", flags.group(2))}
+            continue
+        if line.startswith("; EDNS:"):
+            out.edns = line
+            continue
+        if line.startswith("; COOKIE:"):
+            out.cookie = line
+            continue
+        if line.startswith(";; SERVER:"):
+            out.server = line
+            continue
+        start = re.match(r";; (\w+) SECTION:", line)
+        if start:
+            section = SECTIONS.get(start.group(1), "")
+            continue
+        if not line.strip():
+            section = ""
+            continue
+        if section == "question":
+            out.question.append(line.lstrip(";").split())
+        elif section and not line.startswith(";"):
+            getattr(out, section).append(line.split())
+    return out
+
+
+def dig(server: Server, *args: str, check: bool = True) -> Dig:
+    """Run dig against the server, one try, 2 s per try."""
+    assert shutil.which("dig"), "dig (bind9-dnsutils) is not installed"
+    done = subprocess.run(
+        ["dig", f"@{server.host}", "-p", str(server.port), "+tries=1", "+time=2", *args],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+    if check:
+        assert done.returncode == 0, f"dig {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
+    return parse_dig(done.stdout)
+
+
+# dnspython
+
+
+def udp(server: Server, query: dns.message.Message, timeout: float = 2.0) -> dns.message.Message:
+    return dns.query.udp(query, server.host, port=server.port, timeout=timeout)
+
+
+def tcp(server: Server, query: dns.message.Message, timeout: float = 2.0) -> dns.message.Message:
+    return dns.query.tcp(query, server.host, port=server.port, timeout=timeout)
+
+
+def rrset_texts(section: list[dns.rrset.RRset]) -> set[str]:
+    """A section as `name TTL IN TYPE rdata` lines."""
+    return {line for rrset in section for line in rrset.to_text().splitlines()}
+
+
+def addresses(reply: dns.message.Message, rtype: str = "A") -> set[str]:
+    wanted = dns.rdatatype.from_text(rtype)
+    return {rd.to_text() for rrset in reply.answer if rrset.rdtype == wanted for rd in rrset}
+
+
+def raw_udp(
+    server: Server, data: bytes, timeout: float = 0.5, source: str = "127.0.0.1"
+) -> bytes | None:
+    """Send one datagram; the reply, or None if none came within `timeout`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((source, 0))
+        sock.settimeout(timeout)
+        sock.sendto(data, server.address)
+        try:
+            reply, _ = sock.recvfrom(65535)
+        except TimeoutError:
+            return None
+        return reply
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes from a stream socket (its timeout bounds each read)."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
+        data += chunk
+    return bytes(data)
+
+
+def recv_framed(sock: socket.socket) -> dns.message.Message:
+    """One length-prefixed DNS message from a TCP socket."""
+    length = int.from_bytes(recv_exact(sock, 2), "big")
+    return dns.message.from_wire(recv_exact(sock, length))
+
+
+def framed(query: dns.message.Message) -> bytes:
+    wire = query.to_wire()
+    return len(wire).to_bytes(2, "big") + wire

@@ -1,0 +1,154 @@
+"""TCP framing, pipelining, idle timeout and the connection cap, with raw sockets."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dns.message
+import dns.rcode
+import pytest
+
+from tests.integration.support import Server, StartServer, addresses, framed, recv_framed
+
+pytestmark = pytest.mark.integration
+
+
+@contextmanager
+def connect(server: Server, timeout: float = 2.0) -> Iterator[socket.socket]:
+    sock = socket.create_connection(server.address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def closed_by_peer(sock: socket.socket, timeout: float) -> float | None:
+    """Seconds until the server closes the connection, or None if it is still open."""
+    start = time.monotonic()
+    sock.settimeout(timeout)
+    try:
+        data = sock.recv(1)
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return time.monotonic() - start
+    assert data == b"", f"unexpected data {data!r}"
+    return time.monotonic() - start
+
+
+def ask(sock: socket.socket, name: str, rtype: str = "A") -> dns.message.Message:
+    query = dns.message.make_query(name, rtype)
+    sock.sendall(framed(query))
+    reply = recv_framed(sock)
+    assert reply.id == query.id
+    return reply
+
+
+def test_pipelined_queries_in_one_send(shared_server: Server) -> None:
+    first = dns.message.make_query("frontend.shop.svc.cluster.local.", "A")
+    second = dns.message.make_query("api.shop.svc.cluster.local.", "AAAA")
+    third = dns.message.make_query("nosuch.shop.svc.cluster.local.", "A")
+    first.id, second.id, third.id = 0x1111, 0x2222, 0x3333
+    with connect(shared_server) as sock:
+        sock.sendall(framed(first) + framed(second) + framed(third))
+        replies = [recv_framed(sock) for _ in range(3)]
+    assert [r.id for r in replies] == [0x1111, 0x2222, 0x3333]
+    assert addresses(replies[0]) == {"10.96.10.10"}
+    assert addresses(replies[1], "AAAA") == {"fd00:10:96::20"}
+    assert replies[2].rcode() == dns.rcode.NXDOMAIN
+
+
+def test_many_pipelined_queries_answered_in_order(shared_server: Server) -> None:
+    names = [
+        ("frontend.shop.svc.cluster.local.", {"10.96.10.10"}),
+        ("web-0.web.shop.svc.cluster.local.", {"10.244.1.10"}),
+        ("web-1.web.shop.svc.cluster.local.", {"10.244.2.11"}),
+        ("api.shop.svc.cluster.local.", {"10.96.10.20"}),
+    ]
+    queries = []
+    for i in range(100):
+        query = dns.message.make_query(names[i % 4][0], "A")
+        query.id = 1000 + i
+        queries.append(query)
+    with connect(shared_server) as sock:
+        sock.sendall(b"".join(framed(q) for q in queries))
+        replies = [recv_framed(sock) for _ in queries]
+    assert [r.id for r in replies] == [q.id for q in queries]
+    for i, reply in enumerate(replies):
+        assert addresses(reply) == names[i % 4][1]
+
+
+def test_query_split_byte_by_byte(shared_server: Server) -> None:
+    query = dns.message.make_query("web-1.web.shop.svc.cluster.local.", "A")
+    data = framed(query)
+    with connect(shared_server) as sock:
+        for i in range(len(data)):
+            sock.send(data[i : i + 1])
+            time.sleep(0.002)
+        reply = recv_framed(sock)
+    assert reply.id == query.id
+    assert addresses(reply) == {"10.244.2.11"}
+
+
+def test_query_split_across_length_prefix_and_body(shared_server: Server) -> None:
+    first = dns.message.make_query("frontend.shop.svc.cluster.local.", "A")
+    second = dns.message.make_query("web-0.web.shop.svc.cluster.local.", "A")
+    data = framed(first) + framed(second)
+    with connect(shared_server) as sock:
+        # Cut inside the first prefix, inside the first body, and across the boundary.
+        for piece in (data[:1], data[1:7], data[7 : len(data) - 20], data[len(data) - 20 :]):
+            sock.send(piece)
+            time.sleep(0.02)
+        replies = [recv_framed(sock), recv_framed(sock)]
+    assert [r.id for r in replies] == [first.id, second.id]
+    assert addresses(replies[0]) == {"10.96.10.10"}
+    assert addresses(replies[1]) == {"10.244.1.10"}
+
+
+def test_idle_connection_is_closed(start_server: StartServer) -> None:
+    server = start_server("--tcp-idle-timeout", "1")
+    with connect(server) as sock:
+        reply = ask(sock, "frontend.shop.svc.cluster.local.")
+        assert addresses(reply) == {"10.96.10.10"}
+        waited = closed_by_peer(sock, timeout=3.0)
+    assert waited is not None, "the server kept an idle connection open for 3 s"
+    assert 0.5 <= waited <= 3.0
+    # A connection that stays busy is not closed by the idle timer.
+    with connect(server) as sock:
+        for _ in range(6):
+            assert addresses(ask(sock, "web-0.web.shop.svc.cluster.local.")) == {"10.244.1.10"}
+            time.sleep(0.3)
+
+
+def test_connection_cap(start_server: StartServer) -> None:
+    server = start_server("--tcp-max-connections", "2")
+    with connect(server) as first, connect(server) as second:
+        # Both are accepted and counted once they have been answered.
+        assert addresses(ask(first, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
+        assert addresses(ask(second, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
+        with connect(server) as third:
+            query = dns.message.make_query("frontend.shop.svc.cluster.local.", "A")
+            try:
+                third.sendall(framed(query))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            waited = closed_by_peer(third, timeout=2.0)
+            assert waited is not None and waited < 1.0, "the third connection was not closed"
+        assert addresses(ask(first, "web-0.web.shop.svc.cluster.local.")) == {"10.244.1.10"}
+        assert addresses(ask(second, "web-1.web.shop.svc.cluster.local.")) == {"10.244.2.11"}
+    server.wait_for_log(r"WARNING closing a TCP connection: 2 already open", timeout=2.0)
+    # Once those two are gone, a new connection is served again.
+    deadline = time.monotonic() + 3.0
+    while True:
+        try:
+            with connect(server) as again:
+                assert addresses(ask(again, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
+            break
+        except (ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
