@@ -1,0 +1,98 @@
+"""`toposdns explain`, in text for people and JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toposdns.cli import main
+
+TOPOLOGY = str(Path(__file__).parents[2] / "examples" / "topology.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["explain", "--snapshot", TOPOLOGY, *args])
+    return code, capsys.readouterr().out
+
+
+def test_text_names_locator_policy_tier_candidates_and_records(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = run(capsys, "--client", "127.0.0.3", "web.shop.svc.cluster.local")
+    assert code == 0
+    assert "client 127.0.0.3: PodLocator shop/client-b on node node-b" in out
+    assert "policy topologyKeys [kubernetes.io/hostname, topology.kubernetes.io/zone, *]" in out
+    assert "rule: topology.kubernetes.io/zone=z1" in out
+    assert "chosen 10.244.1.10" in out and "-      10.244.3.10" in out
+    assert "answer: NOERROR" in out and "IN\tA\t10.244.1.10" in out
+
+
+def test_json_for_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(capsys, "--json", "--client", "127.0.0.5", "ledger.shop.svc.cluster.local")
+    data = json.loads(out)
+    assert code == 0
+    assert data["client"]["locator"] == {
+        "namespace": "toposdns",
+        "name": "node-d",
+        "node": "node-d",
+        "kind": "node",
+    }
+    (decision,) = data["topology"]
+    assert decision["policy"]["source"] == "annotation" and decision["policy"]["valid"]
+    assert decision["rule"] == "no tier matched: no endpoint"
+    assert not any(c["chosen"] for c in decision["candidates"])
+    assert data["rcode"] == "NOERROR" and data["answer"] == [] and len(data["authority"]) == 1
+
+
+def test_unknown_client_and_srv(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(capsys, "--client", "10.0.0.1", "_http._tcp.web.shop.svc.cluster.local", "SRV")
+    assert code == 0 and "no PodLocator holds this address" in out
+    assert 'client labels unknown, last key is "*": every endpoint' in out
+    assert out.count("answer     ") == 3
+
+
+def test_invalid_policy_is_shown(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    snapshot = tmp_path / "bad.yaml"
+    snapshot.write_text(
+        "- {apiVersion: v1, kind: Namespace, metadata: {name: shop}}\n"
+        "- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: shop},\n"
+        "   spec: {clusterIP: None, externalTrafficPolicy: Local,\n"
+        "          topologyKeys: [kubernetes.io/hostname]}}\n"
+        "- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, addressType: IPv4,\n"
+        "   metadata: {name: web-1, namespace: shop,\n"
+        "              labels: {kubernetes.io/service-name: web}},\n"
+        "   endpoints: [{addresses: [10.0.0.1]}, {addresses: [10.0.0.2]}]}\n"
+    )
+    code = main(
+        [
+            "explain",
+            "--snapshot",
+            str(snapshot),
+            "--client",
+            "10.0.0.9",
+            "web.shop.svc.cluster.local",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert (
+        "ignored: spec.topologyKeys: Forbidden: may not be specified when "
+        "`externalTrafficPolicy=Local`"
+    ) in out
+    assert "policy ignored (invalid): every endpoint" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--client", "not-an-ip", "web.shop.svc.cluster.local"], 2, "does not appear to be"),
+        (["--client", "10.0.0.1", "web.shop.svc.cluster.local", "BOGUS"], 2, "unknown record"),
+    ],
+)
+def test_bad_arguments(
+    capsys: pytest.CaptureFixture[str], args: list[str], code: int, message: str
+) -> None:
+    assert main(["explain", "--snapshot", TOPOLOGY, *args]) == code
+    assert message in capsys.readouterr().err
