@@ -96,7 +96,6 @@ def test_internal_error_is_servfail_with_a_log_line(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(responder_module, "resolve", broken)
-    logging.getLogger("toposdns").propagate = True
     with caplog.at_level(logging.ERROR, logger="toposdns"):
         reply = ask(responder, "web.shop.svc.cluster.local")
     assert (reply.header.rcode, reply.header.aa, len(reply.questions)) == (2, 0, 1)
