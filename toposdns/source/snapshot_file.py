@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
+from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import ObjectError, convert_object, describe
 from toposdns.store.model import Record
-from toposdns.store.snapshot import Snapshot, build_snapshot
+from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
 
