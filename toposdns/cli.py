@@ -41,7 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--snapshot",
         type=Path,
         metavar="FILE",
-        help="serve the objects in this YAML/JSON file, reloaded when it changes",
+        help="serve the objects in this YAML/JSON file, reloaded when it changes "
+        "(default: watch the cluster)",
+    )
+    serve.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="without --snapshot: this kubeconfig (default: in-cluster, else ~/.kube/config)",
+    )
+    serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve /health, /ready and /metrics here (default: off)",
+    )
+    serve.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long for the first sync with the cluster (default %(default)s)",
     )
     serve.add_argument(
         "--listen",
@@ -169,14 +188,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from toposdns.server import run, serve
+    from toposdns.source.kube import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:
         host, port = parse_listen(args.listen)
-        if args.snapshot is None:
-            raise ConfigError(
-                "--snapshot FILE is required: this version serves from a snapshot file only"
-            )
         config = ServeConfig(
             snapshot=args.snapshot,
             listen_host=host,
@@ -185,13 +201,16 @@ def _serve(args: argparse.Namespace) -> int:
             ecs_trust=parse_networks(args.ecs_trust),
             tcp_idle_timeout=args.tcp_idle_timeout,
             tcp_max_connections=args.tcp_max_connections,
+            http=parse_listen(args.http, "--http") if args.http else None,
+            kubeconfig=args.kubeconfig,
+            startup_timeout=args.startup_timeout,
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
         return 2
     try:
         run(serve(config))
-    except SnapshotError as exc:
+    except (SnapshotError, ConnectError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     except OSError as exc:

@@ -29,6 +29,12 @@ class ServeConfig:
     ecs_trust: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     tcp_idle_timeout: float = 10.0
     tcp_max_connections: int = 1024
+    #: /health, /ready and /metrics address; None for no HTTP server.
+    http: tuple[str, int] | None = None
+    #: Without a snapshot: the kubeconfig to use (None: in-cluster, else ~/.kube/config).
+    kubeconfig: Path | None = None
+    #: How long to wait for the first sync before answering anyway.
+    startup_timeout: float = 5.0
 
 
 def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
@@ -55,16 +61,16 @@ def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
     return tuple(zones), primary
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     """HOST:PORT, [V6]:PORT or :PORT; port 0 picks a free port."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:5353")
+        raise ConfigError(f"{option} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:5353")
     host = host.strip("[]") or "0.0.0.0"
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise ConfigError(f"--listen {text!r}: {host!r} is not an IP address") from None
+        raise ConfigError(f"{option} {text!r}: {host!r} is not an IP address") from None
     return host, int(port_text)
 
 

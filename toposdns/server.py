@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
@@ -15,9 +16,12 @@ from typing import Any
 from toposdns.config import ServeConfig
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
+from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.http import HttpServer
 from toposdns.serve.responder import UDP4, UDP6, Responder
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
+from toposdns.source.kube import KubeSource, apis_of, connect
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
@@ -56,18 +60,67 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
 
 
 async def serve(config: ServeConfig) -> None:
-    """Serve until SIGTERM or SIGINT. Raises SnapshotError if the first load fails."""
-    assert config.snapshot is not None
+    """Serve until SIGTERM or SIGINT. Raises SnapshotError if a snapshot file fails to load."""
     resolver_config = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
-    responder = Responder(resolver_config, Snapshot(), config.ecs_trust)
+    live = config.snapshot is None
+    responder = Responder(resolver_config, Snapshot(synced=not live), config.ecs_trust)
 
     def publish(snapshot: Snapshot) -> None:
         report_invalid_policies(responder.snapshot, snapshot)
         responder.update(snapshot)
 
-    source = SnapshotFileSource(config.snapshot, publish)
-    publish(source.load())
+    def not_ready() -> str | None:
+        return None if responder.snapshot.synced else "kubernetes"
 
+    async with contextlib.AsyncExitStack() as stack:
+        if config.snapshot is not None:
+            files = SnapshotFileSource(config.snapshot, publish)
+            publish(files.load())
+            background = files.watch()
+        else:
+            api_client = await connect(config.kubeconfig)
+            stack.push_async_callback(api_client.close)
+            kube = KubeSource(apis_of(api_client), publish)
+            background = kube.run()
+        task = asyncio.create_task(background, name="source")
+        stack.callback(task.cancel)
+        if live:
+            await _wait_for_sync(responder, task, config.startup_timeout)
+
+        if config.http is not None:
+            http = HttpServer(not_ready)
+            port = await http.start(*config.http)
+            stack.push_async_callback(http.stop)
+            log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
+        await _serve_dns(config, resolver_config, responder, stack)
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        done, _ = await asyncio.wait(
+            [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        if task in done and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        log.info("shutting down")
+
+
+async def _wait_for_sync(responder: Responder, task: asyncio.Task[None], timeout: float) -> None:
+    """Like CoreDNS, wait up to `timeout` for the first full sync, then serve anyway."""
+    deadline = time.monotonic() + timeout
+    while not responder.snapshot.synced and time.monotonic() < deadline and not task.done():
+        await asyncio.sleep(0.05)
+    if not responder.snapshot.synced:
+        log.warning("starting with unsynced Kubernetes data: names not found get SERVFAIL")
+
+
+async def _serve_dns(
+    config: ServeConfig,
+    resolver_config: ResolverConfig,
+    responder: Responder,
+    stack: contextlib.AsyncExitStack,
+) -> None:
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
     udp_sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -79,6 +132,7 @@ async def serve(config: ServeConfig) -> None:
     udp, _ = await loop.create_datagram_endpoint(
         lambda: UdpProtocol(responder, kind), sock=udp_sock
     )
+    stack.callback(udp.close)
     limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout)
     tcp = await loop.create_server(
         lambda: TcpProtocol(responder, limits),
@@ -87,21 +141,10 @@ async def serve(config: ServeConfig) -> None:
         reuse_address=True,
         backlog=1024,
     )
+    stack.push_async_callback(tcp.wait_closed)
+    stack.callback(tcp.close)
     zones = ", ".join(name_text(zone) for zone in resolver_config.zones)
     log.info("serving DNS on %s:%d (udp, tcp) for %s", config.listen_host, port, zones)
-
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    watcher = asyncio.create_task(source.watch())
-    try:
-        await stop.wait()
-    finally:
-        log.info("shutting down")
-        watcher.cancel()
-        udp.close()
-        tcp.close()
-        await tcp.wait_closed()
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

@@ -112,10 +112,13 @@ class StoreBuilder:
         self._dirty.add("namespaces")
         return True
 
-    def replace_all(self, kind: type, records: Iterable[Record]) -> bool:
-        """Make the stored objects of a kind exactly `records` (after a full list)."""
+    def replace_all(
+        self, kind: type, records: Iterable[Record], keep: Iterable[tuple[str, str]] = ()
+    ) -> bool:
+        """Make the stored objects of a kind exactly `records` (after a full list), except
+        that the objects named in `keep` (namespace, name) stay as they are."""
         changed = False
-        seen = set()
+        seen = set(keep)
         for record in records:
             seen.add((getattr(record, "namespace", ""), record.name))
             changed |= self.put(record)
