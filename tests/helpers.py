@@ -9,8 +9,9 @@ import dnslib
 
 from toposdns.config import parse_zones
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import convert_object
-from toposdns.store.snapshot import Snapshot, build_snapshot
+from toposdns.store.snapshot import Snapshot
 
 
 def snapshot_of(objects: Iterable[dict[str, Any]], synced: bool = True) -> Snapshot:
