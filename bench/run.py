@@ -385,16 +385,17 @@ class PerfResult:
     server_cpu_pct: float
     dnsperf_cpu_pct: float
     steal_pct: float
+    other_cpu_pct: float
     p50_ms: float | None = None
     p99_ms: float | None = None
     p999_ms: float | None = None
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """(steal, total) jiffies over all CPUs since boot, from /proc/stat."""
+def cpu_ticks() -> tuple[int, int, int]:
+    """(steal, idle, total) jiffies summed over all CPUs since boot, from /proc/stat."""
     vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     # user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice]
-    return (vals[7] if len(vals) > 7 else 0), sum(vals[:8])
+    return (vals[7] if len(vals) > 7 else 0), vals[3] + vals[4], sum(vals[:8])
 
 
 def children_cpu() -> float:
@@ -414,11 +415,13 @@ def dnsperf(
     argv += [*extra, "-t", "2"] + (["-v"] if verbose else [])
     log(f"{server.name}: {' '.join(argv)}")
     cpu_srv0, cpu_perf0, t0 = server.cpu_seconds(), children_cpu(), time.monotonic()
-    steal0, total0 = cpu_ticks()
+    steal0, idle0, total0 = cpu_ticks()
     res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30, check=False)
     wall = time.monotonic() - t0
     cpu_srv, cpu_perf = server.cpu_seconds() - cpu_srv0, children_cpu() - cpu_perf0
-    steal1, total1 = cpu_ticks()
+    steal1, idle1, total1 = cpu_ticks()
+    ticks = max(1, total1 - total0)
+    busy_pct = 100 * (os.cpu_count() or 1) * (ticks - (idle1 - idle0) - (steal1 - steal0)) / ticks
     if res.returncode != 0:
         raise RuntimeError(f"dnsperf failed ({res.returncode}): {res.stderr}{res.stdout[-2000:]}")
     stats: dict[str, str] = {}
@@ -455,7 +458,9 @@ def dnsperf(
         rcodes=stats.get("Response codes", ""),
         server_cpu_pct=100 * cpu_srv / wall,
         dnsperf_cpu_pct=100 * cpu_perf / wall,
-        steal_pct=100 * (steal1 - steal0) / max(1, total1 - total0),
+        steal_pct=100 * (steal1 - steal0) / ticks,
+        # Everything else that ran meanwhile (other jobs on the box): a noise indicator.
+        other_cpu_pct=max(0.0, busy_pct - 100 * (cpu_srv + cpu_perf) / wall),
     )
     if verbose and latencies:
         # Lost queries count as infinitely slow, so a >1% loss shows up as p99 = inf.
@@ -466,7 +471,7 @@ def dnsperf(
     log(
         f"{server.name}: {out.qps:,.0f} qps, mean {out.mean_ms:.3f} ms, lost {out.lost}, "
         f"cpu server {out.server_cpu_pct:.0f}% dnsperf {out.dnsperf_cpu_pct:.0f}% "
-        f"steal {out.steal_pct:.0f}%"
+        f"other {out.other_cpu_pct:.0f}% steal {out.steal_pct:.0f}%"
         + (f", p99 {out.p99_ms:.3f} ms" if out.p99_ms is not None else "")
     )
     return out
@@ -518,11 +523,13 @@ class Summary:
     mean_ms: float
     server_cpu_pct: float
     dnsperf_cpu_pct: float
+    qps_per_core: float
     fixed_qps: float
     p50_ms: float | None
     p99_ms: float | None
     lost_fixed: int
     steal_pct: float
+    other_cpu_pct: float
 
 
 def median_or_none(vals: Sequence[float | None]) -> float | None:
@@ -537,11 +544,15 @@ def summarize(runs: dict[str, list[PerfResult]]) -> Summary:
         mean_ms=statistics.median(r.mean_ms for r in mx),
         server_cpu_pct=statistics.median(r.server_cpu_pct for r in mx),
         dnsperf_cpu_pct=statistics.median(r.dnsperf_cpu_pct for r in mx),
+        # Queries per second of server CPU time: comparable even when the box, not the
+        # server, limits the max-QPS run (a server below ~95% CPU there is not saturated).
+        qps_per_core=statistics.median(100 * r.qps / max(r.server_cpu_pct, 1e-9) for r in mx),
         fixed_qps=statistics.median(r.qps for r in fx),
         p50_ms=median_or_none([r.p50_ms for r in fx]),
         p99_ms=median_or_none([r.p99_ms for r in fx]),
         lost_fixed=sum(r.lost for r in fx),
         steal_pct=statistics.mean(r.steal_pct for r in mx + fx),
+        other_cpu_pct=statistics.mean(r.other_cpu_pct for r in mx + fx),
     )
 
 
@@ -670,7 +681,12 @@ def report(
     ratio: dict[str, float | None] = {}
     if "knot" in summary and "toposdns" in summary:
         k, t = summary["knot"], summary["toposdns"]
-        ratio = {"qps": t.qps / k.qps, "mean_ms": t.mean_ms / k.mean_ms, "p99_ms": None}
+        ratio = {
+            "qps": t.qps / k.qps,
+            "mean_ms": t.mean_ms / k.mean_ms,
+            "qps_per_core": t.qps_per_core / k.qps_per_core,
+            "p99_ms": None,
+        }
         if t.p99_ms is not None and k.p99_ms:
             ratio["p99_ms"] = t.p99_ms / k.p99_ms
     if args.json:
@@ -695,30 +711,35 @@ def report(
             "runs": {n: {k: [asdict(x) for x in v] for k, v in r.items()} for n, r in runs.items()},
         }
         print(json.dumps(doc, indent=2, default=str))
-        return
+    out = sys.stderr if args.json else sys.stdout  # with --json the table goes to stderr
     print(
         f"\n{len(cluster.services)} headless services, {n_endpoints} endpoints; medians of "
         f"{args.rounds} rounds of {args.seconds:g}s; max: dnsperf -c {args.clients} "
-        f"-q {args.outstanding}; latency: dnsperf -Q {args.rate}"
+        f"-q {args.outstanding}; latency: dnsperf -Q {args.rate}",
+        file=out,
     )
     hdr = (
-        f"{'server':<10} {'max QPS':>9} {'mean ms':>8} {'cpu srv/perf':>13} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'@QPS':>6} {'lost':>5} {'steal':>6}"
+        f"{'server':<10} {'max QPS':>9} {'mean ms':>8} {'cpu srv/perf':>13} {'QPS/core':>9} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'@QPS':>6} {'lost':>5} {'other':>6} {'steal':>6}"
     )
-    print(hdr)
-    print("-" * len(hdr))
+    print(hdr, file=out)
+    print("-" * len(hdr), file=out)
     for name, s in summary.items():
         cpu = f"{s.server_cpu_pct:.0f}%/{s.dnsperf_cpu_pct:.0f}%"
         print(
-            f"{name:<10} {s.qps:>9,.0f} {s.mean_ms:>8.3f} {cpu:>13} {fmt(s.p50_ms):>7} "
-            f"{fmt(s.p99_ms):>7} {s.fixed_qps:>6,.0f} {s.lost_fixed:>5} {s.steal_pct:>5.0f}%"
+            f"{name:<10} {s.qps:>9,.0f} {s.mean_ms:>8.3f} {cpu:>13} {s.qps_per_core:>9,.0f} "
+            f"{fmt(s.p50_ms):>7} "
+            f"{fmt(s.p99_ms):>7} {s.fixed_qps:>6,.0f} {s.lost_fixed:>5} "
+            f"{s.other_cpu_pct:>5.0f}% {s.steal_pct:>5.0f}%",
+            file=out,
         )
     if ratio:
         print(
             f"{'topo/knot':<10} {fmt(ratio['qps']):>9} {fmt(ratio['mean_ms'], '.2f'):>8} "
-            f"{'':>13} {'':>7} {fmt(ratio['p99_ms'], '.2f'):>7}"
+            f"{'':>13} {fmt(ratio['qps_per_core']):>9} {'':>7} {fmt(ratio['p99_ms'], '.2f'):>7}",
+            file=out,
         )
-    print(f"correctness: {mismatches} mismatches over {args.verify} names per server")
+    print(f"correctness: {mismatches} mismatches over {args.verify} names per server", file=out)
 
 
 if __name__ == "__main__":
