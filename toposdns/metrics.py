@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge, Histogram
 
 INVALID_POLICIES = Counter(
     "toposdns_invalid_topology_policies",
@@ -24,3 +24,23 @@ MALFORMED_OBJECTS = Counter(
     "Kubernetes objects skipped because they cannot be served, by kind.",
     ["kind"],
 )
+
+# Forwarding and its cache, under CoreDNS's names so that dashboards carry over.
+PROXY_DURATION = Histogram(
+    "coredns_proxy_request_duration_seconds",
+    "Time each request to an upstream took, by upstream and rcode.",
+    ["proxy_name", "to", "rcode"],
+    buckets=[0.00025 * 2**k for k in range(16)],
+)
+PROXY_HEALTHCHECK_FAILURES = Counter(
+    "coredns_proxy_healthcheck_failures",
+    "Failed requests or health checks to an upstream.",
+    ["proxy_name", "to"],
+)
+FORWARD_HEALTHCHECK_BROKEN = Counter(
+    "coredns_forward_healthcheck_broken",
+    "Times every upstream was unhealthy at once.",
+)
+CACHE_ENTRIES = Gauge("coredns_cache_entries", "Entries in the forward cache.", ["server", "type"])
+CACHE_HITS = Counter("coredns_cache_hits", "Forward cache hits.", ["server", "type"])
+CACHE_MISSES = Counter("coredns_cache_misses", "Forward cache misses.", ["server"])

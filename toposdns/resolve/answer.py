@@ -126,6 +126,19 @@ class RR:
 
 
 @dataclass(frozen=True, slots=True)
+class Chase:
+    """An ExternalName target outside the zones: the server asks its upstream for it.
+
+    CoreDNS appends the upstream's answer section after the CNAME (whatever its rcode) and
+    copies its TC bit; when no reply comes at all, the CNAME is dropped, leaving NODATA.
+    """
+
+    target: Name
+    qtype: int
+    soa: RR
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     """A complete DNS answer, before it is put on the wire."""
 
@@ -137,3 +150,5 @@ class Answer:
     authoritative: bool = True
     #: The topology policy the answer followed when it depends on the client, else None.
     policy: Policy | None = None
+    #: Set when the answer ends in a CNAME to a name outside the zones.
+    chase: Chase | None = None

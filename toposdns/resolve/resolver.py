@@ -34,6 +34,7 @@ from toposdns.resolve.answer import (
     TXT,
     A,
     Answer,
+    Chase,
     Name,
     Soa,
     Srv,
@@ -120,7 +121,8 @@ def resolve(
         return Answer(NXDOMAIN if snapshot.synced else SERVFAIL, authority=(soa,))
     if not records:
         return Answer(NOERROR, authority=(soa,), policy=lookup.policy)
-    return Answer(NOERROR, _dedup(records), (), _dedup(extra), policy=lookup.policy)
+    chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
+    return Answer(NOERROR, _dedup(records), (), _dedup(extra), policy=lookup.policy, chase=chase)
 
 
 def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
@@ -209,6 +211,8 @@ class _Lookup:
         self.trace = trace
         #: The topology policy the answer followed, if it depends on the client.
         self.policy: Policy | None = None
+        #: An out-of-zone CNAME target to resolve upstream.
+        self.chase: Name | None = None
 
     def soa(self) -> RR:
         """The zone's SOA, as CoreDNS writes it (backend_lookup.go SOA)."""
@@ -397,8 +401,10 @@ class _Lookup:
             if len(previous) > MAX_CNAME_CHAIN or any(r.rdata == target for r in previous):
                 continue
             if target_lower[len(target_lower) - len(self.zone) :] != self.zone_lower:
-                # Out of zone: CoreDNS asks its upstream. Without one, the CNAME stands alone.
+                # Out of zone: the server asks its upstream (Answer.chase); without one, the
+                # CNAME stands alone.
                 records.append(cname)
+                self.chase = target
                 continue
             try:
                 chased = self.address(target, target_lower, qtype, previous + [cname])

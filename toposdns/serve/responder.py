@@ -16,13 +16,24 @@ Two caches, both emptied whenever a new snapshot arrives:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
 
 from cachetools import LRUCache
 
-from toposdns.resolve.answer import REFUSED, SERVFAIL, Answer, Name, name_text, type_name
+from toposdns.resolve.answer import (
+    NOERROR,
+    REFUSED,
+    SERVFAIL,
+    Answer,
+    Name,
+    name_text,
+    type_name,
+)
 from toposdns.resolve.client import NO_LABELS, Network, client_address, identify, plain_address
-from toposdns.resolve.resolver import ResolverConfig, resolve
+from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
+from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
@@ -71,15 +82,24 @@ class TopologyReplies:
 WireCache = dict[bytes, bytes | TopologyReplies]
 
 
+#: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
+Reply = bytes | None | Coroutine[Any, Any, bytes | None]
+
+
 class Responder:
-    """Answers raw queries from the current snapshot."""
+    """Answers raw queries from the current snapshot, and forwards the rest if it may."""
 
     def __init__(
-        self, config: ResolverConfig, snapshot: Snapshot, ecs_trust: tuple[Network, ...] = ()
+        self,
+        config: ResolverConfig,
+        snapshot: Snapshot,
+        ecs_trust: tuple[Network, ...] = (),
+        forwarder: Forwarder | None = None,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
         self.ecs_trust = ecs_trust
+        self.forwarder = forwarder
         #: Per-transport wire caches; frontends hold references, so they are cleared in place.
         self.wire: dict[Transport, WireCache] = {UDP4: {}, UDP6: {}, TCP: {}}
         self.answers: LRUCache[tuple[Name, int], Answer | Policy] = LRUCache(ANSWER_CACHE_SIZE)
@@ -112,8 +132,9 @@ class Responder:
         reply = hit.replies.get(hit.policy.signature(self.labels_of(source)))
         return None if reply is None else data[:2] + reply
 
-    def respond(self, data: bytes, transport: Transport, source: str) -> bytes | None:
-        """The reply to one query message, or None when it gets none."""
+    def respond(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """The reply to one query message, None when it gets none, or a coroutine giving it
+        when an upstream must be asked first."""
         try:
             query = decode_query(data)
         except Dropped:
@@ -121,17 +142,59 @@ class Responder:
         except Rejected as rejected:
             return encode_rejection(rejected.data, rejected.rcode)
         try:
+            if self.forwarder is not None and not self.in_zones(query.name):
+                return self.forwarded(data, query, transport)
             reply, policy, labels = self.reply(query, transport, source)
         except Exception:
-            log.exception(
-                "internal error answering %s %s; replied SERVFAIL",
-                name_text(query.name),
-                type_name(query.qtype),
-            )
-            return encode_bare(query, SERVFAIL)
-        if query.edns is None or not query.edns.options:
+            return self.failed(query)
+        if isinstance(reply, bytes) and (query.edns is None or not query.edns.options):
             self.remember(data, reply, transport, policy, labels)
         return reply
+
+    def failed(self, query: Query) -> bytes:
+        """SERVFAIL for a bug, with the traceback in the log."""
+        log.exception(
+            "internal error answering %s %s; replied SERVFAIL",
+            name_text(query.name),
+            type_name(query.qtype),
+        )
+        return encode_bare(query, SERVFAIL)
+
+    def in_zones(self, name: Name) -> bool:
+        """True if a served zone holds the name."""
+        return match_zone(tuple(label.lower() for label in name), self.config.zones) is not None
+
+    async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
+        """A query outside the zones, relayed to an upstream (CoreDNS `forward`)."""
+        assert self.forwarder is not None
+        try:
+            limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+            reply = await self.forwarder.forward(data, transport.tcp, limit)
+        except Exception:
+            return self.failed(query)
+        return reply if reply is not None else encode_bare(query, SERVFAIL)
+
+    async def chased(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
+        """An answer ending in an out-of-zone CNAME, completed with the upstream's answer."""
+        assert self.forwarder is not None and answer.chase is not None
+        chase = answer.chase
+        truncated = False
+        try:
+            lookup = build_query(chase.target, chase.qtype)
+            reply = await self.forwarder.forward(lookup, tcp=False, limit=MAX_TCP_SIZE)
+            if reply is None:
+                # No message at all: CoreDNS drops the CNAME, which leaves NODATA.
+                answer = Answer(NOERROR, authority=(chase.soa,), policy=answer.policy)
+            else:
+                records, truncated = answer_records(reply)
+                answer = replace(answer, answer=answer.answer + records, chase=None)
+            limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+            encoded = encode_reply(query, answer, limit, transport.fragment_limit, scope)
+        except Exception:
+            return self.failed(query)
+        if truncated:  # CoreDNS copies the upstream's TC bit
+            encoded = encoded[:2] + bytes((encoded[2] | 0x02,)) + encoded[3:]
+        return encoded
 
     def remember(
         self, data: bytes, reply: bytes, transport: Transport, policy: Policy | None, labels: Labels
@@ -150,9 +213,11 @@ class Responder:
 
     def reply(
         self, query: Query, transport: Transport, source: str
-    ) -> tuple[bytes, Policy | None, Labels]:
+    ) -> tuple[Reply, Policy | None, Labels]:
         """Encode the reply to a decoded query; also say which policy and labels it used."""
-        if query.qclass != CLASS_IN:
+        if query.qclass != CLASS_IN and self.forwarder is None:
+            # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
+            # them with IN records.
             return encode_bare(query, REFUSED), None, NO_LABELS
         if query.edns is not None and query.edns.version != 0:
             return encode_badvers(query), None, NO_LABELS
@@ -163,6 +228,8 @@ class Responder:
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         # The answer was tailored to the ECS prefix only if it depended on the client at all.
         scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+        if answer.chase is not None and self.forwarder is not None:
+            return self.chased(query, answer, transport, scope), None, labels
         reply = encode_reply(query, answer, limit, transport.fragment_limit, scope)
         return reply, answer.policy, labels
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import cast
+from collections.abc import Coroutine
+from typing import Any, cast
 
 from toposdns.serve.responder import TCP, Responder
 
@@ -36,6 +37,7 @@ class TcpProtocol(asyncio.Protocol):
         self.last_active = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.counted = False
+        self.pending: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
@@ -66,9 +68,28 @@ class TcpProtocol(asyncio.Protocol):
             del buffer[: 2 + length]
             reply = responder.cached(message, TCP, source)
             if reply is None:
-                reply = responder.respond(message, TCP, source)
-            if reply is not None:
+                answer = responder.respond(message, TCP, source)
+                if answer is None:
+                    continue
+                if not isinstance(answer, bytes):
+                    # Answered when the upstream is; RFC 7766 lets replies overtake each other.
+                    self.later(answer)
+                    continue
+                reply = answer
+            self.transport.write(len(reply).to_bytes(2, "big") + reply)
+
+    def later(self, answer: Coroutine[Any, Any, bytes | None]) -> None:
+        """Write a reply once its upstream lookup is done, if the connection is still open."""
+
+        async def send() -> None:
+            reply = await answer
+            if reply is not None and self.transport is not None and not self.transport.is_closing():
+                self.last_active = time.monotonic()
                 self.transport.write(len(reply).to_bytes(2, "big") + reply)
+
+        task = asyncio.create_task(send())
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     def pause_writing(self) -> None:
         # The client is not reading its answers: stop reading its queries too.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any, cast
 
 from toposdns.serve.responder import Responder, Transport
@@ -12,26 +13,50 @@ log = logging.getLogger("toposdns")
 
 
 class UdpProtocol(asyncio.DatagramProtocol):
-    """One UDP socket. No task per packet: the answer is computed in the callback."""
+    """One UDP socket. No task per packet: answers are computed in the callback, and only a
+    query that needs an upstream gets a task."""
 
     def __init__(self, responder: Responder, kind: Transport) -> None:
         self.responder = responder
         self.kind = kind
+        self.cache = responder.wire[kind]  # cleared in place on every new snapshot
         self.transport: asyncio.DatagramTransport | None = None
+        self.pending: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
         self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        assert self.transport is not None
+        transport = self.transport
+        assert transport is not None
+        hit = self.cache.get(data[2:])
+        if hit.__class__ is bytes:  # the hot path: a reply that is the same for every client
+            transport.sendto(data[:2] + hit, addr)
+            return
         responder = self.responder
-        reply = responder.cached(data, self.kind, addr[0])
+        reply = responder.cached(data, self.kind, addr[0]) if hit is not None else None
         if reply is None:
-            reply = responder.respond(data, self.kind, addr[0])
-            if reply is None:
+            answer = responder.respond(data, self.kind, addr[0])
+            if answer is None:
                 return
-        self.transport.sendto(reply, addr)
+            if not isinstance(answer, bytes):
+                self.later(answer, addr)
+                return
+            reply = answer
+        transport.sendto(reply, addr)
+
+    def later(self, answer: Coroutine[Any, Any, bytes | None], addr: Any) -> None:
+        """Send a reply once its upstream lookup is done."""
+
+        async def send() -> None:
+            reply = await answer
+            if reply is not None and self.transport is not None:
+                self.transport.sendto(reply, addr)
+
+        task = asyncio.create_task(send())
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     def error_received(self, exc: Exception) -> None:
         # ICMP errors for clients that went away: nothing to do, and not worth a log per packet.
