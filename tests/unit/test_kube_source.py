@@ -1,0 +1,291 @@
+"""The live source against the stand-in API server, through the real `kubernetes` client:
+initial sync in pages, events of each kind, 410 and relist, restarts, stalls, bad objects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import config_of
+from tests.kubeapi import FakeApiServer
+from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
+from toposdns.resolve.answer import A
+from toposdns.resolve.resolver import resolve
+from toposdns.source.kube import KubeSource, WatchSettings, apis_of, connect
+from toposdns.store.snapshot import Snapshot
+
+FAST = WatchSettings(
+    inactivity=1.0, watch_seconds=30, backoff_initial=0.05, backoff_max=0.2, page_size=2
+)
+CONFIG = config_of()
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def service(name: str, ip: str, ns: str = "shop") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80}]},
+    }
+
+
+def eps(name: str, svc: str, ips: list[str], ns: str = "shop") -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}} for ip in ips],
+    }
+
+
+def locator(name: str, ip: str, zone: str, ns: str = "shop") -> dict[str, Any]:
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": {"name": name, "namespace": ns},
+        "addresses": [ip],
+        "nodeName": "n1",
+        "nodeLabels": {"topology.kubernetes.io/zone": zone},
+    }
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    server.add(namespace("shop"))
+    for i in range(5):
+        server.add(service(f"svc{i}", f"10.96.0.{i + 1}"))
+    server.add(service("db", "None"))
+    server.add(eps("db-1", "db", ["10.1.0.1", "10.1.0.2"]))
+    server.add(locator("client", "10.1.9.9", "z1"))
+    server.start()
+    yield server
+    server.stop()
+
+
+class Run:
+    """A KubeSource running in this event loop, and what it published."""
+
+    def __init__(self, source: KubeSource) -> None:
+        self.source = source
+        self.published: list[Snapshot] = []
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.published[-1]
+
+    def answer(self, name: str) -> list[str]:
+        found = resolve(tuple(name.split(".")), A, self.snapshot, CONFIG)
+        return sorted(str(rr.rdata) for rr in found.answer if rr.rtype == A)
+
+    async def until(self, check: Callable[[], bool], timeout: float = 5.0) -> float:
+        """Wait (bounded) until check() holds; returns how long it took."""
+        start = time.monotonic()
+        while not (self.published and check()):
+            if time.monotonic() - start > timeout:
+                raise AssertionError(f"condition not met within {timeout} s")
+            await asyncio.sleep(0.005)
+        return time.monotonic() - start
+
+
+@asynccontextmanager
+async def running(kubeconfig: Path, settings: WatchSettings = FAST) -> AsyncIterator[Run]:
+    client = await connect(kubeconfig)
+    run = Run(KubeSource(apis_of(client), lambda s: run.published.append(s), settings))
+    task = asyncio.create_task(run.source.run())
+    try:
+        yield run
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+def test_initial_sync_lists_in_pages_with_the_token(api: FakeApiServer, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            assert run.answer("svc3.shop.svc.cluster.local") == ["10.96.0.4"]
+            assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
+            assert run.snapshot.locators["10.1.9.9"].node_labels == {
+                "topology.kubernetes.io/zone": "z1"
+            }
+
+    asyncio.run(scenario())
+    lists = [r for r in api.requests if r.resource == "services" and not r.is_watch]
+    assert len(lists) == 3 and all(r.query.get("limit") == "2" for r in lists)
+    assert [bool(r.query.get("continue")) for r in lists] == [False, True, True]
+    watches = [r for r in api.requests if r.is_watch]
+    assert {r.resource for r in watches} == {
+        "services",
+        "endpointslices",
+        "namespaces",
+        "podlocators",
+    }
+    assert all(r.query.get("allowWatchBookmarks") == "true" for r in watches)
+    assert all(r.headers["authorization"] == "Bearer test-token" for r in api.requests)
+
+
+def test_events_of_each_kind_change_answers_within_a_second(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            api.wait_for_watches(4)
+            api.modify(service("svc0", "10.96.1.1"))
+            assert (
+                await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.1.1"])
+                < 1
+            )
+            api.add(eps("db-2", "db", ["10.1.0.3"]))
+            await run.until(lambda: len(run.answer("db.shop.svc.cluster.local")) == 3, 1)
+            api.delete("EndpointSlice", "shop", "db-1")
+            await run.until(lambda: run.answer("db.shop.svc.cluster.local") == ["10.1.0.3"], 1)
+            api.modify(locator("client", "10.1.9.9", "z2"))
+            await run.until(
+                lambda: (
+                    run.snapshot.locators["10.1.9.9"].node_labels["topology.kubernetes.io/zone"]
+                    == "z2"
+                ),
+                1,
+            )
+            api.delete("PodLocator", "shop", "client")
+            await run.until(lambda: "10.1.9.9" not in run.snapshot.locators, 1)
+            api.add(namespace("web"))
+            api.add(service("front", "10.96.2.2", ns="web"))
+            await run.until(lambda: run.answer("front.web.svc.cluster.local") == ["10.96.2.2"], 1)
+            api.delete("Namespace", None, "web")
+            await run.until(lambda: "web" not in run.snapshot.namespaces, 1)
+            api.delete("Service", "shop", "svc1")
+            await run.until(lambda: run.answer("svc1.shop.svc.cluster.local") == [], 1)
+
+    asyncio.run(scenario())
+
+
+def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_path: Path) -> None:
+    before = WATCH_RESTARTS.labels("services", "gone")._value.get()
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            api.wait_for_watches(4)
+            synced_at = len(run.published)
+            api.compact()  # open watches get ERROR 410; their versions are now too old
+            api.modify(service("svc2", "10.96.3.3"))
+            await run.until(lambda: run.answer("svc2.shop.svc.cluster.local") == ["10.96.3.3"])
+            # Every snapshot since the sync kept the other services: the relist swapped in place.
+            for snap in run.published[synced_at:]:
+                assert ("shop", "svc4") in snap.services and snap.synced
+
+    asyncio.run(scenario())
+    assert WATCH_RESTARTS.labels("services", "gone")._value.get() > before
+    relists = [r for r in api.requests if r.resource == "services" and not r.is_watch]
+    assert len(relists) >= 6  # two full paged lists
+
+
+def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            api.wait_for_watches(4)
+            await asyncio.to_thread(api.stop)
+            await asyncio.sleep(0.3)  # reflectors fail and back off meanwhile
+            assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
+            api.add(service("late", "10.96.9.9"))
+            await asyncio.to_thread(api.restart)
+            await run.until(lambda: run.answer("late.shop.svc.cluster.local") == ["10.96.9.9"])
+            assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
+
+    asyncio.run(scenario())
+
+
+def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:
+    settings = WatchSettings(
+        inactivity=0.3, watch_seconds=30, backoff_initial=0.05, backoff_max=0.1, page_size=50
+    )
+    before = WATCH_RESTARTS.labels("services", "timeout")._value.get()
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig"), settings) as run:
+            await run.until(lambda: run.snapshot.synced)
+            api.wait_for_watches(4)
+            api.stall(1.0)
+            api.modify(service("svc0", "10.96.5.5"))
+            await asyncio.sleep(0.6)
+            assert WATCH_RESTARTS.labels("services", "timeout")._value.get() > before
+            await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.5.5"])
+
+    asyncio.run(scenario())
+
+
+def test_malformed_objects_are_skipped_and_the_rest_served(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    bad = eps("bad", "db", ["not-an-ip"])
+    api.add_raw("endpointslices", bad)
+    before = MALFORMED_OBJECTS.labels("EndpointSlice")._value.get()
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
+            api.wait_for_watches(4)
+            api.modify(eps("bad", "db", ["10.1.0.7"]))  # fixed: now served
+            await run.until(lambda: "10.1.0.7" in run.answer("db.shop.svc.cluster.local"), 1)
+            broken = service("svc3", "10.96.0.4")
+            broken["spec"]["clusterIPs"] = ["10.96.0.999"]
+            api.add_raw("services", {**broken, "metadata": {"name": "svc9", "namespace": "shop"}})
+            api.modify(service("svc4", "10.96.4.4"))
+            await run.until(lambda: run.answer("svc4.shop.svc.cluster.local") == ["10.96.4.4"])
+            assert run.answer("svc9.shop.svc.cluster.local") == []
+
+    asyncio.run(scenario())
+    assert MALFORMED_OBJECTS.labels("EndpointSlice")._value.get() == before + 1
+    assert MALFORMED_OBJECTS.labels("Service")._value.get() >= 1
+
+
+def test_server_errors_are_retried_until_synced(api: FakeApiServer, tmp_path: Path) -> None:
+    api.fail_next("services", 500, count=3)
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: bool(run.published))
+            await run.until(lambda: run.snapshot.synced)
+            assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
+
+    asyncio.run(scenario())
+
+
+def test_a_wrong_token_never_syncs(api: FakeApiServer, tmp_path: Path) -> None:
+    api_wrong = FakeApiServer(token="other")
+    api_wrong.start()
+    try:
+        kubeconfig = api_wrong.write_kubeconfig(tmp_path / "kubeconfig")
+        api_wrong.stop()
+        text = kubeconfig.read_text().replace(api_wrong.url, api.url)
+        kubeconfig.write_text(text)
+
+        async def scenario() -> None:
+            async with running(kubeconfig) as run:
+                await asyncio.sleep(0.5)
+                assert not run.source.is_synced
+                assert all(not snap.synced for snap in run.published)
+
+        asyncio.run(scenario())
+    finally:
+        api_wrong.stop()
+    refused = [r for r in api.requests if r.headers.get("authorization") == "Bearer other"]
+    assert len(refused) > 4  # every resource asked, and asked again after backing off
