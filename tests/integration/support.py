@@ -39,7 +39,8 @@ class ServerFailed(RuntimeError):
 class Server:
     """One `toposdns serve` process on loopback, with its stderr collected by a thread."""
 
-    def __init__(self, snapshot: Path, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, snapshot: Path | None, args: tuple[str, ...] = ()) -> None:
+        """Serve `snapshot`; None serves from the cluster (pass --kubeconfig in `args`)."""
         self.snapshot = snapshot
         self.args = args
         self.host = ""
@@ -54,8 +55,7 @@ class Server:
                 "-m",
                 "toposdns",
                 "serve",
-                "--snapshot",
-                str(snapshot),
+                *(["--snapshot", str(snapshot)] if snapshot is not None else []),
                 "--listen",
                 "127.0.0.1:0",
                 *args,

@@ -1,0 +1,88 @@
+"""The real server process watching the stand-in API server: SERVFAIL and /ready 503 until the
+first sync, answers that follow watch events within a second, and data kept when the API goes."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.support import STOP_TIMEOUT, Server, dig, wait_until
+from tests.kubeapi import FakeApiServer
+
+pytestmark = pytest.mark.integration
+
+
+def service(name: str, ip: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80}]},
+    }
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    server.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
+    server.add(service("web", "10.96.0.5"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path) -> None:
+    api.fail_next("services", 500, count=4)  # holds the first sync back for a second or more
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    server = Server(
+        None, ("--kubeconfig", str(kubeconfig), "--http", "127.0.0.1:0", "--startup-timeout", "0.2")
+    )
+    try:
+        server.wait_ready()
+        http = int(server.wait_for_log(r"/metrics on 127\.0\.0\.1:(\d+)").group(1))
+        assert get(http, "/health") == (200, "OK")
+        assert get(http, "/ready") == (503, "kubernetes")
+        unsynced = dig(server, "nothing.shop.svc.cluster.local")
+        assert unsynced.status == "SERVFAIL" and "aa" in unsynced.flags
+        assert [rr[3] for rr in unsynced.authority] == ["SOA"]
+
+        assert wait_until(lambda: get(http, "/ready") == (200, "OK"), timeout=10)
+        assert dig(server, "web.shop.svc.cluster.local", "+short").text.split() == ["10.96.0.5"]
+        assert dig(server, "nothing.shop.svc.cluster.local").status == "NXDOMAIN"
+
+        api.wait_for_watches(4)
+        api.modify(service("web", "10.96.0.6"))
+        changed = time.monotonic()
+        assert wait_until(
+            lambda: (
+                dig(server, "web.shop.svc.cluster.local", "+short").text.split() == ["10.96.0.6"]
+            ),
+            timeout=1.0,
+            interval=0.02,
+        )
+        assert time.monotonic() - changed < 1.0
+
+        api.stop()  # the API server goes away: keep answering from the last data
+        server.wait_for_log(r"still serving the last data", timeout=5)
+        assert dig(server, "web.shop.svc.cluster.local", "+short").text.split() == ["10.96.0.6"]
+        assert get(http, "/ready") == (200, "OK")
+        status, metrics = get(http, "/metrics")
+        assert status == 200
+        assert 'toposdns_watch_restarts_total{reason="error",resource="services"}' in metrics
+        assert 'toposdns_kubernetes_api_errors_total{resource="services"}' in metrics
+    finally:
+        assert server.stop(STOP_TIMEOUT) == 0, server.log()
