@@ -15,12 +15,15 @@ from toposdns.config import (
     ConfigError,
     ServeConfig,
     check_ttl,
+    parse_duration,
     parse_listen,
     parse_networks,
+    parse_upstreams,
     parse_zones,
 )
 from toposdns.logs import configure_logging
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.forward import Upstream, resolv_conf_upstreams
 from toposdns.source.snapshot_file import SnapshotError
 
 log = logging.getLogger("toposdns")
@@ -75,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CIDR[,CIDR]",
         help="take the client address from EDNS Client Subnet when the query comes from these "
         "networks, e.g. the CoreDNS pods that forward to toposdns (default: none)",
+    )
+    serve.add_argument(
+        "--upstream",
+        metavar="IP[:PORT],...",
+        help="forward names outside the zones here ('none': refuse them). Default: the "
+        "nameservers of /etc/resolv.conf when watching a cluster, none with --snapshot",
+    )
+    serve.add_argument(
+        "--lameduck",
+        default="5s",
+        metavar="DURATION",
+        help="after SIGTERM, keep answering this long while /ready fails (default %(default)s)",
     )
     serve.add_argument(
         "--tcp-idle-timeout",
@@ -186,6 +201,14 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
+    if args.upstream is not None:
+        return parse_upstreams(args.upstream)
+    if args.snapshot is not None:
+        return ()  # a snapshot is a closed world: a demo or a test must not reach out
+    return tuple(resolv_conf_upstreams())
+
+
 def _serve(args: argparse.Namespace) -> int:
     from toposdns.server import run, serve
     from toposdns.source.kube import ConnectError
@@ -204,6 +227,8 @@ def _serve(args: argparse.Namespace) -> int:
             http=parse_listen(args.http, "--http") if args.http else None,
             kubeconfig=args.kubeconfig,
             startup_timeout=args.startup_timeout,
+            upstreams=_upstreams(args),
+            lameduck=parse_duration(args.lameduck, "--lameduck"),
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)

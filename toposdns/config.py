@@ -8,6 +8,7 @@ from pathlib import Path
 
 from toposdns.resolve.answer import Name
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
+from toposdns.serve.forward import Upstream
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
 POD_MODES = ("disabled", "insecure", "verified")
@@ -35,6 +36,10 @@ class ServeConfig:
     kubeconfig: Path | None = None
     #: How long to wait for the first sync before answering anyway.
     startup_timeout: float = 5.0
+    #: Where names outside the zones go; empty: they are refused.
+    upstreams: tuple[Upstream, ...] = ()
+    #: After SIGTERM, how long to keep answering with /ready failing.
+    lameduck: float = 5.0
 
 
 def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
@@ -90,3 +95,44 @@ def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
         except ValueError:
             raise ConfigError(f"--ecs-trust: {part!r} is not a CIDR, e.g. 10.244.0.0/16") from None
     return tuple(networks)
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds from `5`, `5s`, `500ms` or `1m`."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    for suffix in ("ms", "s", "m"):
+        if text.endswith(suffix):
+            number, scale = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = text, 1.0
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected a duration such as 5s or 500ms") from None
+    if value < 0:
+        raise ConfigError(f"{option} {text!r}: must not be negative")
+    return value
+
+
+def parse_upstreams(text: str) -> tuple[Upstream, ...]:
+    """`--upstream IP[:PORT],[V6]:PORT,...`; `none` for no forwarding."""
+    if text.strip().lower() == "none":
+        return ()
+    upstreams = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        host, port = part, "53"
+        if part.startswith("["):
+            host, _, port = part[1:].partition("]")
+            port = port.removeprefix(":") or "53"
+        elif part.count(":") == 1:
+            host, port = part.split(":")
+        try:
+            ipaddress.ip_address(host)
+            number = int(port)
+        except ValueError:
+            number = -1
+        if not 0 < number < 65536:
+            raise ConfigError(f"--upstream {part!r}: expected IP[:PORT] or [IPv6]:PORT")
+        upstreams.append(Upstream(host, number))
+    return tuple(upstreams)

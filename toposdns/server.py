@@ -13,12 +13,16 @@ from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from toposdns.config import ServeConfig
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer
-from toposdns.serve.responder import UDP4, UDP6, Responder
+from toposdns.serve.query_metrics import QueryMetrics
+from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource, apis_of, connect
@@ -60,19 +64,37 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
 
 
 async def serve(config: ServeConfig) -> None:
-    """Serve until SIGTERM or SIGINT. Raises SnapshotError if a snapshot file fails to load."""
+    """Serve until SIGTERM or SIGINT, then keep answering for the lameduck period.
+
+    Raises SnapshotError or ConnectError when the data cannot be had at all.
+    """
     resolver_config = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
     live = config.snapshot is None
-    responder = Responder(resolver_config, Snapshot(synced=not live), config.ecs_trust)
+    metrics = None
+    if config.http is not None:
+        metrics = QueryMetrics(f"dns://:{config.listen_port}")
+        REGISTRY.register(metrics)
+    forwarder = Forwarder(list(config.upstreams)) if config.upstreams else None
+    responder = Responder(
+        resolver_config, Snapshot(synced=not live), config.ecs_trust, forwarder, metrics
+    )
+    stopping = False
 
     def publish(snapshot: Snapshot) -> None:
         report_invalid_policies(responder.snapshot, snapshot)
         responder.update(snapshot)
 
     def not_ready() -> str | None:
+        if stopping:
+            return "Shutting down"
         return None if responder.snapshot.synced else "kubernetes"
 
     async with contextlib.AsyncExitStack() as stack:
+        if metrics is not None:
+            stack.callback(REGISTRY.unregister, metrics)
+        if forwarder is not None:
+            stack.push_async_callback(forwarder.close)
+            log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
         if config.snapshot is not None:
             files = SnapshotFileSource(config.snapshot, publish)
             publish(files.load())
@@ -80,8 +102,7 @@ async def serve(config: ServeConfig) -> None:
         else:
             api_client = await connect(config.kubeconfig)
             stack.push_async_callback(api_client.close)
-            kube = KubeSource(apis_of(api_client), publish)
-            background = kube.run()
+            background = KubeSource(apis_of(api_client), publish).run()
         task = asyncio.create_task(background, name="source")
         stack.callback(task.cancel)
         if live:
@@ -103,7 +124,12 @@ async def serve(config: ServeConfig) -> None:
         )
         if task in done and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-        log.info("shutting down")
+        # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
+        # while queries already on their way are still answered.
+        stopping = True
+        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
+        await asyncio.sleep(config.lameduck)
+        log.info("stopped")
 
 
 async def _wait_for_sync(responder: Responder, task: asyncio.Task[None], timeout: float) -> None:
@@ -128,14 +154,14 @@ async def _serve_dns(
     udp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UDP_BUFFER_BYTES)
     udp_sock.bind((config.listen_host, config.listen_port))
     port = udp_sock.getsockname()[1]
-    kind = UDP6 if family == socket.AF_INET6 else UDP4
+    kind, stream = (UDP6, TCP6) if family == socket.AF_INET6 else (UDP4, TCP4)
     udp, _ = await loop.create_datagram_endpoint(
         lambda: UdpProtocol(responder, kind), sock=udp_sock
     )
     stack.callback(udp.close)
     limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout)
     tcp = await loop.create_server(
-        lambda: TcpProtocol(responder, limits),
+        lambda: TcpProtocol(responder, limits, stream),
         config.listen_host,
         port,
         reuse_address=True,

@@ -58,6 +58,8 @@ class Server:
                 *(["--snapshot", str(snapshot)] if snapshot is not None else []),
                 "--listen",
                 "127.0.0.1:0",
+                "--lameduck",
+                "0",
                 *args,
             ],
             cwd=REPO,

@@ -9,7 +9,7 @@ import pytest
 
 import toposdns.serve.responder as responder_module
 from tests.helpers import config_of, snapshot_of
-from toposdns.serve.responder import TCP, UDP4, Responder
+from toposdns.serve.responder import TCP4, UDP4, Responder
 
 OBJECTS = [
     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
@@ -75,8 +75,8 @@ def test_queries_with_edns_options_stay_out_of_the_wire_cache(responder: Respond
 
 
 def test_transports_have_separate_caches(responder: Responder) -> None:
-    ask(responder, "web.shop.svc.cluster.local", transport=TCP)
-    assert len(responder.wire[TCP]) == 1 and not responder.wire[UDP4]
+    ask(responder, "web.shop.svc.cluster.local", transport=TCP4)
+    assert len(responder.wire[TCP4]) == 1 and not responder.wire[UDP4]
 
 
 def test_other_classes_are_refused(responder: Responder) -> None:

@@ -267,21 +267,6 @@ def _cache_key(data: bytes, tcp: bool) -> bytes:
     return flags + data[4:]
 
 
-def parse_upstreams(text: str) -> list[Upstream]:
-    """`IP[:PORT],...`; IPv6 with a port as [V6]:PORT."""
-    upstreams = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if part.startswith("["):
-            host, _, port = part[1:].partition("]:")
-            upstreams.append(Upstream(host, int(port or 53)))
-        elif part.count(":") == 1:
-            host, port = part.split(":")
-            upstreams.append(Upstream(host, int(port)))
-        else:
-            upstreams.append(Upstream(part))
-    return upstreams
-
-
 def resolv_conf_upstreams(path: str = "/etc/resolv.conf") -> list[Upstream]:
     """The nameservers of resolv.conf, as `forward . /etc/resolv.conf` uses."""
     upstreams = []

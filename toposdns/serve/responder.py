@@ -34,6 +34,7 @@ from toposdns.resolve.answer import (
 from toposdns.resolve.client import NO_LABELS, Network, client_address, identify, plain_address
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.forward import Forwarder, answer_records, build_query
+from toposdns.serve.query_metrics import QueryMetrics, labels_of
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
@@ -62,11 +63,14 @@ class Transport:
     name: str
     tcp: bool
     fragment_limit: int
+    family: int  # 1 IPv4, 2 IPv6, as CoreDNS's metrics label it
 
 
-UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4)
-UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6)
-TCP = Transport("tcp", True, 0)
+UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4, 1)
+UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6, 2)
+TCP4 = Transport("tcp4", True, 0, 1)
+TCP6 = Transport("tcp6", True, 0, 2)
+TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
 
 
 class TopologyReplies:
@@ -95,13 +99,15 @@ class Responder:
         snapshot: Snapshot,
         ecs_trust: tuple[Network, ...] = (),
         forwarder: Forwarder | None = None,
+        metrics: QueryMetrics | None = None,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
         self.ecs_trust = ecs_trust
         self.forwarder = forwarder
+        self.metrics = metrics
         #: Per-transport wire caches; frontends hold references, so they are cleared in place.
-        self.wire: dict[Transport, WireCache] = {UDP4: {}, UDP6: {}, TCP: {}}
+        self.wire: dict[Transport, WireCache] = {kind: {} for kind in TRANSPORTS}
         self.answers: LRUCache[tuple[Name, int], Answer | Policy] = LRUCache(ANSWER_CACHE_SIZE)
         self.topology_answers: LRUCache[tuple[Name, int, tuple[object, ...]], Answer] = LRUCache(
             ANSWER_CACHE_SIZE
@@ -110,6 +116,8 @@ class Responder:
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot; every cached reply is dropped."""
         self.snapshot = snapshot
+        if self.metrics is not None:
+            self.metrics.retire()
         for cache in self.wire.values():
             cache.clear()
         self.answers.clear()
@@ -132,23 +140,69 @@ class Responder:
         reply = hit.replies.get(hit.policy.signature(self.labels_of(source)))
         return None if reply is None else data[:2] + reply
 
-    def respond(self, data: bytes, transport: Transport, source: str) -> Reply:
+    def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
-        when an upstream must be asked first."""
+        when an upstream must be asked first. `started` (perf_counter) times it for metrics."""
         try:
             query = decode_query(data)
         except Dropped:
             return None
         except Rejected as rejected:
-            return encode_rejection(rejected.data, rejected.rcode)
+            rejection = encode_rejection(rejected.data, rejected.rcode)
+            self.count(data, rejection, transport, 0, "", started)
+            return rejection
         try:
             if self.forwarder is not None and not self.in_zones(query.name):
-                return self.forwarded(data, query, transport)
+                return self.counted(
+                    self.forwarded(data, query, transport), data, transport, query, started
+                )
             reply, policy, labels = self.reply(query, transport, source)
         except Exception:
-            return self.failed(query)
-        if isinstance(reply, bytes) and (query.edns is None or not query.edns.options):
+            failure = self.failed(query)
+            self.count(data, failure, transport, query.qtype, "", started)
+            return failure
+        if not isinstance(reply, bytes):
+            return None if reply is None else self.counted(reply, data, transport, query, started)
+        cacheable = query.edns is None or not query.edns.options
+        if cacheable:
             self.remember(data, reply, transport, policy, labels)
+        self.count(data, reply, transport, query.qtype, "", started, cacheable)
+        return reply
+
+    def count(
+        self,
+        data: bytes,
+        reply: bytes,
+        transport: Transport,
+        qtype: int,
+        plugin: str,
+        started: float,
+        cached: bool = False,
+    ) -> None:
+        """Count a query and its reply (when metrics are on)."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        rcode = reply[3] & 0x0F
+        # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
+        plugin = plugin or ("kubernetes" if reply[2] & 0x04 else "")
+        labels = labels_of(transport.tcp, transport.family, qtype, rcode, plugin)
+        key = data[2:] if cached else b""
+        metrics.observe(transport, labels, started, len(data), len(reply), key)
+
+    async def counted(
+        self,
+        pending: Coroutine[Any, Any, bytes | None],
+        data: bytes,
+        transport: Transport,
+        query: Query,
+        started: float,
+    ) -> bytes | None:
+        """Count a reply that needed an upstream once it is there."""
+        reply = await pending
+        if reply is not None:
+            plugin = "" if reply[2] & 0x04 else "forward"
+            self.count(data, reply, transport, query.qtype, plugin, started)
         return reply
 
     def failed(self, query: Query) -> bytes:
@@ -202,6 +256,8 @@ class Responder:
         """Put a reply in the wire cache, per client signature when it depends on the client."""
         cache = self.wire[transport]
         if len(cache) >= WIRE_CACHE_SIZE:
+            if self.metrics is not None:
+                self.metrics.retire(transport)
             cache.clear()  # cheaper than LRU bookkeeping on every hit
         if policy is None:
             cache[data[2:]] = reply[2:]

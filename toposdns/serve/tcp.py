@@ -12,7 +12,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from toposdns.serve.responder import TCP, Responder
+from toposdns.serve.query_metrics import count_hit
+from toposdns.serve.responder import Responder, Transport
 
 log = logging.getLogger("toposdns")
 
@@ -29,9 +30,12 @@ class TcpLimits:
 class TcpProtocol(asyncio.Protocol):
     """One TCP connection."""
 
-    def __init__(self, responder: Responder, limits: TcpLimits) -> None:
+    def __init__(self, responder: Responder, limits: TcpLimits, kind: Transport) -> None:
         self.responder = responder
         self.limits = limits
+        self.kind = kind
+        metrics = responder.metrics
+        self.rows = metrics.rows_for(kind) if metrics is not None else None
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
@@ -66,9 +70,12 @@ class TcpProtocol(asyncio.Protocol):
                 break
             message = bytes(buffer[2 : 2 + length])
             del buffer[: 2 + length]
-            reply = responder.cached(message, TCP, source)
+            started = time.perf_counter()
+            reply = responder.cached(message, self.kind, source)
+            if reply is not None and self.rows is not None:
+                count_hit(self.rows, message[2:], started)
             if reply is None:
-                answer = responder.respond(message, TCP, source)
+                answer = responder.respond(message, self.kind, source, started)
                 if answer is None:
                     continue
                 if not isinstance(answer, bytes):

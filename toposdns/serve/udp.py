@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
+from time import perf_counter
 from typing import Any, cast
 
+from toposdns.serve.query_metrics import count_hit
 from toposdns.serve.responder import Responder, Transport
 
 log = logging.getLogger("toposdns")
@@ -20,6 +22,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.responder = responder
         self.kind = kind
         self.cache = responder.wire[kind]  # cleared in place on every new snapshot
+        metrics = responder.metrics
+        self.rows = metrics.rows_for(kind) if metrics is not None else None
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -30,14 +34,21 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         transport = self.transport
         assert transport is not None
-        hit = self.cache.get(data[2:])
+        rows = self.rows
+        started = perf_counter() if rows is not None else 0.0
+        key = data[2:]
+        hit = self.cache.get(key)
         if hit.__class__ is bytes:  # the hot path: a reply that is the same for every client
             transport.sendto(data[:2] + hit, addr)
+            if rows is not None:
+                count_hit(rows, key, started)
             return
         responder = self.responder
         reply = responder.cached(data, self.kind, addr[0]) if hit is not None else None
+        if reply is not None and rows is not None:
+            count_hit(rows, key, started)
         if reply is None:
-            answer = responder.respond(data, self.kind, addr[0])
+            answer = responder.respond(data, self.kind, addr[0], started)
             if answer is None:
                 return
             if not isinstance(answer, bytes):

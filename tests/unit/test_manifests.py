@@ -1,0 +1,1030 @@
+"""Static checks of `manifests/`: every file parses, every object validates against the Kubernetes
+API schemas, the kustomizations hold together, the PodLocator schema accepts good locators and
+rejects bad ones, and the workloads get exactly the rights, ports, probes and hardening they need.
+
+Built-in kinds are checked with kubernetes-validate (the newest Kubernetes it bundles, strict: no
+unknown fields). The CRD's own schema is applied to PodLocators here by a small validator for the
+OpenAPI keywords it uses, and its CEL rules are evaluated with cel-python, with the Kubernetes IP
+functions they call written after the Kubernetes CEL library's documented behaviour.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import ipaddress
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+from celpy import celtypes
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+FORWARD = MANIFESTS / "coredns-forward"
+K8S_VERSION = kubernetes_validate.latest_version()
+IMAGE = "ghcr.io/toposdns/toposdns:0.1.0"
+
+Doc = dict[str, Any]
+
+
+# --- loading and a small Kustomize -------------------------------------------------------------
+
+
+def load(path: Path) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+YAML_FILES = sorted(MANIFESTS.rglob("*.yaml"))
+KUSTOMIZATION_FILES = [path for path in YAML_FILES if path.name == "kustomization.yaml"]
+RESOURCE_FILES = [path for path in YAML_FILES if path.name != "kustomization.yaml"]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(MANIFESTS))
+
+
+def object_id(doc: Doc) -> tuple[str, str, str, str]:
+    meta = doc["metadata"]
+    return (doc["apiVersion"], doc["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def render(directory: Path) -> list[Doc]:
+    """What `kubectl kustomize DIRECTORY` outputs, for the features these kustomizations use."""
+    kustomization = load(directory / "kustomization.yaml")[0]
+    unsupported = set(kustomization) - {"apiVersion", "kind", "resources", "patches"}
+    assert not unsupported, f"{rel(directory)}: teach render() about {sorted(unsupported)}"
+    docs: list[Doc] = []
+    for entry in kustomization.get("resources", []):
+        path = (directory / entry).resolve()
+        docs.extend(render(path) if path.is_dir() else load(path))
+    for patch in kustomization.get("patches", []):
+        docs = apply_patch(docs, patch)
+    ids = [object_id(doc) for doc in docs]
+    assert len(ids) == len(set(ids)), f"{rel(directory)}: an object is defined twice"
+    return docs
+
+
+def apply_patch(docs: list[Doc], patch: Doc) -> list[Doc]:
+    assert set(patch) <= {"patch", "target"}, f"unsupported patch form: {sorted(patch)}"
+    body = yaml.safe_load(patch["patch"])
+    if isinstance(body, dict):  # a strategic-merge patch; only deletions are used here
+        assert body.pop("$patch") == "delete", "only `$patch: delete` merge patches are supported"
+        gone = object_id(body)
+        assert gone in {object_id(doc) for doc in docs}, f"nothing to delete for {gone}"
+        return [doc for doc in docs if object_id(doc) != gone]
+    target = patch["target"]
+    matched = [doc for doc in docs if matches_target(doc, target)]
+    assert len(matched) == 1, f"patch target {target} matches {len(matched)} objects"
+    out = []
+    for doc in docs:
+        if doc is matched[0]:
+            doc = copy.deepcopy(doc)
+            for operation in body:
+                json_patch(doc, operation)
+        out.append(doc)
+    return out
+
+
+def matches_target(doc: Doc, target: Doc) -> bool:
+    group, _, version = doc["apiVersion"].rpartition("/")
+    actual = {
+        "group": group,
+        "version": version,
+        "kind": doc["kind"],
+        "name": doc["metadata"]["name"],
+        "namespace": doc["metadata"].get("namespace", ""),
+    }
+    return all(actual[key] == value for key, value in target.items())
+
+
+def json_patch(doc: Doc, operation: Doc) -> None:
+    """One RFC 6902 operation: add, remove or replace."""
+    *parents, last = [
+        token.replace("~1", "/").replace("~0", "~") for token in operation["path"].split("/")[1:]
+    ]
+    node: Any = doc
+    for token in parents:
+        node = node[int(token)] if isinstance(node, list) else node[token]
+    op = operation["op"]
+    if isinstance(node, list):
+        if op == "add" and last == "-":
+            node.append(operation["value"])
+        elif op == "add":
+            node.insert(int(last), operation["value"])
+        elif op == "remove":
+            del node[int(last)]
+        else:
+            assert op == "replace", op
+            node[int(last)] = operation["value"]
+    elif op == "remove":
+        del node[last]
+    else:
+        assert op in ("add", "replace"), op
+        assert op == "add" or last in node, f"replace of missing {operation['path']}"
+        node[last] = operation["value"]
+
+
+@functools.cache
+def rendered(directory: Path) -> tuple[Doc, ...]:
+    return tuple(render(directory))
+
+
+def find(docs: tuple[Doc, ...], kind: str, name: str) -> Doc:
+    found = [doc for doc in docs if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def full() -> tuple[Doc, ...]:
+    return rendered(MANIFESTS)
+
+
+def dns_deployment(docs: tuple[Doc, ...] | None = None) -> Doc:
+    return find(docs or full(), "Deployment", "toposdns")
+
+
+def controller_deployment() -> Doc:
+    return find(full(), "Deployment", "toposdns-controller")
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+# --- every file parses and validates ------------------------------------------------------------
+
+
+def test_manifest_files_exist() -> None:
+    assert RESOURCE_FILES and KUSTOMIZATION_FILES
+    assert not list(MANIFESTS.rglob("*.yml")), "use the .yaml extension"
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=rel)
+def test_yaml_parses(path: Path) -> None:
+    docs = load(path)
+    assert docs, f"{rel(path)} holds no document"
+    for doc in docs:
+        assert isinstance(doc, dict)
+        assert doc.get("apiVersion") and doc.get("kind")
+        if path.name != "kustomization.yaml":
+            assert doc["metadata"]["name"]
+
+
+def check_schema(doc: Doc) -> None:
+    # Raises (and so fails) on an invalid object and on a kind it has no schema for.
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {error.message}")
+
+
+@pytest.mark.parametrize("path", RESOURCE_FILES, ids=rel)
+def test_validates_against_kubernetes_schema(path: Path) -> None:
+    for doc in load(path):
+        check_schema(doc)
+
+
+@pytest.mark.parametrize("directory", [MANIFESTS, FORWARD], ids=["root", "coredns-forward"])
+def test_rendered_objects_validate(directory: Path) -> None:
+    # The overlay's patches produce objects no file holds.
+    for doc in rendered(directory):
+        check_schema(doc)
+
+
+def test_validation_is_strict() -> None:
+    # The check above must catch what the API server's strict field validation rejects.
+    service = copy.deepcopy(find(full(), "Service", "kube-dns"))
+    service["spec"]["ports"][0]["protocl"] = "UDP"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+
+
+# --- the kustomizations -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATION_FILES, ids=rel)
+def test_kustomization_resources_exist(path: Path) -> None:
+    kustomization = load(path)[0]
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    for entry in kustomization["resources"]:
+        target = path.parent / entry
+        assert target.is_file() or (target / "kustomization.yaml").is_file(), f"{entry} missing"
+
+
+def test_every_manifest_file_is_in_a_kustomization() -> None:
+    referenced = {
+        (path.parent / entry).resolve()
+        for path in KUSTOMIZATION_FILES
+        for entry in load(path)[0]["resources"]
+    }
+    missing = [rel(path) for path in RESOURCE_FILES if path.resolve() not in referenced]
+    assert not missing, f"not referenced by any kustomization.yaml: {missing}"
+
+
+def test_root_kustomization_installs_everything() -> None:
+    kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in full()}
+    assert kinds == {
+        ("CustomResourceDefinition", "podlocators.toposdns.io"),
+        ("ServiceAccount", "toposdns"),
+        ("ClusterRole", "toposdns"),
+        ("ClusterRoleBinding", "toposdns"),
+        ("Deployment", "toposdns"),
+        ("PodDisruptionBudget", "toposdns"),
+        ("Service", "kube-dns"),
+        ("Namespace", "toposdns"),
+        ("ServiceAccount", "toposdns-controller"),
+        ("ClusterRole", "toposdns-controller"),
+        ("ClusterRoleBinding", "toposdns-controller"),
+        ("Role", "toposdns-controller-leader-election"),
+        ("RoleBinding", "toposdns-controller-leader-election"),
+        ("Deployment", "toposdns-controller"),
+    }
+
+
+CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
+
+
+@pytest.mark.parametrize("directory", [MANIFESTS, FORWARD], ids=["root", "coredns-forward"])
+def test_namespaces(directory: Path) -> None:
+    docs = rendered(directory)
+    created = {doc["metadata"]["name"] for doc in docs if doc["kind"] == "Namespace"}
+    for doc in docs:
+        namespace = doc["metadata"].get("namespace")
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert namespace is None, f"{doc['kind']} is cluster-scoped"
+            continue
+        # Set on every object: the kustomizations add no namespace transformer.
+        assert namespace in {"kube-system"} | created, object_id(doc)
+        component = doc["metadata"]["labels"].get("app.kubernetes.io/component")
+        if component == "controller":
+            assert namespace == "toposdns"
+        else:
+            assert namespace == "kube-system"
+
+
+def test_all_objects_carry_the_recommended_labels() -> None:
+    for doc in full():
+        labels = doc["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/name") == "toposdns", object_id(doc)
+        assert labels.get("app.kubernetes.io/part-of") == "toposdns", object_id(doc)
+
+
+# --- the PodLocator CRD ---------------------------------------------------------------------------
+
+
+def crd() -> Doc:
+    return find(full(), "CustomResourceDefinition", "podlocators.toposdns.io")
+
+
+def crd_version() -> Doc:
+    versions = crd()["spec"]["versions"]
+    assert len(versions) == 1
+    return versions[0]
+
+
+def locator_schema() -> Doc:
+    return crd_version()["schema"]["openAPIV3Schema"]
+
+
+def test_crd_names() -> None:
+    spec = crd()["spec"]
+    assert spec["group"] == "toposdns.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == "PodLocator"
+    assert spec["names"]["plural"] == "podlocators"
+    assert spec["names"]["singular"] == "podlocator"
+    assert "pl" in spec["names"]["shortNames"]
+    version = crd_version()
+    assert version["name"] == "v1alpha1"
+    assert version["served"] is True and version["storage"] is True
+
+
+def test_crd_fields_are_top_level() -> None:
+    properties = locator_schema()["properties"]
+    assert set(properties) == {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "addresses",
+        "nodeName",
+        "nodeLabels",
+    }
+    assert properties["addresses"]["type"] == "array"
+    assert properties["addresses"]["items"]["type"] == "string"
+    assert 2 <= properties["addresses"]["maxItems"] <= 16
+    assert properties["nodeName"]["type"] == "string"
+    assert properties["nodeLabels"]["additionalProperties"]["type"] == "string"
+
+
+def test_crd_rules_are_present() -> None:
+    properties = locator_schema()["properties"]
+    address_rules = [
+        rule["rule"] for rule in properties["addresses"]["items"]["x-kubernetes-validations"]
+    ]
+    assert any("isIP(self)" in rule for rule in address_rules)
+    assert any("isGlobalUnicast()" in rule for rule in address_rules)
+    key_rules = [rule["rule"] for rule in properties["nodeLabels"]["x-kubernetes-validations"]]
+    assert key_rules and all(rule.startswith("self.all(k, ") for rule in key_rules)
+    for rules in (properties["addresses"]["items"], properties["nodeLabels"]):
+        assert all(rule.get("message") for rule in rules["x-kubernetes-validations"])
+
+
+def jsonpath_fields(expression: str) -> list[str]:
+    """The field names of a simple Kubernetes JSONPath (client-go util/jsonpath's parsing).
+
+    `.a.b` is two fields; a backslash makes the next character literal (`\\.` does not split);
+    `['x']` is parsed again as `.x`, so dots inside brackets split too unless escaped.
+    """
+    fields: list[str] = []
+    i = 0
+    while i < len(expression):
+        if expression[i] == "[":
+            end = expression.index("]", i)
+            key = re.fullmatch(r"'([^']*)'", expression[i + 1 : end])
+            assert key, f"unsupported JSONPath element {expression[i : end + 1]!r}"
+            fields.extend(jsonpath_fields("." + key.group(1)))
+            i = end + 1
+            continue
+        assert expression[i] == ".", f"unsupported JSONPath {expression!r}"
+        i += 1
+        field = ""
+        while i < len(expression) and expression[i] not in ".[":
+            if expression[i] == "\\":
+                i += 1
+            field += expression[i]
+            i += 1
+        fields.append(field)
+    return fields
+
+
+def test_jsonpath_parsing_matches_kubernetes() -> None:
+    assert jsonpath_fields(".a['b.c']") == ["a", "b", "c"]
+    assert jsonpath_fields(".a['b\\.c']") == ["a", "b.c"]
+    assert jsonpath_fields(".a.b\\.c/d") == ["a", "b.c/d"]
+
+
+GOOD_LOCATOR: Doc = {
+    "apiVersion": "toposdns.io/v1alpha1",
+    "kind": "PodLocator",
+    "metadata": {"name": "web-0", "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+    "addresses": ["10.244.1.7", "fd00:10:244:1::7"],
+    "nodeName": "node-a",
+    "nodeLabels": {
+        "kubernetes.io/hostname": "node-a",
+        "topology.kubernetes.io/zone": "z1",
+        "topology.kubernetes.io/region": "r1",
+    },
+}
+
+
+def test_printer_columns() -> None:
+    columns = {column["name"]: column for column in crd_version()["additionalPrinterColumns"]}
+    assert set(columns) == {"Node", "Zone", "Addresses", "Age"}
+    assert columns["Age"] == {
+        "name": "Age",
+        "type": "date",
+        "jsonPath": ".metadata.creationTimestamp",
+    }
+    shown = {}
+    for name, column in columns.items():
+        value: Any = GOOD_LOCATOR
+        for field in jsonpath_fields(column["jsonPath"]):
+            value = value[field]
+        shown[name] = value
+    assert shown["Node"] == "node-a"
+    assert shown["Zone"] == "z1"
+    assert shown["Addresses"] == GOOD_LOCATOR["addresses"]
+
+
+# The OpenAPI keywords validate() below implements; the schema must use no other.
+SCHEMA_KEYWORDS = {
+    "description",
+    "type",
+    "required",
+    "properties",
+    "additionalProperties",
+    "maxProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "x-kubernetes-list-type",
+    "x-kubernetes-validations",
+}
+PYTHON_TYPES: dict[str, type] = {"object": dict, "array": list, "string": str}
+
+
+def validate(schema: Doc, value: Any, path: str = "") -> list[str]:
+    """The API server's checks of VALUE against a structural SCHEMA, for SCHEMA_KEYWORDS."""
+    unknown = set(schema) - SCHEMA_KEYWORDS
+    assert not unknown, f"{path or 'schema'}: validate() does not implement {sorted(unknown)}"
+    kind = schema["type"]
+    if not isinstance(value, PYTHON_TYPES[kind]):
+        return [f"{path}: must be of type {kind}"]
+    errors = []
+    if kind == "object":
+        for name in schema.get("required", []):
+            if name not in value:
+                errors.append(f"{path}.{name}: required")
+        properties = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if key in properties:
+                errors += validate(properties[key], item, f"{path}.{key}")
+            elif extra is not None:
+                errors += validate(extra, item, f"{path}[{key}]")
+            elif properties:  # unknown field: pruned, or rejected under strict field validation
+                errors.append(f"{path}.{key}: unknown field")
+        if len(value) > schema.get("maxProperties", len(value)):
+            errors.append(f"{path}: more than {schema['maxProperties']} properties")
+    elif kind == "array":
+        if not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)):
+            errors.append(f"{path}: {len(value)} items")
+        if schema.get("x-kubernetes-list-type") == "set" and len(set(value)) != len(value):
+            errors.append(f"{path}: duplicate items")
+        for index, item in enumerate(value):
+            errors += validate(schema["items"], item, f"{path}[{index}]")
+    else:
+        if not schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value)):
+            errors.append(f"{path}: length {len(value)}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{path}: does not match {schema['pattern']}")
+    if not errors:
+        for rule in schema.get("x-kubernetes-validations", []):
+            if not evaluate_rule(rule["rule"], value):
+                errors.append(f"{path}: {rule['message']}")
+    return errors
+
+
+class IP:
+    """A value of the Kubernetes CEL type net.IP."""
+
+    def __init__(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+        self.address = address
+
+
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    # Kubernetes' isIP()/ip() parse with Go's netip and refuse zones and IPv4-mapped IPv6;
+    # Python's ipaddress refuses IPv4 with leading zeros, as netip does.
+    if "%" in text:
+        return None
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return None
+    return address
+
+
+def cel_is_ip(text: celtypes.StringType) -> celtypes.BoolType:
+    return celtypes.BoolType(parse_ip(str(text)) is not None)
+
+
+def cel_ip(text: celtypes.StringType) -> IP:
+    address = parse_ip(str(text))
+    if address is None:
+        raise ValueError(f"IP Address {text!r} parse error")
+    return IP(address)
+
+
+def cel_is_global_unicast(ip: IP) -> celtypes.BoolType:
+    # Go's net.IP.IsGlobalUnicast: not unspecified, loopback, multicast, link-local unicast,
+    # nor the IPv4 limited broadcast address; private ranges count as global unicast.
+    address = ip.address
+    return celtypes.BoolType(
+        not (
+            address.is_unspecified
+            or address.is_loopback
+            or address.is_multicast
+            or address.is_link_local
+            or address == ipaddress.IPv4Address("255.255.255.255")
+        )
+    )
+
+
+CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "isIP": cel_is_ip,
+    "ip": cel_ip,
+    "isGlobalUnicast": cel_is_global_unicast,
+}
+
+
+@functools.cache
+def cel_program(rule: str) -> Any:
+    environment = celpy.Environment()
+    return environment.program(environment.compile(rule), functions=CEL_FUNCTIONS)
+
+
+def evaluate_rule(rule: str, value: Any) -> bool:
+    try:
+        result = cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
+    except celpy.CELEvalError:
+        return False  # an evaluation error fails the rule, as in the API server
+    assert isinstance(result, celtypes.BoolType), f"{rule} gave {result!r}"
+    return bool(result)
+
+
+def test_cel_functions_follow_kubernetes() -> None:
+    assert evaluate_rule("isIP(self)", "10.0.0.1")
+    assert evaluate_rule("isIP(self)", "2001:db8::1")
+    for bad in ("010.0.0.1", "10.0.0.1/8", "fe80::1%eth0", "::ffff:10.0.0.1", "", "node-a"):
+        assert not evaluate_rule("isIP(self)", bad), bad
+    assert not evaluate_rule("ip(self).isGlobalUnicast()", "nonsense")  # an error fails
+
+
+def with_change(change: Callable[[Doc], None]) -> Doc:
+    locator = copy.deepcopy(GOOD_LOCATOR)
+    change(locator)
+    return locator
+
+
+def set_field(name: str, value: Any) -> Callable[[Doc], None]:
+    def change(locator: Doc) -> None:
+        locator[name] = value
+
+    return change
+
+
+def set_label(key: str, value: Any) -> Callable[[Doc], None]:
+    def change(locator: Doc) -> None:
+        locator["nodeLabels"][key] = value
+
+    return change
+
+
+def drop(name: str) -> Callable[[Doc], None]:
+    def change(locator: Doc) -> None:
+        del locator[name]
+
+    return change
+
+
+LONG_PREFIX = ".".join(["a" * 63] * 4)[:254].rstrip(".")  # 4 valid labels, 254 characters
+assert len(LONG_PREFIX) == 254
+
+GOOD_CASES = {
+    "dual-stack pod": GOOD_LOCATOR,
+    "node locator": with_change(set_field("addresses", ["192.168.10.4", "203.0.113.5"])),
+    "one address": with_change(set_field("addresses", ["2001:db8::7"])),
+    "embedded IPv4 tail": with_change(set_field("addresses", ["64:ff9b::192.0.2.1"])),
+    "node name with dots": with_change(set_field("nodeName", "ip-10-0-1-2.ec2.internal")),
+    "no labels": with_change(set_field("nodeLabels", {})),
+    "no nodeLabels field": with_change(drop("nodeLabels")),
+    "label with own prefix": with_change(set_label("example.com/rack", "r-1")),
+    "label without prefix": with_change(set_label("rack", "R_1.a")),
+    "empty label value": with_change(set_label("example.com/spot", "")),
+    "63-character name": with_change(set_label("a" * 63, "x")),
+    "253-character prefix": with_change(set_label(LONG_PREFIX[:253].rstrip(".") + "/x", "y")),
+}
+
+BAD_CASES = {
+    "malformed IPv4": with_change(set_field("addresses", ["10.244.1.300"])),
+    "not an address": with_change(set_field("addresses", ["node-a"])),
+    "a CIDR": with_change(set_field("addresses", ["10.244.1.0/24"])),
+    "leading zero": with_change(set_field("addresses", ["10.244.01.7"])),
+    "IPv6 zone": with_change(set_field("addresses", ["fd00::7%eth0"])),
+    "IPv4-mapped IPv6": with_change(set_field("addresses", ["::ffff:10.244.1.7"])),
+    "loopback": with_change(set_field("addresses", ["127.0.0.2"])),
+    "IPv6 loopback": with_change(set_field("addresses", ["::1"])),
+    "link-local": with_change(set_field("addresses", ["169.254.169.254"])),
+    "IPv6 link-local": with_change(set_field("addresses", ["fe80::1"])),
+    "multicast": with_change(set_field("addresses", ["224.0.0.251"])),
+    "IPv6 multicast": with_change(set_field("addresses", ["ff02::fb"])),
+    "unspecified": with_change(set_field("addresses", ["0.0.0.0"])),
+    "broadcast": with_change(set_field("addresses", ["255.255.255.255"])),
+    "no addresses": with_change(set_field("addresses", [])),
+    "too many addresses": with_change(
+        set_field("addresses", [f"10.0.0.{i}" for i in range(1, 18)])
+    ),
+    "duplicate address": with_change(set_field("addresses", ["10.0.0.1", "10.0.0.1"])),
+    "address not a string": with_change(set_field("addresses", [167772161])),
+    "addresses not a list": with_change(set_field("addresses", "10.0.0.1")),
+    "missing addresses": with_change(drop("addresses")),
+    "missing nodeName": with_change(drop("nodeName")),
+    "empty nodeName": with_change(set_field("nodeName", "")),
+    "upper-case nodeName": with_change(set_field("nodeName", "Node-A")),
+    "nodeName with underscore": with_change(set_field("nodeName", "node_a")),
+    "label key with a space": with_change(set_label("bad key", "x")),
+    "label key empty prefix": with_change(set_label("/zone", "x")),
+    "label key two slashes": with_change(set_label("a/b/c", "x")),
+    "label key upper-case prefix": with_change(set_label("Example.com/x", "x")),
+    "label key name too long": with_change(set_label("a" * 64, "x")),
+    "label key prefix too long": with_change(set_label(LONG_PREFIX + "/x", "x")),
+    "label key ends in a dash": with_change(set_label("example.com/x-", "x")),
+    "label value with a space": with_change(set_label("rack", "r 1")),
+    "label value starts with a dash": with_change(set_label("rack", "-r1")),
+    "label value too long": with_change(set_label("rack", "r" * 64)),
+    "label value not a string": with_change(set_label("rack", 1)),
+    "too many labels": with_change(
+        set_field("nodeLabels", {f"example.com/k{i}": "v" for i in range(64)})
+    ),
+    "unknown field": with_change(set_field("spec", {"addresses": ["10.0.0.1"]})),
+}
+
+
+@pytest.mark.parametrize("locator", GOOD_CASES.values(), ids=GOOD_CASES.keys())
+def test_schema_accepts(locator: Doc) -> None:
+    assert validate(locator_schema(), locator) == []
+
+
+@pytest.mark.parametrize("locator", BAD_CASES.values(), ids=BAD_CASES.keys())
+def test_schema_rejects(locator: Doc) -> None:
+    assert validate(locator_schema(), locator) != []
+
+
+# --- RBAC ---------------------------------------------------------------------------------------
+
+
+def grants(role: Doc) -> set[tuple[str, str, str]]:
+    result = set()
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames or URLs"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    result.add((group, resource, verb))
+    return result
+
+
+def every(groups_resources: list[tuple[str, str]], verbs: list[str]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for group, resource in groups_resources for verb in verbs}
+
+
+def test_dns_server_lists_and_watches_only() -> None:
+    assert grants(find(full(), "ClusterRole", "toposdns")) == every(
+        [
+            ("", "services"),
+            ("", "namespaces"),
+            ("discovery.k8s.io", "endpointslices"),
+            ("toposdns.io", "podlocators"),
+        ],
+        ["list", "watch"],
+    )
+
+
+def test_controller_rights() -> None:
+    assert grants(find(full(), "ClusterRole", "toposdns-controller")) == every(
+        [("", "pods"), ("", "nodes")], ["list", "watch"]
+    ) | every(
+        [("toposdns.io", "podlocators")],
+        ["get", "list", "watch", "create", "update", "patch", "delete"],
+    )
+    role = find(full(), "Role", "toposdns-controller-leader-election")
+    assert role["metadata"]["namespace"] == "toposdns"
+    assert grants(role) == every([("coordination.k8s.io", "leases")], ["get", "create", "update"])
+
+
+def test_no_wildcards_or_secrets() -> None:
+    for doc in full():
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for group, resource, verb in grants(doc):
+                assert "*" not in (group, resource, verb), object_id(doc)
+                assert resource not in ("secrets", "configmaps"), object_id(doc)
+
+
+@pytest.mark.parametrize(
+    ("binding_kind", "binding", "role_kind", "deployment"),
+    [
+        ("ClusterRoleBinding", "toposdns", "ClusterRole", "toposdns"),
+        ("ClusterRoleBinding", "toposdns-controller", "ClusterRole", "toposdns-controller"),
+        ("RoleBinding", "toposdns-controller-leader-election", "Role", "toposdns-controller"),
+    ],
+)
+def test_bindings_reach_the_pods(
+    binding_kind: str, binding: str, role_kind: str, deployment: str
+) -> None:
+    docs = full()
+    bound = find(docs, binding_kind, binding)
+    role = find(docs, bound["roleRef"]["kind"], bound["roleRef"]["name"])
+    assert role["kind"] == role_kind
+    assert bound["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
+    workload = find(docs, "Deployment", deployment)
+    namespace = workload["metadata"]["namespace"]
+    account = workload["spec"]["template"]["spec"]["serviceAccountName"]
+    find(docs, "ServiceAccount", account)
+    assert bound["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+    ]
+    if role_kind == "Role":
+        assert role["metadata"]["namespace"] == bound["metadata"]["namespace"] == namespace
+
+
+# --- the workloads ------------------------------------------------------------------------------
+
+
+def pod_spec(deployment: Doc) -> Doc:
+    return deployment["spec"]["template"]["spec"]
+
+
+def container(deployment: Doc) -> Doc:
+    containers = pod_spec(deployment)["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    """`--name=value` arguments; every flag is written in that one-item form."""
+    result = {}
+    for arg in args[1:]:
+        name, sep, value = arg.partition("=")
+        assert name.startswith("--") and sep, f"write {arg!r} as --name=value"
+        assert name not in result, f"{name} given twice"
+        result[name] = value
+    return result
+
+
+def port_number(spec: Doc, port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    named = [p["containerPort"] for p in container_of(spec)["ports"] if p.get("name") == port]
+    assert len(named) == 1, port
+    return int(named[0])
+
+
+def container_of(spec: Doc) -> Doc:
+    return spec["containers"][0]
+
+
+def duration_seconds(text: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)", text)
+    assert match, f"not a duration: {text}"
+    return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[match.group(2)]
+
+
+WORKLOADS: dict[str, Callable[[], Doc]] = {
+    "dns": dns_deployment,
+    "controller": controller_deployment,
+    "dns-forward": lambda: dns_deployment(rendered(FORWARD)),
+}
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_workload_hardening(workload: str) -> None:
+    deployment = WORKLOADS[workload]()
+    spec = pod_spec(deployment)
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    assert selects(deployment["spec"]["selector"]["matchLabels"], spec_labels(deployment))
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert isinstance(pod["runAsUser"], int) and pod["runAsUser"] > 0
+    assert isinstance(pod["runAsGroup"], int) and pod["runAsGroup"] > 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(key)
+    assert not [v for v in spec.get("volumes", []) if "hostPath" in v]
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in spec["tolerations"]
+    for item in spec["containers"] + spec.get("initContainers", []):
+        context = item["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"] == {"drop": ["ALL"]}, "drop ALL, add nothing"
+        assert not context.get("privileged")
+        assert "runAsUser" not in context or context["runAsUser"] > 0
+        resources = item["resources"]
+        assert set(resources["requests"]) == {"cpu", "memory"}
+        assert set(resources["limits"]) == {"memory"}, "a memory limit and no CPU limit"
+
+
+def spec_labels(deployment: Doc) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_spread_over_zones_and_hosts(workload: str) -> None:
+    deployment = WORKLOADS[workload]()
+    spec = pod_spec(deployment)
+    own = spec_labels(deployment)
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    assert spread["maxSkew"] == 1
+    assert selects(spread["labelSelector"]["matchLabels"], own)
+    (term,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], own)
+    # Each selects its own pods only, not the other Deployment's.
+    dns = own["app.kubernetes.io/component"] == "dns"
+    other = controller_deployment() if dns else dns_deployment()
+    assert not selects(spread["labelSelector"]["matchLabels"], spec_labels(other))
+
+
+def test_dns_pod() -> None:
+    deployment = dns_deployment()
+    spec = pod_spec(deployment)
+    assert spec_labels(deployment)["k8s-app"] == "kube-dns"
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["dnsPolicy"] == "Default"
+    assert spec["serviceAccountName"] == "toposdns"
+    assert {"name": "net.ipv4.ip_unprivileged_port_start", "value": "53"} in spec[
+        "securityContext"
+    ]["sysctls"]
+
+
+def test_dns_container() -> None:
+    deployment = dns_deployment()
+    spec = pod_spec(deployment)
+    item = container(deployment)
+    assert {(p["name"], p["containerPort"], p["protocol"]) for p in item["ports"]} == {
+        ("dns", 53, "UDP"),
+        ("dns-tcp", 53, "TCP"),
+        ("metrics", 9153, "TCP"),
+    }
+    assert "command" not in item, "the image's ENTRYPOINT is toposdns"
+    assert item["args"][0] == "serve"
+    options = flags(item["args"])
+    assert options["--listen"].rpartition(":")[2] == "53"
+    http_port = int(options["--http"].rpartition(":")[2])
+    assert http_port == 9153
+    assert options["--zone"].split(",") == ["cluster.local", "in-addr.arpa", "ip6.arpa"]
+    assert options["--ttl"] == "30" and options["--pods"] == "insecure"
+    assert "--snapshot" not in options, "in a cluster it watches the API"
+    lameduck = duration_seconds(options["--lameduck"])
+    assert lameduck == 5
+    assert spec["terminationGracePeriodSeconds"] > lameduck
+    live, ready = item["livenessProbe"], item["readinessProbe"]
+    assert live["httpGet"]["path"] == "/health"
+    assert ready["httpGet"]["path"] == "/ready"
+    for probe in (live, ready):
+        assert port_number(spec, probe["httpGet"]["port"]) == http_port
+    assert (live["initialDelaySeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (
+        60,
+        5,
+        5,
+    )
+    assert item["resources"] == {
+        "requests": {"cpu": "100m", "memory": "70Mi"},
+        "limits": {"memory": "170Mi"},
+    }
+
+
+def test_controller() -> None:
+    deployment = controller_deployment()
+    spec = pod_spec(deployment)
+    item = container(deployment)
+    assert "sysctls" not in spec["securityContext"], "it binds no low port"
+    assert item["args"][0] == "controller"
+    options = flags(item["args"])
+    assert options["--namespace"] == "$(POD_NAMESPACE)"
+    env = {var["name"]: var for var in item["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    http_port = int(options["--http"].rpartition(":")[2])
+    assert http_port == 8080
+    assert [p["containerPort"] for p in item["ports"]] == [http_port]
+    assert item["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert item["readinessProbe"]["httpGet"]["path"] == "/ready"
+    for probe in (item["livenessProbe"], item["readinessProbe"]):
+        assert port_number(spec, probe["httpGet"]["port"]) == http_port
+    assert spec["terminationGracePeriodSeconds"] > 0
+
+
+def images(docs: tuple[Doc, ...]) -> Iterator[tuple[str, Doc]]:
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            spec = pod_spec(doc)
+            for item in spec["containers"] + spec.get("initContainers", []):
+                yield doc["metadata"]["name"], item
+
+
+def test_images_are_pinned() -> None:
+    found = list(images(full())) + list(images(rendered(FORWARD)))
+    assert found
+    for name, item in found:
+        image = item["image"]
+        match = re.fullmatch(
+            r"(?P<repo>[^@]+?)(?::(?P<tag>[\w][\w.-]{0,127}))(@sha256:[0-9a-f]{64})?", image
+        )
+        assert match, f"{name}: {image} has no tag"
+        assert match["tag"] != "latest", f"{name}: {image}"
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", match["tag"]), f"{name}: {image} is not a release"
+        assert image == IMAGE
+        assert item["imagePullPolicy"] == "IfNotPresent"
+
+
+# --- Services and the disruption budget -----------------------------------------------------------
+
+
+def service_ports(service: Doc) -> set[tuple[str, int, str, int]]:
+    return {
+        (p["name"], p["port"], p["protocol"], p["targetPort"]) for p in service["spec"]["ports"]
+    }
+
+
+DNS_PORTS = {("dns", 53, "UDP", 53), ("dns-tcp", 53, "TCP", 53), ("metrics", 9153, "TCP", 9153)}
+
+
+def test_kube_dns_service() -> None:
+    service = find(full(), "Service", "kube-dns")
+    assert service["metadata"]["namespace"] == "kube-system"
+    assert service["spec"]["selector"] == {"k8s-app": "kube-dns"}
+    assert service_ports(service) == DNS_PORTS
+    assert service["metadata"]["annotations"] == {
+        "prometheus.io/port": "9153",
+        "prometheus.io/scrape": "true",
+    }
+    assert service["metadata"]["labels"]["k8s-app"] == "kube-dns"
+    assert ipaddress.ip_address(service["spec"]["clusterIP"]) == ipaddress.ip_address("10.96.0.10")
+    assert selects(service["spec"]["selector"], spec_labels(dns_deployment()))
+    assert not selects(service["spec"]["selector"], spec_labels(controller_deployment()))
+    container_ports = {
+        (p["containerPort"], p["protocol"]) for p in container(dns_deployment())["ports"]
+    }
+    assert {(target, protocol) for _, _, protocol, target in DNS_PORTS} == container_ports
+
+
+def test_disruption_budget_covers_the_dns_pods() -> None:
+    budget = find(full(), "PodDisruptionBudget", "toposdns")
+    assert budget["metadata"]["namespace"] == dns_deployment()["metadata"]["namespace"]
+    selector = budget["spec"]["selector"]["matchLabels"]
+    assert selects(selector, spec_labels(dns_deployment()))
+    assert selects(selector, spec_labels(dns_deployment(rendered(FORWARD))))
+    assert not selects(selector, spec_labels(controller_deployment()))
+    # Not by k8s-app alone, which CoreDNS's pods carry too while both run.
+    assert "k8s-app" not in selector
+    spec = budget["spec"]
+    replicas = dns_deployment()["spec"]["replicas"]
+    if "maxUnavailable" in spec:
+        assert 1 <= spec["maxUnavailable"] < replicas
+    else:
+        assert 1 <= spec["minAvailable"] < replicas
+
+
+# --- toposdns behind CoreDNS --------------------------------------------------------------------
+
+
+def corefile_block(corefile: str, zone: str) -> list[str]:
+    """The directives of one server block (`ZONE { ... }`), each with its arguments."""
+    lines = [line.split("#", 1)[0].strip() for line in corefile.splitlines()]
+    lines = [line for line in lines if line]
+    start = lines.index(f"{zone} {{")
+    directives, depth = [], 1
+    for line in lines[start + 1 :]:
+        if depth == 1 and line != "}":
+            directives.append(line.rstrip("{").strip())
+        depth += line.count("{") - line.count("}")
+        if depth == 0:
+            return directives
+    raise AssertionError(f"{zone} block is not closed")
+
+
+def test_forward_overlay_leaves_kube_dns_to_coredns() -> None:
+    docs = rendered(FORWARD)
+    assert not [
+        doc for doc in docs if doc["kind"] == "Service" and doc["metadata"]["name"] == "kube-dns"
+    ]
+    deployment = dns_deployment(docs)
+    assert "k8s-app" not in spec_labels(deployment)
+    assert "k8s-app" not in deployment["metadata"]["labels"]
+    service = find(docs, "Service", "toposdns")
+    assert service_ports(service) == DNS_PORTS
+    assert "k8s-app" not in service["spec"]["selector"]
+    assert selects(service["spec"]["selector"], spec_labels(deployment))
+    assert not selects(service["spec"]["selector"], spec_labels(controller_deployment()))
+    # The rest is the default install.
+    assert {object_id(doc) for doc in full()} - {object_id(doc) for doc in docs} == {
+        object_id(find(full(), "Service", "kube-dns"))
+    }
+
+
+def test_forward_overlay_trusts_ecs() -> None:
+    options = flags(container(dns_deployment(rendered(FORWARD)))["args"])
+    networks = [ipaddress.ip_network(cidr) for cidr in options["--ecs-trust"].split(",")]
+    assert networks and all(network.is_private for network in networks)
+    assert "--ecs-trust" not in flags(container(dns_deployment())["args"])
+
+
+def test_corefile_block_forwards_the_cluster_zone_with_ecs() -> None:
+    docs = rendered(FORWARD)
+    config = find(docs, "ConfigMap", "coredns-custom")
+    assert config["metadata"]["namespace"] == "kube-system"
+    (key,) = config["data"]
+    assert key.endswith(".server"), "CoreDNS imports custom/*.server as server blocks"
+    directives = corefile_block(config["data"][key], "cluster.local:53")
+    assert "rewrite edns0 subnet append 32 128" in directives
+    assert not [d for d in directives if d.split()[0] == "cache"], "no cache: it ignores ECS"
+    (forward,) = [d.split() for d in directives if d.split()[0] == "forward"]
+    assert forward[1] == "."
+    assert forward[2:] == [find(docs, "Service", "toposdns")["spec"]["clusterIP"]]
+    assert directives.index("rewrite edns0 subnet append 32 128") < directives.index(
+        " ".join(forward)
+    )
+
+
+def test_corefile_block_parser() -> None:
+    text = "a:53 {\n  errors\n  forward . 1.2.3.4 {\n    max_fails 2\n  }\n}\nb:53 {\n  cache\n}\n"
+    assert corefile_block(text, "a:53") == ["errors", "forward . 1.2.3.4"]
+    assert corefile_block(text, "b:53") == ["cache"]

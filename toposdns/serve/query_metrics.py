@@ -1,0 +1,207 @@
+"""Per-query metrics under CoreDNS's names, cheap enough for the hot path.
+
+A prometheus_client child costs a lock and a method call per update, several per query. Here a
+query costs one dict lookup and a few list updates: each distinct query shape (the wire-cache
+key) has a row of plain numbers, and the collector adds the rows up only when Prometheus
+scrapes. When the wire cache is emptied, its rows are folded into running totals first, so the
+counters never go backwards.
+
+Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `server` is
+`dns://:PORT`, `zone` is the server block's, `.`):
+`coredns_dns_requests_total{server,zone,view,proto,family,type}`,
+`coredns_dns_responses_total{server,zone,view,rcode,plugin}`,
+`coredns_dns_request_duration_seconds{server,zone,view}`,
+`coredns_dns_request_size_bytes{server,zone,view,proto}` and
+`coredns_dns_response_size_bytes{server,zone,view,proto}`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from time import perf_counter
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from toposdns.resolve.answer import RCODE_NAMES, type_name
+
+ZONE = "."
+#: qtypes CoreDNS reports by name (vars/monitor.go); the rest are "other".
+NAMED_TYPES = frozenset(
+    "A AAAA CNAME DNSKEY DS MX NSEC3 NSEC NS PTR RRSIG SOA SRV TXT HTTPS SVCB IXFR AXFR ANY".split()
+)
+DURATION_BUCKETS = tuple(0.00025 * 2**k for k in range(16))
+SIZE_BUCKETS = (0, 100, 200, 300, 400, 511, 1023, 2047, 4095, 8291, 16e3, 32e3, 48e3, 64e3)
+
+# A row of numbers. In a wire-cache row QUERY_SIZE and REPLY_SIZE are the shape's fixed sizes
+# and the size slots stay empty; in a total row they are sums and the slots count queries.
+COUNT, SECONDS, QUERY_SIZE, REPLY_SIZE = 0, 1, 2, 3
+DURATIONS = 4
+QUERY_SIZES = DURATIONS + len(DURATION_BUCKETS) + 1
+REPLY_SIZES = QUERY_SIZES + len(SIZE_BUCKETS) + 1
+ROW = REPLY_SIZES + len(SIZE_BUCKETS) + 1
+Labels = tuple[str, str, str, str, str]  # proto, family, type, rcode, plugin
+
+
+class QueryMetrics(Collector):
+    """Counts queries in plain numbers; a prometheus_client collector reads them on scrape."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        #: Per transport, wire-cache key -> (labels, row): queries the wire cache answers. A
+        #: topology-filtered entry shares one row across client signatures, sized as the first.
+        self.rows: dict[object, dict[bytes, tuple[Labels, list[float]]]] = {}
+        #: Everything else, and retired wire-cache rows, by labels.
+        self.totals: dict[Labels, list[float]] = {}
+
+    def rows_for(self, transport: object) -> dict[bytes, tuple[Labels, list[float]]]:
+        """The wire-cache rows of one transport (frontends keep a reference)."""
+        return self.rows.setdefault(transport, {})
+
+    def observe(
+        self,
+        transport: object,
+        labels: Labels,
+        started: float,
+        query_size: int,
+        reply_size: int,
+        key: bytes = b"",
+    ) -> None:
+        """Count one query answered since `started` (perf_counter). With `key`, the reply went
+        into the wire cache, and `hit` counts that entry's later hits."""
+        if key:
+            row = _row()
+            row[QUERY_SIZE], row[REPLY_SIZE] = query_size, reply_size
+            self.rows_for(transport)[key] = (labels, row)
+        else:
+            row = self.totals.setdefault(labels, _row())
+            row[QUERY_SIZE] += query_size
+            row[REPLY_SIZE] += reply_size
+            _count_sizes(row, query_size, reply_size, 1)
+        _count(row, perf_counter() - started)
+
+    def retire(self, transport: object | None = None) -> None:
+        """Fold wire-cache rows (of one transport, or all) into the totals before the cache
+        is emptied."""
+        for kind, rows in self.rows.items():
+            if transport is None or kind == transport:
+                for labels, row in rows.values():
+                    _fold(self.totals.setdefault(labels, _row()), row)
+                rows.clear()
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        """Build the metric families from the rows (called by prometheus_client on scrape)."""
+        merged = {labels: list(row) for labels, row in self.totals.items()}
+        for rows in self.rows.values():
+            for labels, row in list(rows.values()):
+                _fold(merged.setdefault(labels, _row()), row)
+        base = [self.server, ZONE, ""]
+        by_request: dict[tuple[str, ...], float] = {}
+        by_response: dict[tuple[str, ...], float] = {}
+        durations = _Histogram(DURATION_BUCKETS)
+        query_sizes = {"udp": _Histogram(SIZE_BUCKETS), "tcp": _Histogram(SIZE_BUCKETS)}
+        reply_sizes = {"udp": _Histogram(SIZE_BUCKETS), "tcp": _Histogram(SIZE_BUCKETS)}
+        for (proto, ip_family, qtype, rcode, plugin), row in merged.items():
+            key = (proto, ip_family, qtype)
+            by_request[key] = by_request.get(key, 0) + row[COUNT]
+            by_response[rcode, plugin] = by_response.get((rcode, plugin), 0) + row[COUNT]
+            durations.add(row[DURATIONS:QUERY_SIZES], row[SECONDS])
+            query_sizes[proto].add(row[QUERY_SIZES:REPLY_SIZES], row[QUERY_SIZE])
+            reply_sizes[proto].add(row[REPLY_SIZES:ROW], row[REPLY_SIZE])
+        requests = CounterMetricFamily(
+            "coredns_dns_requests", "Counter of DNS requests made per zone, protocol and family.",
+            labels=["server", "zone", "view", "proto", "family", "type"])  # fmt: skip
+        for values, value in sorted(by_request.items()):
+            requests.add_metric(base + list(values), value)
+        yield requests
+        responses = CounterMetricFamily(
+            "coredns_dns_responses", "Counter of response status codes.",
+            labels=["server", "zone", "view", "rcode", "plugin"])  # fmt: skip
+        for values, value in sorted(by_response.items()):
+            responses.add_metric(base + list(values), value)
+        yield responses
+        duration = HistogramMetricFamily(
+            "coredns_dns_request_duration_seconds",
+            "Histogram of the time (in seconds) each request took.",
+            labels=["server", "zone", "view"])  # fmt: skip
+        durations.add_to(duration, base)
+        yield duration
+        for name, doc, histograms in (
+            ("coredns_dns_request_size_bytes", "Size of the request in bytes.", query_sizes),
+            ("coredns_dns_response_size_bytes", "Size of the response in bytes.", reply_sizes),
+        ):
+            sizes = HistogramMetricFamily(name, doc, labels=["server", "zone", "view", "proto"])
+            for proto, histogram in histograms.items():
+                histogram.add_to(sizes, base + [proto])
+            yield sizes
+
+
+def labels_of(tcp: bool, family: int, qtype: int, rcode: int, plugin: str) -> Labels:
+    """The label values of one query, as CoreDNS writes them."""
+    name = type_name(qtype)
+    return (
+        "tcp" if tcp else "udp",
+        str(family),
+        name if name in NAMED_TYPES else "other",
+        RCODE_NAMES.get(rcode, str(rcode)),
+        plugin,
+    )
+
+
+def _row() -> list[float]:
+    return [0.0] * ROW
+
+
+def count_hit(rows: dict[bytes, tuple[Labels, list[float]]], key: bytes, started: float) -> None:
+    """Count a wire-cache hit: the hot path."""
+    found = rows.get(key)
+    if found is not None:
+        _count(found[1], perf_counter() - started)
+
+
+def _count(row: list[float], seconds: float) -> None:
+    row[COUNT] += 1
+    row[SECONDS] += seconds
+    row[DURATIONS + bisect_left(DURATION_BUCKETS, seconds)] += 1
+
+
+def _count_sizes(row: list[float], query_size: float, reply_size: float, count: float) -> None:
+    row[QUERY_SIZES + bisect_left(SIZE_BUCKETS, query_size)] += count
+    row[REPLY_SIZES + bisect_left(SIZE_BUCKETS, reply_size)] += count
+
+
+def _fold(total: list[float], row: list[float]) -> None:
+    """Add a wire-cache row (fixed sizes) into a total row (summed sizes)."""
+    count = row[COUNT]
+    total[COUNT] += count
+    total[SECONDS] += row[SECONDS]
+    total[QUERY_SIZE] += row[QUERY_SIZE] * count
+    total[REPLY_SIZE] += row[REPLY_SIZE] * count
+    for i in range(DURATIONS, QUERY_SIZES):
+        total[i] += row[i]
+    _count_sizes(total, row[QUERY_SIZE], row[REPLY_SIZE], count)
+
+
+class _Histogram:
+    """Per-bucket counts (not cumulative) and a sum, turned into a Prometheus histogram."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0.0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def add(self, counts: list[float], total: float) -> None:
+        for i, value in enumerate(counts):
+            self.counts[i] += value
+        self.total += total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        cumulative, out = 0.0, []
+        for bound, value in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            cumulative += value
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+        return out
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+        family.add_metric(labels, self.buckets(), self.total)
