@@ -113,7 +113,12 @@ async def serve(config: ServeConfig) -> None:
             port = await http.start(*config.http)
             stack.push_async_callback(http.stop)
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
-        await _serve_dns(config, resolver_config, responder, stack)
+        port = await _serve_dns(config, resolver_config, responder, stack)
+        server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        if metrics is not None:
+            metrics.server = server
+        if forwarder is not None:
+            forwarder.server = server
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -146,14 +151,12 @@ async def _serve_dns(
     resolver_config: ResolverConfig,
     responder: Responder,
     stack: contextlib.AsyncExitStack,
-) -> None:
+) -> int:
+    """Bind UDP and TCP on the same port; returns the port."""
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
-    udp_sock = socket.socket(family, socket.SOCK_DGRAM)
-    udp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_BUFFER_BYTES)
-    udp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UDP_BUFFER_BYTES)
-    udp_sock.bind((config.listen_host, config.listen_port))
-    port = udp_sock.getsockname()[1]
+    udp_sock, tcp_sock = _bind_pair(family, config.listen_host, config.listen_port)
+    port = int(udp_sock.getsockname()[1])
     kind, stream = (UDP6, TCP6) if family == socket.AF_INET6 else (UDP4, TCP4)
     udp, _ = await loop.create_datagram_endpoint(
         lambda: UdpProtocol(responder, kind), sock=udp_sock
@@ -161,16 +164,36 @@ async def _serve_dns(
     stack.callback(udp.close)
     limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout)
     tcp = await loop.create_server(
-        lambda: TcpProtocol(responder, limits, stream),
-        config.listen_host,
-        port,
-        reuse_address=True,
-        backlog=1024,
+        lambda: TcpProtocol(responder, limits, stream), sock=tcp_sock, backlog=1024
     )
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)
     zones = ", ".join(name_text(zone) for zone in resolver_config.zones)
     log.info("serving DNS on %s:%d (udp, tcp) for %s", config.listen_host, port, zones)
+    return port
+
+
+def _bind_pair(family: int, host: str, port: int) -> tuple[socket.socket, socket.socket]:
+    """A UDP and a TCP socket bound to one port. For port 0 the kernel picks the UDP port,
+    which TCP may already use: then try another, a bounded number of times."""
+    for attempt in range(1 if port else 20):
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_BUFFER_BYTES)
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UDP_BUFFER_BYTES)
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            udp.bind((host, port))
+            tcp.bind((host, udp.getsockname()[1]))
+            tcp.listen(1024)
+        except OSError:
+            udp.close()
+            tcp.close()
+            if port or attempt == 19:
+                raise
+            continue
+        return udp, tcp
+    raise AssertionError("unreachable")
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

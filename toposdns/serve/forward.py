@@ -32,11 +32,10 @@ from toposdns.metrics import (
     PROXY_HEALTHCHECK_FAILURES,
 )
 from toposdns.resolve.answer import AAAA, CNAME, RCODE_NAMES, RR, A, Name, name_text
-from toposdns.wire.decode import record_ttls
+from toposdns.wire.decode import record_spans
 
 log = logging.getLogger("toposdns")
 
-SERVER = "dns://:53"
 MAX_FAILS = 2
 HEALTH_INTERVAL = 0.5
 MAX_SUCCESS_TTL = 3600
@@ -63,20 +62,25 @@ class Upstream:
 
 @dataclass
 class _Cached:
+    """A reply kept without its OPT record (the upstream's answer to another client)."""
+
     reply: bytes
     ttl: int
     stored: float
     positive: bool
     ttls: list[tuple[int, int]] = field(default_factory=list)
 
-    def render(self, now: float) -> bytes:
-        """The reply with its TTLs counted down by the time it spent in the cache."""
-        elapsed = int(now - self.stored)
-        if not elapsed:
-            return self.reply
+    def render(self, now: float, opt: bytes) -> bytes:
+        """The reply with its TTLs counted down by the time it spent in the cache, and the
+        asking client's own OPT record, if it sent one."""
         out = bytearray(self.reply)
-        for offset, ttl in self.ttls:
-            out[offset : offset + 4] = pack("!I", max(0, ttl - elapsed))
+        elapsed = int(now - self.stored)
+        if elapsed:
+            for offset, ttl in self.ttls:
+                out[offset : offset + 4] = pack("!I", max(0, ttl - elapsed))
+        if opt:
+            out[10:12] = pack("!H", unpack_from("!H", out, 10)[0] + 1)
+            out += opt
         return bytes(out)
 
 
@@ -93,29 +97,32 @@ class Forwarder:
         self.upstreams = upstreams
         self.timeout = timeout
         self.clock = clock
+        #: The `server` label of the cache metrics, as CoreDNS's: `dns://:PORT`.
+        self.server = "dns://:53"
         self.cache: TLRUCache[bytes, _Cached] = TLRUCache(
             maxsize=cache_size, ttu=lambda _key, value, now: now + value.ttl, timer=clock
         )
         self._probes: set[asyncio.Task[None]] = set()
         # Counted when scraped, not on every insert.
-        CACHE_ENTRIES.labels(SERVER, "success").set_function(lambda: self._entries(True))
-        CACHE_ENTRIES.labels(SERVER, "denial").set_function(lambda: self._entries(False))
+        CACHE_ENTRIES.labels(self.server, "success").set_function(lambda: self._entries(True))
+        CACHE_ENTRIES.labels(self.server, "denial").set_function(lambda: self._entries(False))
 
     def _entries(self, positive: bool) -> int:
         return sum(1 for entry in list(self.cache.values()) if entry.positive == positive)
 
-    async def forward(self, data: bytes, tcp: bool, limit: int) -> bytes | None:
+    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes | None:
         """The upstream's reply to a raw query (ID as the client's), or None if none answered.
 
         `limit` is the largest reply the client takes: a truncated UDP reply is retried over TCP
-        only to be relayed if the whole answer fits.
+        only to be relayed if the whole answer fits. `opt` is the OPT record this client's
+        reply carries when it comes from the cache.
         """
-        key = _cache_key(data, tcp)
+        key = _cache_key(data, tcp, limit, bool(opt))
         cached = self.cache.get(key)
-        if cached is not None:
-            CACHE_HITS.labels(SERVER, "success" if cached.positive else "denial").inc()
-            return data[:2] + cached.render(self.clock())[2:]
-        CACHE_MISSES.labels(SERVER).inc()
+        if cached is not None and len(cached.reply) + len(opt) <= limit:
+            CACHE_HITS.labels(self.server, "success" if cached.positive else "denial").inc()
+            return data[:2] + cached.render(self.clock(), opt)[2:]
+        CACHE_MISSES.labels(self.server).inc()
         if all(not u.healthy for u in self.upstreams):
             FORWARD_HEALTHCHECK_BROKEN.inc()
         for upstream in self._order():
@@ -225,21 +232,21 @@ class Forwarder:
         if rcode not in (0, 3):
             return
         try:
-            ttls = record_ttls(reply)
+            reply = _without_opt(reply)
+            spans = record_spans(reply)
         except (ValueError, IndexError):
             return
-        _, _, ancount, nscount = unpack_from("!4H", reply, 4)
-        if rcode == 0 and ancount:
-            ttl = min((t for _, t, section in ttls if section == 0), default=0)
-            ttl = min(ttl, MAX_SUCCESS_TTL)
+        ttls = [(at, unpack_from("!I", reply, at)[0], section) for _, at, _, _, section in spans]
+        positive = rcode == 0 and any(section == 0 for _, _, section in ttls)
+        if positive:
+            ttl = min(min(t for _, t, section in ttls if section == 0), MAX_SUCCESS_TTL)
         else:
             # Negative answers live as long as the SOA in the authority section says.
-            ttl = min((t for _, t, section in ttls if section == 1), default=0)
-            ttl = min(ttl, MAX_DENIAL_TTL)
+            ttl = min(min((t for _, t, section in ttls if section == 1), default=0), MAX_DENIAL_TTL)
         if ttl <= 0:
             return
-        offsets = [(offset, t) for offset, t, _ in ttls]
-        self.cache[key] = _Cached(reply, ttl, self.clock(), rcode == 0 and ancount > 0, offsets)
+        offsets = [(at, t) for at, t, _ in ttls]
+        self.cache[key] = _Cached(reply, ttl, self.clock(), positive, offsets)
 
 
 class _OneReply(asyncio.DatagramProtocol):
@@ -258,13 +265,32 @@ class _OneReply(asyncio.DatagramProtocol):
             self.waiter.set_exception(exc)
 
 
-def _cache_key(data: bytes, tcp: bool) -> bytes:
-    """Flags that change answers (RD, CD), the question as asked, and the EDNS part.
+def _cache_key(data: bytes, tcp: bool, limit: int, edns: bool) -> bytes:
+    """What the answer depends on, as CoreDNS's cache keys it: the question (as asked), RD, CD
+    and DO; plus the reply size the client takes, since a reply may be truncated for it.
+    Client-specific EDNS options (cookies) are left out."""
+    end = 12
+    while data[end]:
+        end += 1 + data[end]
+    do = _do_bit(data) if edns else 0
+    return bytes((data[2] & 0x01, data[3] & 0x10, do, tcp)) + pack("!H", limit) + data[12 : end + 5]
 
-    The transport is part of the key: a UDP reply may be truncated where the TCP one is not.
-    """
-    flags = bytes((data[2] & 0x01, data[3] & 0x10, tcp))
-    return flags + data[4:]
+
+def _do_bit(data: bytes) -> int:
+    """The DO bit of a query's OPT record (0 if none)."""
+    for _start, at, _, rtype, _ in record_spans(data):
+        if rtype == 41:
+            return data[at + 2] >> 7
+    return 0
+
+
+def _without_opt(reply: bytes) -> bytes:
+    """The reply without its OPT record, so another client can be given its own."""
+    for start, _, end, rtype, _ in record_spans(reply):
+        if rtype == 41:
+            count = unpack_from("!H", reply, 10)[0] - 1
+            return reply[:10] + pack("!H", count) + reply[12:start] + reply[end:]
+    return reply
 
 
 def resolv_conf_upstreams(path: str = "/etc/resolv.conf") -> list[Upstream]:

@@ -44,6 +44,7 @@ from toposdns.wire.encode import (
     MAX_TCP_SIZE,
     encode_badvers,
     encode_bare,
+    encode_opt,
     encode_rejection,
     encode_reply,
     udp_limit,
@@ -153,16 +154,17 @@ class Responder:
             return rejection
         try:
             if self.forwarder is not None and not self.in_zones(query.name):
-                return self.counted(
-                    self.forwarded(data, query, transport), data, transport, query, started
-                )
+                forwarded = self.forwarded(data, query, transport)
+                return self.counted(forwarded, data, transport, query, started, "forward")
             reply, policy, labels = self.reply(query, transport, source)
         except Exception:
             failure = self.failed(query)
             self.count(data, failure, transport, query.qtype, "", started)
             return failure
         if not isinstance(reply, bytes):
-            return None if reply is None else self.counted(reply, data, transport, query, started)
+            if reply is None:
+                return None
+            return self.counted(reply, data, transport, query, started, "kubernetes")
         cacheable = query.edns is None or not query.edns.options
         if cacheable:
             self.remember(data, reply, transport, policy, labels)
@@ -197,11 +199,11 @@ class Responder:
         transport: Transport,
         query: Query,
         started: float,
+        plugin: str,
     ) -> bytes | None:
         """Count a reply that needed an upstream once it is there."""
         reply = await pending
         if reply is not None:
-            plugin = "" if reply[2] & 0x04 else "forward"
             self.count(data, reply, transport, query.qtype, plugin, started)
         return reply
 
@@ -223,7 +225,8 @@ class Responder:
         assert self.forwarder is not None
         try:
             limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
-            reply = await self.forwarder.forward(data, transport.tcp, limit)
+            opt = encode_opt(query.edns) if query.edns is not None else b""
+            reply = await self.forwarder.forward(data, transport.tcp, limit, opt)
         except Exception:
             return self.failed(query)
         return reply if reply is not None else encode_bare(query, SERVFAIL)

@@ -177,21 +177,21 @@ def read_options(rdata: bytes) -> tuple[tuple[int, bytes], ...]:
     return tuple(options)
 
 
-def record_ttls(message: bytes) -> list[tuple[int, int, int]]:
-    """(offset of its TTL, TTL, section: 0 answer, 1 authority, 2 additional) of each record
-    of a message, OPT excluded; so a cached reply's TTLs can be counted down in place."""
+def record_spans(message: bytes) -> list[tuple[int, int, int, int, int]]:
+    """(start, TTL offset, end, type, section) of every record of a message, so that a cached
+    reply's TTLs can be counted down and its OPT record swapped, in place."""
     qdcount, ancount, nscount, arcount = unpack_from("!4H", message, 4)
     offset = HEADER_SIZE
     for _ in range(qdcount):
         offset = read_name(message, offset)[1] + 4
-    found = []
+    spans = []
     for index in range(ancount + nscount + arcount):
+        start = offset
         offset = read_name(message, offset)[1]
-        rtype, _, ttl, rdlength = unpack_from("!HHIH", message, offset)
-        if rtype != OPT:
-            section = 0 if index < ancount else 1 if index < ancount + nscount else 2
-            found.append((offset + 4, ttl, section))
+        rtype, _, _, rdlength = unpack_from("!HHIH", message, offset)
+        section = 0 if index < ancount else 1 if index < ancount + nscount else 2
+        spans.append((start, offset + 4, offset + 10 + rdlength, rtype, section))
         offset += 10 + rdlength
     if offset > len(message):
         raise ValueError("records run past the end of the message")
-    return found
+    return spans

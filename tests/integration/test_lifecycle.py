@@ -1,0 +1,38 @@
+"""Graceful shutdown: on SIGTERM /ready turns 503 at once, answers go on through the lameduck
+period (CoreDNS's `health { lameduck }`), then the process exits 0."""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.integration.support import StartServer, dig, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_sigterm_lameduck(start_server: StartServer) -> None:
+    server = start_server("--http", "127.0.0.1:0", "--lameduck", "2s")
+    http = int(server.wait_for_log(r"/metrics on 127\.0\.0\.1:(\d+)").group(1))
+    assert get(http, "/ready") == (200, "OK")
+    server.proc.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    assert wait_until(lambda: get(http, "/ready") == (503, "Shutting down"), timeout=0.5)
+    assert get(http, "/health") == (200, "OK")
+    answer = dig(server, "web.shop.svc.cluster.local", "+short")
+    assert answer.text.split(), "still answering during lameduck"
+    assert server.proc.wait(5) == 0
+    assert 1.8 < time.monotonic() - stopped < 5
+    server.wait_for_log("answering for 2s more")
