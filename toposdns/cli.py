@@ -211,7 +211,7 @@ def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
 
 def _serve(args: argparse.Namespace) -> int:
     from toposdns.server import run, serve
-    from toposdns.source.kube import ConnectError
+    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:

@@ -25,8 +25,9 @@ from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
-from toposdns.source.kube import KubeSource, apis_of, connect
+from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
+from toposdns.source.watch import apis_of, connect
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 

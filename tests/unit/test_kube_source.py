@@ -17,7 +17,8 @@ from tests.kubeapi import FakeApiServer
 from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
 from toposdns.resolve.answer import A
 from toposdns.resolve.resolver import resolve
-from toposdns.source.kube import KubeSource, WatchSettings, apis_of, connect
+from toposdns.source.kube import KubeSource
+from toposdns.source.watch import WatchSettings, apis_of, connect
 from toposdns.store.snapshot import Snapshot
 
 FAST = WatchSettings(

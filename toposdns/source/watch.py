@@ -1,0 +1,302 @@
+"""List and watch Kubernetes resources with the official client, as client-go's reflector does.
+
+For each resource a `Reflector`:
+
+1. LISTs in pages (`limit`/`continue`) and hands the whole list to its sink in one call, so a
+   relist replaces what is stored in one step and never empties what is being served;
+2. WATCHes from the list's resourceVersion with bookmarks, handing each event to the sink;
+3. on `410 Gone` (history compacted, in an HTTP status or an ERROR event) goes back to 1;
+   on any other failure waits with jittered exponential backoff and watches again from the last
+   resourceVersion seen; a stream silent for longer than the inactivity timeout counts as failed.
+
+Objects stay raw JSON (dicts): no OpenAPI model is built per object. What they become is the
+sink's business: the DNS source turns them into store records, the controller into its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from toposdns.metrics import API_ERRORS, WATCH_RESTARTS
+
+log = logging.getLogger("toposdns")
+
+Object = dict[str, Any]
+Call = Callable[..., Awaitable[aiohttp.ClientResponse]]
+
+
+class Gone(Exception):
+    """The resourceVersion asked for is no longer in the API server's history."""
+
+
+class ConnectError(Exception):
+    """No way to reach the cluster: neither in-cluster credentials nor a usable kubeconfig."""
+
+
+class ApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, resource: str, status: int, message: str) -> None:
+        super().__init__(f"{resource}: HTTP {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Apis:
+    """The typed API groups of the official client that reflectors and writers call."""
+
+    client: Any
+    core: Any
+    discovery: Any
+    custom: Any
+    coordination: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A kind to watch cluster-wide, and the client call that lists or watches all of it."""
+
+    name: str
+    kind: str
+    api_version: str
+    call: Callable[[Apis], Call]
+
+
+def custom_resource(group: str, version: str, plural: str, kind: str) -> Resource:
+    """A custom resource, listed through CustomObjectsApi."""
+
+    def call(apis: Apis) -> Call:
+        def list_all(**kwargs: Any) -> Awaitable[aiohttp.ClientResponse]:
+            method = apis.custom.list_cluster_custom_object_without_preload_content
+            return method(group, version, plural, **kwargs)  # type: ignore[no-any-return]
+
+        return list_all
+
+    return Resource(plural, kind, f"{group}/{version}", call)
+
+
+async def connect(kubeconfig: Path | None) -> Any:
+    """An ApiClient: in-cluster service account, else the kubeconfig (default ~/.kube/config)."""
+    from kubernetes.aio import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig is None:
+        try:
+            # Re-reads the projected token as it rotates.
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    try:
+        await config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
+        )
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "~/.kube/config"
+        raise ConnectError(
+            f"not in a cluster, and cannot use the kubeconfig {where}: {exc}; "
+            "pass --kubeconfig FILE (or, to serve DNS from a file, --snapshot FILE)"
+        ) from None
+    return client.ApiClient(configuration)
+
+
+def apis_of(api_client: Any) -> Apis:
+    """The API groups over one ApiClient."""
+    from kubernetes.aio import client
+
+    return Apis(
+        api_client,
+        client.CoreV1Api(api_client),
+        client.DiscoveryV1Api(api_client),
+        client.CustomObjectsApi(api_client),
+        client.CoordinationV1Api(api_client),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSettings:
+    """Timings of the list/watch loops."""
+
+    #: How long a watch may stay silent (no event, no bookmark) before it is restarted.
+    inactivity: float = 70.0
+    #: Server-side watch duration, randomized upwards by up to 2x like client-go's.
+    watch_seconds: int = 300
+    backoff_initial: float = 0.2
+    backoff_max: float = 30.0
+    #: How long to gather a burst of changes before acting on them.
+    coalesce: float = 0.005
+    page_size: int = 500
+
+
+class Sink(Protocol):
+    """Where a reflector delivers what it sees."""
+
+    def replace(self, resource: Resource, objects: list[Object]) -> None:
+        """A complete list: the stored objects of this resource become exactly these."""
+
+    def upsert(self, resource: Resource, obj: Object) -> None:
+        """An object was added or modified."""
+
+    def delete(self, resource: Resource, obj: Object) -> None:
+        """An object was deleted (`obj` is its last state)."""
+
+
+class Reflector:
+    """List, then watch, one resource; relist when the watch's history is gone."""
+
+    def __init__(self, apis: Apis, resource: Resource, sink: Sink, settings: WatchSettings):
+        self.resource = resource
+        self.call = resource.call(apis)
+        self.sink = sink
+        self.settings = settings
+
+    async def run(self) -> None:
+        """Forever: list when needed, watch, back off on failures."""
+        name = self.resource.name
+        version: str | None = None
+        delay = self.settings.backoff_initial
+        while True:
+            try:
+                if version is None:
+                    version = await self.list()
+                version = await self.watch(version)
+                delay = self.settings.backoff_initial
+                WATCH_RESTARTS.labels(name, "expired").inc()
+            except Gone:
+                log.info("%s: resourceVersion %s is too old, listing again", name, version)
+                WATCH_RESTARTS.labels(name, "gone").inc()
+                version = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API server is down, slow, or talking nonsense
+                reason = "timeout" if isinstance(exc, TimeoutError) else "error"
+                WATCH_RESTARTS.labels(name, reason).inc()
+                API_ERRORS.labels(name).inc()
+                pause = delay * random.uniform(1.0, 1.5)
+                log.warning("%s: %s; still serving the last data, retrying in %.1fs",
+                            name, _describe_error(exc), pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, self.settings.backoff_max)
+
+    async def list(self) -> str:
+        """List every object in pages, hand them over at once; return the list's version."""
+        objects: list[Object] = []
+        token: str | None = None
+        while True:
+            body = await self.request(limit=self.settings.page_size, _continue=token)
+            metadata = body.get("metadata") or {}
+            for item in body.get("items") or []:
+                if isinstance(item, dict):
+                    # Typed lists leave kind and apiVersion out of their items.
+                    item.setdefault("kind", self.resource.kind)
+                    item.setdefault("apiVersion", self.resource.api_version)
+                    objects.append(item)
+            token = metadata.get("continue") or None
+            if token is None:
+                self.sink.replace(self.resource, objects)
+                return str(metadata.get("resourceVersion", ""))
+
+    async def request(self, **params: Any) -> Object:
+        """One LIST page, decoded."""
+        response = await self.call(**params, _request_timeout=60)
+        try:
+            data = await response.read()
+            if response.status == 410:
+                raise Gone()
+            if response.status != 200:
+                raise ApiError(self.resource.name, response.status, status_message(data))
+            body = json.loads(data)
+        finally:
+            response.release()
+        if not isinstance(body, dict):
+            raise ApiError(self.resource.name, 200, "the list is not a JSON object")
+        return body
+
+    async def watch(self, version: str) -> str:
+        """Watch from `version`, delivering events; return the last version when the server
+        ends the watch. Raises Gone, ApiError, TimeoutError (inactivity) or a network error."""
+        seconds = int(self.settings.watch_seconds * random.uniform(1.0, 2.0))
+        response = await self.call(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=seconds,
+            _request_timeout=seconds + self.settings.inactivity,
+        )
+        try:
+            if response.status == 410:
+                raise Gone()
+            if response.status != 200:
+                data = await response.read()
+                raise ApiError(self.resource.name, response.status, status_message(data))
+            pending = b""
+            while True:
+                async with asyncio.timeout(self.settings.inactivity):
+                    chunk = await response.content.readany()
+                if not chunk:
+                    return version
+                # Lines can be longer than aiohttp's line limit (large EndpointSlices).
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        version = self.apply(json.loads(line), version)
+        finally:
+            response.release()
+
+    def apply(self, event: Any, version: str) -> str:
+        """Deliver one watch event; return the resourceVersion to resume from."""
+        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+            raise ApiError(self.resource.name, 200, f"malformed watch event: {event!r:.200}")
+        kind, obj = event.get("type"), event["object"]
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone()
+            raise ApiError(self.resource.name, int(obj.get("code") or 500), _message(obj))
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        if kind == "BOOKMARK":
+            return version
+        obj.setdefault("kind", self.resource.kind)
+        obj.setdefault("apiVersion", self.resource.api_version)
+        if kind == "DELETED":
+            self.sink.delete(self.resource, obj)
+        elif kind in ("ADDED", "MODIFIED"):
+            self.sink.upsert(self.resource, obj)
+        else:
+            log.warning("%s: ignoring watch event of unknown type %r", self.resource.name, kind)
+        return version
+
+
+def object_key(obj: Any) -> tuple[str, str]:
+    """(namespace, name) of a raw object; "" where absent."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def status_message(data: bytes) -> str:
+    """The message of a Status body, or the start of whatever came instead."""
+    try:
+        status = json.loads(data)
+    except ValueError:
+        return data[:200].decode("utf-8", "replace")
+    return _message(status) if isinstance(status, dict) else str(status)[:200]
+
+
+def _message(status: dict[str, Any]) -> str:
+    return str(status.get("message") or status.get("reason") or status)[:300]
+
+
+def _describe_error(exc: Exception) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no event or bookmark within the inactivity timeout"
+    return str(exc) or type(exc).__name__
