@@ -41,6 +41,13 @@ QTYPE_A = 1
 QTYPE_SOA = 6
 
 
+#: Every dnsperf query comes from this loopback address; the topology variant places it.
+CLIENT = "127.0.0.2"
+TOPOLOGY_KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
+#: toposdns variants measured against the plain one in the same run (issues 3 and 6).
+VARIANTS = {"toposdns-topology": "topology filtering on", "toposdns-metrics": "metrics on"}
+
+
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -111,8 +118,12 @@ def generate_cluster(n_services: int, n_namespaces: int, n_nodes: int, seed: int
     return Cluster(nodes=nodes, namespaces=namespaces, services=services)
 
 
-def snapshot_objects(cluster: Cluster) -> dict[str, object]:
-    """The cluster as a Kubernetes `kind: List` of the objects toposdns reads."""
+def snapshot_objects(cluster: Cluster, topology: bool = False) -> dict[str, object]:
+    """The cluster as a Kubernetes `kind: List` of the objects toposdns reads.
+
+    With `topology`, every service asks for [hostname, zone, "*"] and the benchmark's client
+    address (CLIENT) is placed on the first node, so every answer goes through the filter.
+    """
     items: list[dict[str, object]] = []
     for ns in cluster.namespaces:
         items.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -128,6 +139,7 @@ def snapshot_objects(cluster: Cluster) -> dict[str, object]:
                     "clusterIPs": ["None"],
                     "selector": {"app": svc.name},
                     "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80}],
+                    **({"topologyKeys": TOPOLOGY_KEYS} if topology else {}),
                 },
             }
         )
@@ -182,6 +194,18 @@ def snapshot_objects(cluster: Cluster) -> dict[str, object]:
                 "addresses": [node.ip],
                 "nodeName": node.name,
                 "nodeLabels": node.labels,
+            }
+        )
+    if topology:
+        first = cluster.nodes[0]
+        items.append(
+            {
+                "apiVersion": "toposdns.io/v1alpha1",
+                "kind": "PodLocator",
+                "metadata": {"name": "bench-client", "namespace": cluster.namespaces[0]},
+                "addresses": [CLIENT],
+                "nodeName": first.name,
+                "nodeLabels": first.labels,
             }
         )
     return {"apiVersion": "v1", "kind": "List", "items": items}
@@ -412,6 +436,7 @@ def dnsperf(
     server: Server, qfile: Path, seconds: float, extra: Sequence[str], verbose: bool = False
 ) -> PerfResult:
     argv = ["dnsperf", "-s", HOST, "-p", str(server.port), "-d", str(qfile), "-l", str(seconds)]
+    argv += ["-a", CLIENT]
     argv += [*extra, "-t", "2"] + (["-v"] if verbose else [])
     log(f"{server.name}: {' '.join(argv)}")
     cpu_srv0, cpu_perf0, t0 = server.cpu_seconds(), children_cpu(), time.monotonic()
@@ -570,7 +595,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=int, default=5000, help="fixed QPS for the latency run")
     ap.add_argument("--srv", action="store_true", help="also query _http._tcp SRV names")
     ap.add_argument("--verify", type=int, default=20, help="names to compare with dig")
-    ap.add_argument("--servers", default="knot,toposdns", help="comma list: knot,toposdns")
+    ap.add_argument(
+        "--servers",
+        default="knot,toposdns,toposdns-topology,toposdns-metrics",
+        help="comma list of: knot, toposdns, toposdns-topology, toposdns-metrics",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout")
     return ap.parse_args(argv)
@@ -583,9 +612,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"{tool} not found (Debian packages: knot, dnsperf, bind9-dnsutils)")
             return 2
     wanted = [s.strip() for s in args.servers.split(",") if s.strip()]
-    if "toposdns" in wanted and not (REPO_ROOT / "toposdns").exists():
-        log(f"{REPO_ROOT / 'toposdns'} does not exist yet: skipping toposdns")
-        wanted.remove("toposdns")
 
     workdir = Path(tempfile.mkdtemp(prefix="toposdns-bench-"))
     log(f"work dir {workdir}")
@@ -594,6 +620,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster = generate_cluster(args.services, args.namespaces, args.nodes, args.seed)
         snapshot = workdir / "snapshot.json"
         snapshot.write_text(json.dumps(snapshot_objects(cluster), separators=(",", ":")))
+        topo_snapshot = workdir / "snapshot-topology.json"
+        topo_snapshot.write_text(
+            json.dumps(snapshot_objects(cluster, topology=True), separators=(",", ":"))
+        )
         zonefile = workdir / "cluster.local.zone"
         zonefile.write_text(zone_text(cluster, args.srv))
         for sub in ("knot-run", "knot-db"):
@@ -612,15 +642,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "knot": Server(
                 "knot", ["knotd", "-c", str(conf)], args.port_base, workdir / "knot.log", workdir
             ),
-            "toposdns": Server(
-                "toposdns",
-                [
-                    sys.executable, "-m", "toposdns", "serve", "--snapshot", str(snapshot),
-                    "--listen", f"{HOST}:{args.port_base + 1}", "--zone", ZONE,
-                    "--ttl", str(TTL),
-                ],
-                args.port_base + 1, workdir / "toposdns.log", REPO_ROOT,
-            ),
+            "toposdns": toposdns_server("toposdns", snapshot, args.port_base + 1, workdir),
+            "toposdns-topology": toposdns_server(
+                "toposdns-topology", topo_snapshot, args.port_base + 2, workdir),
+            "toposdns-metrics": toposdns_server(
+                "toposdns-metrics", snapshot, args.port_base + 3, workdir,
+                "--http", f"{HOST}:{args.port_base + 4}"),
         }  # fmt: skip
         servers = [known[name] for name in wanted]
         runs: dict[str, dict[str, list[PerfResult]]] = {
@@ -650,6 +677,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def toposdns_server(name: str, snapshot: Path, port: int, workdir: Path, *extra: str) -> Server:
+    argv = [
+        sys.executable, "-m", "toposdns", "serve", "--snapshot", str(snapshot),
+        "--listen", f"{HOST}:{port}", "--zone", ZONE, "--ttl", str(TTL), *extra,
+    ]  # fmt: skip
+    return Server(name, argv, port, workdir / f"{name}.log", REPO_ROOT)
 
 
 def machine() -> dict[str, object]:
@@ -689,6 +724,11 @@ def report(
         }
         if t.p99_ms is not None and k.p99_ms:
             ratio["p99_ms"] = t.p99_ms / k.p99_ms
+    variants = {
+        name: summary[name].qps / summary["toposdns"].qps
+        for name in VARIANTS
+        if name in summary and "toposdns" in summary
+    }
     if args.json:
         doc = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -708,6 +748,7 @@ def report(
             "mismatches": mismatches,
             "summary": {n: asdict(s) for n, s in summary.items()},
             "ratio_toposdns_over_knot": ratio,
+            "qps_ratio_over_plain_toposdns": variants,
             "runs": {n: {k: [asdict(x) for x in v] for k, v in r.items()} for n, r in runs.items()},
         }
         print(json.dumps(doc, indent=2, default=str))
@@ -719,7 +760,7 @@ def report(
         file=out,
     )
     hdr = (
-        f"{'server':<10} {'max QPS':>9} {'mean ms':>8} {'cpu srv/perf':>13} {'QPS/core':>9} "
+        f"{'server':<17} {'max QPS':>9} {'mean ms':>8} {'cpu srv/perf':>13} {'QPS/core':>9} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'@QPS':>6} {'lost':>5} {'other':>6} {'steal':>6}"
     )
     print(hdr, file=out)
@@ -727,7 +768,7 @@ def report(
     for name, s in summary.items():
         cpu = f"{s.server_cpu_pct:.0f}%/{s.dnsperf_cpu_pct:.0f}%"
         print(
-            f"{name:<10} {s.qps:>9,.0f} {s.mean_ms:>8.3f} {cpu:>13} {s.qps_per_core:>9,.0f} "
+            f"{name:<17} {s.qps:>9,.0f} {s.mean_ms:>8.3f} {cpu:>13} {s.qps_per_core:>9,.0f} "
             f"{fmt(s.p50_ms):>7} "
             f"{fmt(s.p99_ms):>7} {s.fixed_qps:>6,.0f} {s.lost_fixed:>5} "
             f"{s.other_cpu_pct:>5.0f}% {s.steal_pct:>5.0f}%",
@@ -735,10 +776,12 @@ def report(
         )
     if ratio:
         print(
-            f"{'topo/knot':<10} {fmt(ratio['qps']):>9} {fmt(ratio['mean_ms'], '.2f'):>8} "
+            f"{'toposdns/knot':<17} {fmt(ratio['qps']):>9} {fmt(ratio['mean_ms'], '.2f'):>8} "
             f"{'':>13} {fmt(ratio['qps_per_core']):>9} {'':>7} {fmt(ratio['p99_ms'], '.2f'):>7}",
             file=out,
         )
+    for name, value in variants.items():
+        print(f"{name}: {value:.3f} x the plain toposdns QPS ({VARIANTS[name]})", file=out)
     print(f"correctness: {mismatches} mismatches over {args.verify} names per server", file=out)
 
 

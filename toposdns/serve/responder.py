@@ -77,11 +77,26 @@ TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
 class TopologyReplies:
     """Wire replies to one query whose answer depends on the client, by client signature."""
 
-    __slots__ = ("policy", "replies")
+    __slots__ = ("policy", "replies", "by_labels")
+
+    #: How many label sets each entry remembers directly (more is still answered, just slower).
+    REMEMBERED = 256
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.replies: dict[tuple[object, ...], bytes] = {}
+        #: id(labels) -> reply. Equal label sets are one interned object (store/convert.py),
+        #: alive as long as the snapshot whose cache this is, so the id stays theirs.
+        self.by_labels: dict[int, bytes] = {}
+
+    def get(self, labels: Labels) -> bytes | None:
+        """The reply for a client with these labels, if one is cached: the hot path."""
+        reply = self.by_labels.get(id(labels))
+        if reply is None:
+            reply = self.replies.get(self.policy.signature(labels))
+            if reply is not None and len(self.by_labels) < self.REMEMBERED:
+                self.by_labels[id(labels)] = reply
+        return reply
 
 
 WireCache = dict[bytes, bytes | TopologyReplies]
@@ -138,7 +153,7 @@ class Responder:
             return None
         if isinstance(hit, bytes):
             return data[:2] + hit
-        reply = hit.replies.get(hit.policy.signature(self.labels_of(source)))
+        reply = hit.get(self.labels_of(source))
         return None if reply is None else data[:2] + reply
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:

@@ -9,7 +9,7 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.serve.query_metrics import count_hit
-from toposdns.serve.responder import Responder, Transport
+from toposdns.serve.responder import Responder, TopologyReplies, Transport
 
 log = logging.getLogger("toposdns")
 
@@ -44,18 +44,18 @@ class UdpProtocol(asyncio.DatagramProtocol):
                 count_hit(rows, key, started)
             return
         responder = self.responder
-        reply = responder.cached(data, self.kind, addr[0]) if hit is not None else None
-        if reply is not None and rows is not None:
-            count_hit(rows, key, started)
-        if reply is None:
-            answer = responder.respond(data, self.kind, addr[0], started)
-            if answer is None:
+        if isinstance(hit, TopologyReplies):  # topology-filtered: this client's domain's reply
+            cached = hit.get(responder.labels_of(addr[0]))
+            if cached is not None:
+                transport.sendto(data[:2] + cached, addr)
+                if rows is not None:
+                    count_hit(rows, key, started)
                 return
-            if not isinstance(answer, bytes):
-                self.later(answer, addr)
-                return
-            reply = answer
-        transport.sendto(reply, addr)
+        answer = responder.respond(data, self.kind, addr[0], started)
+        if isinstance(answer, bytes):
+            transport.sendto(answer, addr)
+        elif answer is not None:
+            self.later(answer, addr)
 
     def later(self, answer: Coroutine[Any, Any, bytes | None], addr: Any) -> None:
         """Send a reply once its upstream lookup is done."""

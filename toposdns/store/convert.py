@@ -193,9 +193,9 @@ def _pod_locator(
         _ip(a, obj, "addresses") for a in _list(raw.get("addresses"), obj, "addresses")
     )
     labels = _mapping(raw.get("nodeLabels"), obj, "nodeLabels")
-    node_labels = {
-        _str(k, obj, "nodeLabels"): _str(v, obj, f"nodeLabels[{k}]") for k, v in labels.items()
-    }
+    node_labels = _intern_labels(
+        {_str(k, obj, "nodeLabels"): _str(v, obj, f"nodeLabels[{k}]") for k, v in labels.items()}
+    )
     meta_labels = _mapping(meta.get("labels"), obj, "metadata.labels")
     return PodLocator(
         namespace=namespace,
@@ -205,6 +205,21 @@ def _pod_locator(
         node_labels=node_labels,
         is_node=meta_labels.get(NODE_LOCATOR_LABEL) == "node",
     )
+
+
+_LABEL_SETS: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
+
+
+def _intern_labels(labels: dict[str, str]) -> dict[str, str]:
+    """One shared dict per distinct label set: every pod on a node carries the same labels,
+    so 100,000 locators hold a few thousand dicts, and the hot path can key on identity."""
+    key = frozenset(labels.items())
+    shared = _LABEL_SETS.get(key)
+    if shared is None:
+        if len(_LABEL_SETS) >= 100_000:
+            _LABEL_SETS.clear()  # bounded; old sets stay shared by the objects holding them
+        shared = _LABEL_SETS[key] = labels
+    return shared
 
 
 def _port(raw: Any, obj: str, where: str) -> Port:
