@@ -17,7 +17,10 @@ What it mirrors from kube-apiserver (see "Efficient detection of changes", "Reso
   BOOKMARKs only to watches that asked for them, answer a compacted resourceVersion with HTTP 200
   and a single ERROR event (Status 410 Expired, "too old resource version: X (Y)"), and end
   cleanly when `timeoutSeconds` runs out;
-- bearer-token auth, and errors as `Status` objects with the API's codes, reasons and messages.
+- bearer-token auth, and errors as `Status` objects with the API's codes, reasons and messages;
+- with `leases=True`, the coordination.k8s.io/v1 group: Leases with get, list, watch, create and
+  update (409 on a stale resourceVersion), whose MicroTime fields must have exactly six fraction
+  digits as the API server's decoder demands (for leader election).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import contextlib
 import copy
 import json
+import re
 import socket
 import threading
 import time
@@ -42,7 +47,7 @@ import yaml
 from aiohttp import web
 from multidict import CIMultiDict
 
-__all__ = ["RESOURCES", "FakeApiServer", "RequestRecord", "ResourceType"]
+__all__ = ["LEASES", "RESOURCES", "FakeApiServer", "RequestRecord", "ResourceType"]
 
 JSON = dict[str, Any]
 
@@ -63,6 +68,7 @@ class ResourceType:
     singular: str
     short_names: tuple[str, ...] = ()
     custom: bool = False  # a CustomResourceDefinition's resource (unstructured on the server)
+    writable: bool = False  # a typed resource that also takes create and update
 
     @property
     def api_version(self) -> str:
@@ -81,6 +87,8 @@ class ResourceType:
     def verbs(self) -> list[str]:
         if self.custom:
             return ["create", "delete", "get", "list", "update", "watch"]
+        if self.writable:
+            return ["create", "get", "list", "update", "watch"]
         return ["get", "list", "watch"]
 
 
@@ -99,6 +107,10 @@ RESOURCES: dict[str, ResourceType] = {
         ),
     )
 }
+#: Served only by `FakeApiServer(leases=True)`, so that discovery otherwise stays as it was.
+LEASES = ResourceType("leases", "Lease", "coordination.k8s.io", "v1", True, "lease", writable=True)
+#: metav1.MicroTime's layout, "2006-01-02T15:04:05.000000Z07:00": exactly six fraction digits.
+_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 
 _REASONS: dict[int, str] = {
     400: "BadRequest",
@@ -255,6 +267,24 @@ def _decode_continue(token: str) -> tuple[int, str]:
     return rv, start
 
 
+def _prefix_end(prefix: str) -> str:
+    """The least string above every string that starts with `prefix` (non-empty)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def _check_micro_times(lease: JSON) -> None:
+    """Refuse a Lease whose MicroTime fields the API server could not decode (HTTP 400)."""
+    spec = lease.get("spec")
+    for name in ("acquireTime", "renewTime"):
+        value = spec.get(name) if isinstance(spec, dict) else None
+        if value is not None and not (isinstance(value, str) and _MICRO_TIME.fullmatch(value)):
+            raise _ApiError(
+                400,
+                f'Lease in version "v1" cannot be handled as a Lease: parsing time {value!r} as'
+                f' "2006-01-02T15:04:05.000000Z07:00": cannot parse spec.{name} as ".000000"',
+            )
+
+
 def _parse_rv(value: str) -> int:
     try:
         rv = int(value)
@@ -333,8 +363,12 @@ class FakeApiServer:
     before `start()` or while serving; each takes the next resourceVersion and emits its event.
     """
 
-    def __init__(self, token: str = "test-token") -> None:
+    def __init__(self, token: str = "test-token", leases: bool = False) -> None:
         self.token = token
+        #: The resource types served: RESOURCES, plus LEASES if asked for.
+        self.types: dict[str, ResourceType] = dict(RESOURCES)
+        if leases:
+            self.types[LEASES.resource] = LEASES
         self.requests: list[RequestRecord] = []
         self.page_size: int | None = None  # server-side cap on ?limit (None: honour ?limit)
         self.url = ""
@@ -342,10 +376,14 @@ class FakeApiServer:
         self._lock = threading.RLock()
         self._rv = 1
         self._compacted_rv = 1  # watches and exact lists need resourceVersion >= this
-        self._objects: dict[str, dict[str, JSON]] = {r: {} for r in RESOURCES}
-        self._base: dict[str, dict[str, JSON]] = {r: {} for r in RESOURCES}  # at _compacted_rv
+        self._objects: dict[str, dict[str, JSON]] = {r: {} for r in self.types}
+        self._base: dict[str, dict[str, JSON]] = {r: {} for r in self.types}  # at _compacted_rv
         self._history: list[_Event] = []  # events after _compacted_rv, oldest first
         self._watchers: set[_Watcher] = set()
+        # resource -> (rv, state at rv, its sorted keys): the last list's, for its next pages
+        self._list_cache: dict[str, tuple[int, dict[str, JSON], list[str]]] = {}
+        # resource -> key -> (stored object, its JSON as a list item)
+        self._item_cache: dict[str, dict[str, tuple[JSON, bytes]]] = {r: {} for r in self.types}
         self._failures: dict[str, list[tuple[int, int]]] = {}
         self._stalled_until = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -531,16 +569,14 @@ class FakeApiServer:
 
     # ----- storage internals (callers hold the lock where noted) -----
 
-    @staticmethod
-    def _type_of(obj: Mapping[str, Any]) -> ResourceType:
-        for rt in RESOURCES.values():
+    def _type_of(self, obj: Mapping[str, Any]) -> ResourceType:
+        for rt in self.types.values():
             if rt.api_version == obj.get("apiVersion") and rt.kind == obj.get("kind"):
                 return rt
         raise ValueError(f"unknown apiVersion/kind: {obj.get('apiVersion')}/{obj.get('kind')}")
 
-    @staticmethod
-    def _type_named(name: str) -> ResourceType:
-        for rt in RESOURCES.values():
+    def _type_named(self, name: str) -> ResourceType:
+        for rt in self.types.values():
             if name in (rt.resource, rt.singular, rt.kind) or name.lower() == rt.kind.lower():
                 return rt
         raise ValueError(f"unknown resource or kind: {name}")
@@ -584,6 +620,7 @@ class FakeApiServer:
         objects = self._objects[rt.resource]
         if type_ == "DELETED":
             objects.pop(key, None)
+            self._item_cache[rt.resource].pop(key, None)
         else:
             objects[key] = obj
         event = _Event(
@@ -609,6 +646,21 @@ class FakeApiServer:
                 else:
                     state[event.key] = event.obj
         return state
+
+    def _sorted_state_at(self, rt: ResourceType, rv: int) -> tuple[dict[str, JSON], list[str]]:
+        """`_state_at` and its sorted keys, kept for the last rv listed per resource, so the
+        pages of one list cost a bisection each instead of a copy and sort. Holds the lock.
+
+        The state at a resourceVersion never changes (history only grows; compaction only
+        makes old versions unavailable, which `_list` checks first), so this never goes stale.
+        """
+        cached = self._list_cache.get(rt.resource)
+        if cached is not None and cached[0] == rv:
+            return cached[1], cached[2]
+        state = self._state_at(rt, rv)
+        ordered = sorted(state)
+        self._list_cache[rt.resource] = (rv, state, ordered)
+        return state, ordered
 
     @staticmethod
     def _bookmark_line(rt: ResourceType, rv: int, initial_events_end: bool = False) -> bytes:
@@ -736,8 +788,10 @@ class FakeApiServer:
     def _respond(
         body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     ) -> web.Response:
+        """A JSON answer; `body` is encoded here unless it is bytes (already encoded)."""
+        data = body if isinstance(body, bytes) else _dumps(body)
         response = web.Response(
-            body=_dumps(body), status=status, content_type="application/json", headers=headers
+            body=data, status=status, content_type="application/json", headers=headers
         )
         response.headers["Cache-Control"] = "no-cache, private"
         response.headers["Audit-Id"] = str(uuid.uuid4())
@@ -783,8 +837,7 @@ class FakeApiServer:
             details = {"causes": [{"message": "injected failure"}]}
         raise _ApiError(code, message, details=details, headers=headers)
 
-    @staticmethod
-    def _route(path: str) -> _Route:
+    def _route(self, path: str) -> _Route:
         if path.rstrip("/") == "/version":  # the client asks for /version/
             return _Route("version")
         segs = [s for s in path.split("/") if s]
@@ -795,7 +848,7 @@ class FakeApiServer:
         if len(segs) >= 2 and segs[0] == "api":
             group, version, rest = "", segs[1], segs[2:]
         elif len(segs) == 2 and segs[0] == "apis":
-            if any(rt.group == segs[1] for rt in RESOURCES.values()):
+            if any(rt.group == segs[1] for rt in self.types.values()):
                 return _Route("group", group=segs[1])
             raise _ApiError(404, _MESSAGES[404])
         elif len(segs) >= 3 and segs[0] == "apis":
@@ -804,7 +857,7 @@ class FakeApiServer:
             raise _ApiError(404, _MESSAGES[404])
         types = {
             rt.resource: rt
-            for rt in RESOURCES.values()
+            for rt in self.types.values()
             if rt.group == group and rt.version == version
         }
         if not types:
@@ -836,13 +889,13 @@ class FakeApiServer:
                 if _parse_bool(query, "watch"):
                     return await self._watch(request, rt, route.namespace, query)
                 return self._respond(self._list(rt, route.namespace, query))
-            if method == "POST" and rt.custom and route.namespace is not None:
+            if method == "POST" and (rt.custom or rt.writable) and route.namespace is not None:
                 return self._respond(self._create(rt, route.namespace, body), 201)
         else:
             assert route.name is not None
             if method == "GET":
                 return self._respond(self._get(rt, route.namespace, route.name))
-            if method == "PUT" and rt.custom:
+            if method == "PUT" and (rt.custom or rt.writable):
                 return self._respond(self._replace(rt, route.namespace, route.name, body))
             if method == "DELETE" and rt.custom:
                 return self._respond(self._delete(rt, route.namespace, route.name, body))
@@ -870,7 +923,7 @@ class FakeApiServer:
                 ],
             }
         groups: dict[str, JSON] = {}
-        for rt in RESOURCES.values():
+        for rt in self.types.values():
             if rt.group:
                 entry = {"groupVersion": rt.api_version, "version": rt.version}
                 groups[rt.group] = {
@@ -892,7 +945,7 @@ class FakeApiServer:
                 "verbs": rt.verbs,
                 **({"shortNames": list(rt.short_names)} if rt.short_names else {}),
             }
-            for rt in RESOURCES.values()
+            for rt in self.types.values()
             if rt.api_version == gv
         ]
         return {
@@ -910,7 +963,8 @@ class FakeApiServer:
             if query.get(name):
                 raise _ApiError(400, f"the fake API server does not implement {name}")
 
-    def _list(self, rt: ResourceType, namespace: str | None, query: Mapping[str, str]) -> JSON:
+    def _list(self, rt: ResourceType, namespace: str | None, query: Mapping[str, str]) -> bytes:
+        """A list page, encoded (as `_dumps` would encode it, items encoded once each)."""
         self._reject_selectors(query)
         rv_param = query.get("resourceVersion", "")
         match = query.get("resourceVersionMatch", "")
@@ -952,26 +1006,33 @@ class FakeApiServer:
                 if exact and requested < self._compacted_rv:
                     raise _ApiError(410, "The resourceVersion for the provided list is too old.")
                 list_rv = requested if exact else self._rv
-            state = self._state_at(rt, list_rv)
+            state, ordered = self._sorted_state_at(rt, list_rv)
+        # The keys under the prefix are one run of the sorted keys; take the page by bisection.
         prefix = f"{namespace}/" if namespace is not None else ""
-        keys = sorted(k for k in state if k.startswith(prefix) and k >= start)
-        page, rest = (keys[:limit], keys[limit:]) if limit > 0 else (keys, [])
+        first = bisect.bisect_left(ordered, max(prefix, start))
+        end = bisect.bisect_left(ordered, _prefix_end(prefix)) if prefix else len(ordered)
+        stop = min(first + limit, end) if limit > 0 else end
+        page = ordered[first:stop]
         meta: JSON = {"resourceVersion": str(list_rv)}
-        if rest:
+        if stop < end:
             meta["continue"] = _encode_continue(list_rv, page[-1])
-            meta["remainingItemCount"] = len(rest)
-        if rt.custom:
-            items = [state[k] for k in page]
-        else:  # typed lists: the server leaves kind/apiVersion off the items
-            items = [
-                {f: v for f, v in state[k].items() if f not in ("kind", "apiVersion")} for k in page
-            ]
-        return {
-            "kind": f"{rt.kind}List",
-            "apiVersion": rt.api_version,
-            "metadata": meta,
-            "items": items,
-        }
+            meta["remainingItemCount"] = end - stop
+        items = b",".join([self._item_bytes(rt, k, state[k]) for k in page])
+        head = _dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta})
+        return head[:-2] + b',"items":[' + items + b"]}\n"  # head ends with b"}\n"
+
+    def _item_bytes(self, rt: ResourceType, key: str, obj: JSON) -> bytes:
+        """One list item's JSON, encoded once per stored version of the object."""
+        cache = self._item_cache[rt.resource]
+        hit = cache.get(key)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        item = obj
+        if not rt.custom:  # typed lists: the server leaves kind/apiVersion off the items
+            item = {f: v for f, v in obj.items() if f not in ("kind", "apiVersion")}
+        data = _dumps(item)[:-1]
+        cache[key] = (obj, data)  # the stored dict itself: a new version is a new dict
+        return data
 
     def _get(self, rt: ResourceType, namespace: str | None, name: str) -> JSON:
         with self._lock:
@@ -980,12 +1041,17 @@ class FakeApiServer:
             raise _not_found(rt, name)
         return obj
 
-    # ----- writes (custom resources) -----
+    # ----- writes (custom resources, and typed ones marked writable) -----
 
     @staticmethod
     def _check_body(rt: ResourceType, namespace: str | None, body: Any) -> JSON:
         if not isinstance(body, dict):
             raise _ApiError(400, "the body of the request was in an unknown format")
+        if not rt.custom:
+            # A typed object's decoder takes a missing apiVersion/kind from the URL.
+            body = {"apiVersion": rt.api_version, "kind": rt.kind} | {
+                k: v for k, v in body.items() if k not in ("apiVersion", "kind") or v
+            }
         if body.get("apiVersion") != rt.api_version or body.get("kind") != rt.kind:
             raise _ApiError(
                 400,
@@ -1006,6 +1072,8 @@ class FakeApiServer:
                     " the request",
                 )
             meta["namespace"] = namespace
+        if rt is LEASES:
+            _check_micro_times(obj)
         return obj
 
     def _create(self, rt: ResourceType, namespace: str, body: Any) -> JSON:
@@ -1035,7 +1103,8 @@ class FakeApiServer:
                 )
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
-            meta["generation"] = 1
+            if rt.custom:
+                meta["generation"] = 1
             self._commit(rt, "ADDED", key, obj)
         return obj
 

@@ -32,6 +32,7 @@ NAMED_TYPES = frozenset(
     "A AAAA CNAME DNSKEY DS MX NSEC3 NSEC NS PTR RRSIG SOA SRV TXT HTTPS SVCB IXFR AXFR ANY".split()
 )
 DURATION_BUCKETS = tuple(0.00025 * 2**k for k in range(16))
+FIRST_BOUND = DURATION_BUCKETS[0]
 SIZE_BUCKETS = (0, 100, 200, 300, 400, 511, 1023, 2047, 4095, 8291, 16e3, 32e3, 48e3, 64e3)
 
 # A row of numbers. In a wire-cache row QUERY_SIZE and REPLY_SIZE are the shape's fixed sizes
@@ -154,10 +155,18 @@ def _row() -> list[float]:
 
 
 def count_hit(rows: dict[bytes, tuple[Labels, list[float]]], key: bytes, started: float) -> None:
-    """Count a wire-cache hit: the hot path."""
+    """Count a wire-cache hit: the hot path, so `_count` is written out here (a call costs as
+    much as the counting) and the usual sub-0.25 ms case skips the bucket search."""
     found = rows.get(key)
     if found is not None:
-        _count(found[1], perf_counter() - started)
+        row = found[1]
+        seconds = perf_counter() - started
+        row[COUNT] += 1
+        row[SECONDS] += seconds
+        if seconds <= FIRST_BOUND:
+            row[DURATIONS] += 1
+        else:
+            row[DURATIONS + bisect_left(DURATION_BUCKETS, seconds)] += 1
 
 
 def _count(row: list[float], seconds: float) -> None:
