@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,3 +311,12 @@ def recv_framed(sock: socket.socket) -> dns.message.Message:
 def framed(query: dns.message.Message) -> bytes:
     wire = query.to_wire()
     return len(wire).to_bytes(2, "big") + wire
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """GET http://127.0.0.1:PORT/PATH: (status, body), error statuses included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()

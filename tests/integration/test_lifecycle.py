@@ -5,32 +5,22 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from tests.integration.support import StartServer, dig, wait_until
+from tests.integration.support import StartServer, dig, http_get, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def test_sigterm_lameduck(start_server: StartServer) -> None:
     server = start_server("--http", "127.0.0.1:0", "--lameduck", "2s")
     http = int(server.wait_for_log(r"/metrics on 127\.0\.0\.1:(\d+)").group(1))
-    assert get(http, "/ready") == (200, "OK")
+    assert http_get(http, "/ready") == (200, "OK")
     server.proc.send_signal(signal.SIGTERM)
     stopped = time.monotonic()
-    assert wait_until(lambda: get(http, "/ready") == (503, "Shutting down"), timeout=0.5)
-    assert get(http, "/health") == (200, "OK")
+    assert wait_until(lambda: http_get(http, "/ready") == (503, "Shutting down"), timeout=0.5)
+    assert http_get(http, "/health") == (200, "OK")
     answer = dig(server, "web.shop.svc.cluster.local", "+short")
     assert answer.text.split(), "still answering during lameduck"
     assert server.proc.wait(5) == 0

@@ -4,15 +4,13 @@ first sync, answers that follow watch events within a second, and data kept when
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.support import STOP_TIMEOUT, Server, dig, wait_until
+from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, wait_until
 from tests.kubeapi import FakeApiServer
 
 pytestmark = pytest.mark.integration
@@ -37,14 +35,6 @@ def api() -> Iterator[FakeApiServer]:
     server.stop()
 
 
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path) -> None:
     api.fail_next("services", 500, count=4)  # holds the first sync back for a second or more
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
@@ -54,13 +44,13 @@ def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path) -> 
     try:
         server.wait_ready()
         http = int(server.wait_for_log(r"/metrics on 127\.0\.0\.1:(\d+)").group(1))
-        assert get(http, "/health") == (200, "OK")
-        assert get(http, "/ready") == (503, "kubernetes")
+        assert http_get(http, "/health") == (200, "OK")
+        assert http_get(http, "/ready") == (503, "kubernetes")
         unsynced = dig(server, "nothing.shop.svc.cluster.local")
         assert unsynced.status == "SERVFAIL" and "aa" in unsynced.flags
         assert [rr[3] for rr in unsynced.authority] == ["SOA"]
 
-        assert wait_until(lambda: get(http, "/ready") == (200, "OK"), timeout=10)
+        assert wait_until(lambda: http_get(http, "/ready") == (200, "OK"), timeout=10)
         assert dig(server, "web.shop.svc.cluster.local", "+short").text.split() == ["10.96.0.5"]
         assert dig(server, "nothing.shop.svc.cluster.local").status == "NXDOMAIN"
 
@@ -79,8 +69,8 @@ def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path) -> 
         api.stop()  # the API server goes away: keep answering from the last data
         server.wait_for_log(r"still serving the last data", timeout=5)
         assert dig(server, "web.shop.svc.cluster.local", "+short").text.split() == ["10.96.0.6"]
-        assert get(http, "/ready") == (200, "OK")
-        status, metrics = get(http, "/metrics")
+        assert http_get(http, "/ready") == (200, "OK")
+        status, metrics = http_get(http, "/metrics")
         assert status == 200
         assert 'toposdns_watch_restarts_total{reason="error",resource="services"}' in metrics
         assert 'toposdns_kubernetes_api_errors_total{resource="services"}' in metrics
