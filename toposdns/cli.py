@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from toposdns import __version__
 from toposdns.config import (
@@ -123,7 +124,85 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("name", help="the query name, e.g. web.shop.svc.cluster.local")
     explain.add_argument("type", nargs="?", default="A", help="record type (default A)")
     _add_answer_options(explain)
+    _add_controller_parser(commands)
     return parser
+
+
+def _add_controller_parser(commands: argparse._SubParsersAction[Any]) -> None:
+    from toposdns.controller.config import DEFAULT_LABEL_KEYS, LeaseSettings
+
+    lease = LeaseSettings()
+    controller = commands.add_parser(
+        "controller",
+        help="maintain a PodLocator per pod and per node (leader-elected)",
+        description="Watch Pods and Nodes and keep one PodLocator per pod that has an IP and a "
+        "node, and one per node in --namespace. Replicas elect a leader with a Lease; only "
+        "the leader writes.",
+    )
+    controller.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="this kubeconfig (default: in-cluster, else ~/.kube/config)",
+    )
+    controller.add_argument(
+        "--namespace",
+        required=True,
+        metavar="NS",
+        help="where node locators and the Lease live (in a pod: $(POD_NAMESPACE))",
+    )
+    controller.add_argument(
+        "--http", required=True, metavar="HOST:PORT", help="serve /health, /ready and /metrics"
+    )
+    controller.add_argument(
+        "--node-label-keys",
+        action="append",
+        default=[],
+        metavar="KEY[,KEY]",
+        help=f"copy these node labels too, repeatable (always: {', '.join(DEFAULT_LABEL_KEYS)})",
+    )
+    controller.add_argument(
+        "--node-label-prefixes",
+        action="append",
+        default=[],
+        metavar="PREFIX[,PREFIX]",
+        help="copy the node labels whose keys start so, e.g. topology.kubernetes.io/",
+    )
+    controller.add_argument("--lease-name", default=lease.name, help="default %(default)s")
+    controller.add_argument(
+        "--lease-duration",
+        default=f"{lease.duration:g}s",
+        metavar="DURATION",
+        help="how long an unrenewed lease holds (default %(default)s)",
+    )
+    controller.add_argument(
+        "--renew-deadline",
+        default=f"{lease.renew_deadline:g}s",
+        metavar="DURATION",
+        help="the leader stops writing when it cannot renew for this long (default %(default)s)",
+    )
+    controller.add_argument(
+        "--retry-period",
+        default=f"{lease.retry_period:g}s",
+        metavar="DURATION",
+        help="how often to try to acquire or renew the lease (default %(default)s)",
+    )
+    controller.add_argument(
+        "--identity",
+        default="",
+        help="this replica's name in the lease (default: $POD_NAME, else hostname_random)",
+    )
+    controller.add_argument(
+        "--writes-per-second",
+        type=float,
+        default=50.0,
+        metavar="N",
+        help="API write rate limit, token bucket (default %(default)g; 0: no limit)",
+    )
+    controller.add_argument("--log-format", choices=("text", "json"), default="text")
+    controller.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info"
+    )
 
 
 def _add_answer_options(parser: argparse.ArgumentParser) -> None:
@@ -172,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "explain":
         return _explain(args)
+    if args.command == "controller":
+        return _controller(args)
     return _serve(args)
 
 
@@ -240,5 +321,55 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", args.listen, exc)
+        return 1
+    return 0
+
+
+def _controller(args: argparse.Namespace) -> int:
+    from toposdns.controller.app import run_controller
+    from toposdns.controller.config import (
+        ControllerConfig,
+        LabelFilter,
+        LeaseSettings,
+        check_lease,
+        check_namespace,
+        check_rate,
+        parse_label_keys,
+        parse_label_prefixes,
+    )
+    from toposdns.server import run
+    from toposdns.source.watch import ConnectError
+
+    configure_logging(args.log_level, args.log_format)
+    try:
+        config = ControllerConfig(
+            namespace=check_namespace(args.namespace),
+            labels=LabelFilter(
+                parse_label_keys(args.node_label_keys),
+                parse_label_prefixes(args.node_label_prefixes),
+            ),
+            lease=check_lease(
+                LeaseSettings(
+                    name=args.lease_name,
+                    duration=parse_duration(args.lease_duration, "--lease-duration"),
+                    renew_deadline=parse_duration(args.renew_deadline, "--renew-deadline"),
+                    retry_period=parse_duration(args.retry_period, "--retry-period"),
+                )
+            ),
+            identity=args.identity,
+            writes_per_second=check_rate(args.writes_per_second),
+            http=parse_listen(args.http, "--http"),
+            kubeconfig=args.kubeconfig,
+        )
+    except ConfigError as exc:
+        print(f"toposdns controller: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run(run_controller(config))
+    except ConnectError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot serve HTTP on %s: %s", args.http, exc)
         return 1
     return 0

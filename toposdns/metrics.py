@@ -44,3 +44,27 @@ FORWARD_HEALTHCHECK_BROKEN = Counter(
 CACHE_ENTRIES = Gauge("coredns_cache_entries", "Entries in the forward cache.", ["server", "type"])
 CACHE_HITS = Counter("coredns_cache_hits", "Forward cache hits.", ["server", "type"])
 CACHE_MISSES = Counter("coredns_cache_misses", "Forward cache misses.", ["server"])
+
+# The PodLocator controller (`toposdns controller`).
+CONTROLLER_WRITES = Counter(
+    "toposdns_controller_writes",
+    "Requests the controller made for PodLocators, by verb (get, create, update, delete) and "
+    "result (ok, not_found, conflict, throttled, server_error, network, error).",
+    ["verb", "result"],
+)
+CONTROLLER_QUEUE_DEPTH = Gauge(
+    "toposdns_controller_queue_depth", "Locator keys waiting to be reconciled."
+)
+CONTROLLER_LEADER = Gauge(
+    "toposdns_controller_leader", "1 while this replica holds the leader Lease (and writes)."
+)
+CONTROLLER_LEADER_TRANSITIONS = Counter(
+    "toposdns_controller_leader_transitions",
+    "Times this replica became leader or stopped being leader, by direction (acquired, lost).",
+    ["direction"],
+)
+CONTROLLER_LOCATORS = Gauge(
+    "toposdns_controller_locators",
+    "PodLocators managed by toposdns that the controller sees, by kind (pod, node).",
+    ["kind"],
+)

@@ -71,7 +71,7 @@ def comparable(snap: Snapshot) -> dict[str, Any]:
         },
         "locators": {k: v.addresses for k, v in snap.locators.items()},
         "node_locators": dict(snap.node_locators),
-        "pod_ips": set(snap.pod_ips),  # type: ignore[call-overload]
+        "shared_ips": {k: {(h.namespace, h.name) for h in v} for k, v in snap.shared_ips.items()},
         "policies": dict(snap.policies),
     }
 
@@ -124,4 +124,4 @@ def test_pod_locators_win_over_node_locators() -> None:
     assert builder.snapshot(1).locators["10.0.0.1"] is pod
     builder.remove(PodLocator, "a", "p")
     snap = builder.snapshot(2)
-    assert snap.locators["10.0.0.1"] is node and ("a", "10.0.0.1") not in snap.pod_ips
+    assert snap.locators["10.0.0.1"] is node and not snap.holds_pod("a", "10.0.0.1")

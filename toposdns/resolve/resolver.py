@@ -290,7 +290,7 @@ class _Lookup:
             ip = canonical_ip(address)
         except ValueError:
             raise NotFound from None
-        if mode == "verified" and (request.namespace, ip) not in self.snap.pod_ips:
+        if mode == "verified" and not self.snap.holds_pod(request.namespace, ip):
             raise NotFound
         key = (request.service, request.namespace, POD) + self.zone
         return [_Entry(ip, 0, key)]

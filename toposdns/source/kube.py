@@ -90,15 +90,14 @@ class KubeSource:
 
     # The reflectors' sink.
 
-    def replace(self, resource: Resource, objects: list[Object]) -> None:
-        records: list[Record] = []
-        kept: set[tuple[str, str]] = set()
-        for obj in objects:
-            record = self.convert(obj)
-            if record is None:
-                kept.add(object_key(obj))  # keep the last good version of a now-bad object
-            else:
-                records.append(record)
+    def prepare(self, resource: Resource, obj: Object) -> Record | tuple[str, str]:
+        """The record; for a malformed object its key, so its last good version is kept."""
+        record = self.convert(obj)
+        return object_key(obj) if record is None else record
+
+    def replace(self, resource: Resource, items: list[Record | tuple[str, str]]) -> None:
+        records = [item for item in items if not isinstance(item, tuple)]
+        kept = {item for item in items if isinstance(item, tuple)}
         changed = self.builder.replace_all(RESOURCES[resource], records, keep=kept)
         if resource.name not in self.synced:
             self.synced.add(resource.name)

@@ -16,6 +16,7 @@ sink's business: the DNS source turns them into store records, the controller in
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import random
@@ -138,10 +139,15 @@ class WatchSettings:
 
 
 class Sink(Protocol):
-    """Where a reflector delivers what it sees."""
+    """Where a reflector delivers what it sees.
 
-    def replace(self, resource: Resource, objects: list[Object]) -> None:
-        """A complete list: the stored objects of this resource become exactly these."""
+    A sink may also have `prepare(resource, obj)`: each listed object is then passed through it
+    as its page arrives, and `replace` gets the results, so that a list of 100,000 objects never
+    holds all their raw JSON at once.
+    """
+
+    def replace(self, resource: Resource, items: list[Any]) -> None:
+        """A complete list: the stored objects become exactly these."""
 
     def upsert(self, resource: Resource, obj: Object) -> None:
         """An object was added or modified."""
@@ -158,6 +164,9 @@ class Reflector:
         self.call = resource.call(apis)
         self.sink = sink
         self.settings = settings
+        self.prepare: Callable[[Resource, Object], Any] = getattr(
+            sink, "prepare", lambda _resource, obj: obj
+        )
 
     async def run(self) -> None:
         """Forever: list when needed, watch, back off on failures."""
@@ -189,20 +198,24 @@ class Reflector:
 
     async def list(self) -> str:
         """List every object in pages, hand them over at once; return the list's version."""
-        objects: list[Object] = []
+        items: list[Any] = []
         token: str | None = None
         while True:
             body = await self.request(limit=self.settings.page_size, _continue=token)
             metadata = body.get("metadata") or {}
-            for item in body.get("items") or []:
-                if isinstance(item, dict):
+            for obj in body.get("items") or []:
+                if isinstance(obj, dict):
                     # Typed lists leave kind and apiVersion out of their items.
-                    item.setdefault("kind", self.resource.kind)
-                    item.setdefault("apiVersion", self.resource.api_version)
-                    objects.append(item)
+                    obj.setdefault("kind", self.resource.kind)
+                    obj.setdefault("apiVersion", self.resource.api_version)
+                    items.append(self.prepare(self.resource, obj))
+            # What survives a page lives as long as the data: keep the cyclic collector from
+            # scanning it again and again (full collections of 100,000s of objects take
+            # most of a large sync otherwise).
+            gc.freeze()
             token = metadata.get("continue") or None
             if token is None:
-                self.sink.replace(self.resource, objects)
+                self.sink.replace(self.resource, items)
                 return str(metadata.get("resourceVersion", ""))
 
     async def request(self, **params: Any) -> Object:

@@ -48,11 +48,12 @@ class StoreBuilder:
         self._by_service: dict[Key, tuple[EndpointSlice, ...]] = {}
         self._service_ips: dict[str, tuple[Service, ...]] = {}
         self._endpoint_ips: dict[str, tuple[SliceRef, ...]] = {}
-        self._ip_locators: dict[str, dict[Key, PodLocator]] = {}
+        #: The locator placing each address; `_shared` has every claimant of the few
+        #: addresses several locators claim (kept apart: one tuple per address costs memory).
         self._combined: dict[str, PodLocator] = {}
+        self._shared: dict[str, tuple[PodLocator, ...]] = {}
         self._node_holders: dict[str, dict[Key, PodLocator]] = {}
         self._node_locators: dict[str, PodLocator] = {}
-        self._pod_ips: dict[Key, int] = {}
         self._policies: dict[Key, Policy] = {}
         self._dirty: set[str] = set()
         self._last = Snapshot()
@@ -140,8 +141,8 @@ class StoreBuilder:
             fields["namespaces"] = frozenset(self._namespaces)
         if "locators" in dirty:
             fields["locators"] = dict(self._combined)
+            fields["shared_ips"] = dict(self._shared)
             fields["node_locators"] = dict(self._node_locators)
-            fields["pod_ips"] = dict(self._pod_ips)
         if "policies" in dirty:
             fields["policies"] = dict(self._policies)
         self._last = replace(self._last, **fields)  # type: ignore[arg-type]
@@ -231,13 +232,14 @@ class StoreBuilder:
             node = locator.node_name or locator.name
             self._node_holders.setdefault(node, {})[key] = locator
             self._node_locators[node] = _first(self._node_holders[node])
-        for ip in dict.fromkeys(canonical_ip(a) for a in locator.addresses):
-            self._ip_locators.setdefault(ip, {})[key] = locator
-            self._combine(ip)
-            if not locator.is_node:
-                self._pod_ips[(locator.namespace, ip)] = (
-                    self._pod_ips.get((locator.namespace, ip), 0) + 1
-                )
+        for ip in dict.fromkeys(locator.addresses):  # canonical already
+            current = self._combined.get(ip)
+            if current is None:
+                self._combined[ip] = locator  # the usual case: one locator per address
+                continue
+            holders = self._shared.get(ip, (current,)) + (locator,)
+            self._shared[ip] = holders
+            self._combined[ip] = _choose(holders)
         self._dirty.add("locators")
         return True
 
@@ -252,29 +254,29 @@ class StoreBuilder:
             else:
                 self._node_holders.pop(node, None)
                 self._node_locators.pop(node, None)
-        for ip in dict.fromkeys(canonical_ip(a) for a in locator.addresses):
-            holders = self._ip_locators.get(ip, {})
-            holders.pop(key, None)
-            if not holders:
-                self._ip_locators.pop(ip, None)
-            self._combine(ip)
-            if not locator.is_node:
-                count = self._pod_ips.get((locator.namespace, ip), 0) - 1
-                _set_or_drop(self._pod_ips, (locator.namespace, ip), count)
+        for ip in dict.fromkeys(locator.addresses):  # canonical already
+            shared = self._shared.get(ip)
+            if shared is None:
+                if self._combined.get(ip) is locator:
+                    del self._combined[ip]
+                continue
+            rest = tuple(held for held in shared if held is not locator)
+            if len(rest) > 1:
+                self._shared[ip] = rest
+            else:
+                del self._shared[ip]
+            self._combined[ip] = _choose(rest)
         self._dirty.add("locators")
 
-    def _combine(self, ip: str) -> None:
-        """Which locator places an IP: a pod locator, else a node locator.
 
-        Two objects claiming one address is a transient state (a pod replaced, its IP reused);
-        the lowest namespace/name wins, so the choice does not depend on event order.
-        """
-        holders = self._ip_locators.get(ip, {})
-        if not holders:
-            self._combined.pop(ip, None)
-            return
-        pods = {key: loc for key, loc in holders.items() if not loc.is_node}
-        self._combined[ip] = _first(pods or holders)
+def _choose(holders: tuple[PodLocator, ...]) -> PodLocator:
+    """Which of several locators claiming an address places it: a pod's over a node's.
+
+    Two objects claiming one address is a transient state (a pod replaced, its IP reused);
+    the lowest namespace/name wins, so the choice does not depend on event order.
+    """
+    pods = [held for held in holders if not held.is_node] or list(holders)
+    return min(pods, key=lambda held: (held.namespace, held.name))
 
 
 def _first(holders: dict[Key, PodLocator]) -> PodLocator:

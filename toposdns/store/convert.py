@@ -7,6 +7,7 @@ operator from a snapshot file and from the live API.
 from __future__ import annotations
 
 import ipaddress
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,7 +41,9 @@ KINDS = {
 class ObjectError(ValueError):
     """A Kubernetes object that cannot be served, with where and why."""
 
-    def __init__(self, obj: str, field: str, reason: str) -> None:
+    def __init__(self, obj: Any, field: str, reason: str) -> None:
+        # `obj` is the raw object, named only now: naming every good object costs a sync dearly.
+        obj = obj if isinstance(obj, str) else describe(obj)
         super().__init__(f"{obj}: {field}: {reason}" if field else f"{obj}: {reason}")
         self.obj = obj
         self.field = field
@@ -60,7 +63,7 @@ def describe(raw: Any) -> str:
 
 def convert_object(raw: Any) -> Record:
     """Convert one raw object; raise ObjectError if it is malformed or of an unknown kind."""
-    obj = describe(raw)
+    obj = raw
     if not isinstance(raw, Mapping):
         raise ObjectError(obj, "", "not a mapping")
     key = (raw.get("apiVersion"), raw.get("kind"))
@@ -73,7 +76,7 @@ def convert_object(raw: Any) -> Record:
     name = _str(meta.get("name"), obj, "metadata.name", required=True)
     if key[1] == "Namespace":
         return Namespace(name)
-    namespace = _str(meta.get("namespace"), obj, "metadata.namespace", required=True)
+    namespace = sys.intern(_str(meta.get("namespace"), obj, "metadata.namespace", required=True))
     if key[1] == "Service":
         return _service(raw, obj, namespace, name, meta)
     if key[1] == "EndpointSlice":
@@ -82,7 +85,7 @@ def convert_object(raw: Any) -> Record:
 
 
 def _service(
-    raw: Mapping[str, Any], obj: str, namespace: str, name: str, meta: Mapping[str, Any]
+    raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
 ) -> Service:
     spec = _mapping(raw.get("spec"), obj, "spec")
     svc_type = _str(spec.get("type"), obj, "spec.type") or "ClusterIP"
@@ -137,7 +140,7 @@ def _service(
 
 
 def _endpoint_slice(
-    raw: Mapping[str, Any], obj: str, namespace: str, name: str, meta: Mapping[str, Any]
+    raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
 ) -> EndpointSlice:
     labels = _mapping(meta.get("labels"), obj, "metadata.labels")
     service = _str(labels.get(SERVICE_NAME_LABEL), obj, f"metadata.labels[{SERVICE_NAME_LABEL}]")
@@ -175,8 +178,8 @@ def _endpoint_slice(
                 hostname=_str(ep.get("hostname"), obj, f"{where}.hostname"),
                 # Longer pod names are not valid DNS labels; CoreDNS drops them at conversion.
                 pod_name=pod_name if len(pod_name) < 64 else "",
-                node_name=_str(ep.get("nodeName"), obj, f"{where}.nodeName"),
-                zone=_str(ep.get("zone"), obj, f"{where}.zone"),
+                node_name=sys.intern(_str(ep.get("nodeName"), obj, f"{where}.nodeName")),
+                zone=sys.intern(_str(ep.get("zone"), obj, f"{where}.zone")),
                 hint_zones=hint_zones,
             )
         )
@@ -187,10 +190,11 @@ def _endpoint_slice(
 
 
 def _pod_locator(
-    raw: Mapping[str, Any], obj: str, namespace: str, name: str, meta: Mapping[str, Any]
+    raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
 ) -> PodLocator:
     addresses = tuple(
-        _ip(a, obj, "addresses") for a in _list(raw.get("addresses"), obj, "addresses")
+        _ip(a, obj, "addresses", canonical=True)
+        for a in _list(raw.get("addresses"), obj, "addresses")
     )
     labels = _mapping(raw.get("nodeLabels"), obj, "nodeLabels")
     node_labels = _intern_labels(
@@ -201,7 +205,7 @@ def _pod_locator(
         namespace=namespace,
         name=name,
         addresses=addresses,
-        node_name=_str(raw.get("nodeName"), obj, "nodeName"),
+        node_name=sys.intern(_str(raw.get("nodeName"), obj, "nodeName")),
         node_labels=node_labels,
         is_node=meta_labels.get(NODE_LOCATOR_LABEL) == "node",
     )
@@ -222,7 +226,7 @@ def _intern_labels(labels: dict[str, str]) -> dict[str, str]:
     return shared
 
 
-def _port(raw: Any, obj: str, where: str) -> Port:
+def _port(raw: Any, obj: Any, where: str) -> Port:
     raw = _mapping(raw, obj, where)
     number = raw.get("port")
     if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number <= 65535:
@@ -234,16 +238,17 @@ def _port(raw: Any, obj: str, where: str) -> Port:
     return Port(_str(raw.get("name"), obj, f"{where}.name"), protocol, number)
 
 
-def _ip(value: Any, obj: str, field: str) -> str:
+def _ip(value: Any, obj: Any, field: str, canonical: bool = False) -> str:
+    """The address as written (endpoint names are made from it), or in canonical form."""
     text = _str(value, obj, field, required=True)
     try:
-        ipaddress.ip_address(text)
+        ip = ipaddress.ip_address(text)
     except ValueError:
         raise ObjectError(obj, field, f"not an IP address: {text!r}") from None
-    return text
+    return str(ip) if canonical else text
 
 
-def _str(value: Any, obj: str, field: str, required: bool = False) -> str:
+def _str(value: Any, obj: Any, field: str, required: bool = False) -> str:
     if value is None:
         if required:
             raise ObjectError(obj, field, "is required")
@@ -255,7 +260,7 @@ def _str(value: Any, obj: str, field: str, required: bool = False) -> str:
     return value
 
 
-def _mapping(value: Any, obj: str, field: str) -> Mapping[str, Any]:
+def _mapping(value: Any, obj: Any, field: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -263,7 +268,7 @@ def _mapping(value: Any, obj: str, field: str) -> Mapping[str, Any]:
     return value
 
 
-def _list(value: Any, obj: str, field: str) -> list[Any]:
+def _list(value: Any, obj: Any, field: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):

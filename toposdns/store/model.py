@@ -92,6 +92,7 @@ class PodLocator:
 
     namespace: str
     name: str
+    #: In canonical form (convert.py makes them so), the form the indexes use.
     addresses: tuple[str, ...]
     node_name: str
     node_labels: Mapping[str, str]

@@ -6,7 +6,7 @@ sees one consistent view of the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service
@@ -31,11 +31,19 @@ class Snapshot:
     locators: Mapping[str, PodLocator] = field(default_factory=dict)
     #: Node name -> that node's locator.
     node_locators: Mapping[str, PodLocator] = field(default_factory=dict)
-    #: (namespace, canonical IP) of every pod locator, for `--pods verified`.
-    pod_ips: Container[tuple[str, str]] = frozenset()
+    #: Canonical IP -> every locator claiming it, for the few addresses claimed twice.
+    shared_ips: Mapping[str, tuple[PodLocator, ...]] = field(default_factory=dict)
     #: Headless services that ask for a topology policy, valid or not, by (namespace, name).
     policies: Mapping[tuple[str, str], Policy] = field(default_factory=dict)
     #: SOA serial: unix seconds of the last change that DNS can see.
     serial: int = 0
     #: False until every source has delivered its first full list (live source only).
     synced: bool = True
+
+    def holds_pod(self, namespace: str, ip: str) -> bool:
+        """True if a pod's PodLocator in `namespace` holds `ip` (canonical): `--pods verified`."""
+        holders = self.shared_ips.get(ip)
+        if holders is None:
+            locator = self.locators.get(ip)
+            holders = () if locator is None else (locator,)
+        return any(not held.is_node and held.namespace == namespace for held in holders)

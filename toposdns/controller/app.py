@@ -1,0 +1,276 @@
+"""The controller assembled: reflectors -> caches -> work queue -> writer, under a leader lease.
+
+Every replica watches Pods, Nodes and PodLocators (so its caches are warm and a failover is
+quick); only the leader writes. Writing starts once the first lists of all three have arrived
+and this replica leads: then every key is reconciled once (which also deletes the strays left
+while no controller ran), and after that each key whose pod, node or locator changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from toposdns import __version__
+from toposdns.controller.config import ControllerConfig
+from toposdns.controller.elector import LeaseElector
+from toposdns.controller.queue import TokenBucket, WorkQueue
+from toposdns.controller.state import NODES, PODS, WATCHED, ClusterState, Key
+from toposdns.controller.writer import LocatorWriter, NotLeader, Retry
+from toposdns.metrics import CONTROLLER_QUEUE_DEPTH
+from toposdns.serve.http import HttpServer
+from toposdns.source.watch import (
+    Apis,
+    Object,
+    Reflector,
+    Resource,
+    Sink,
+    WatchSettings,
+    apis_of,
+    connect,
+)
+
+log = logging.getLogger("toposdns")
+
+#: How often at most a failed-write summary is logged.
+RETRY_LOG_INTERVAL = 10.0
+
+
+def default_identity() -> str:
+    """$POD_NAME if set, else the hostname and a random suffix (as client-go examples do)."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def _pick(obj: Any, *names: str) -> dict[str, Any]:
+    return {n: obj[n] for n in names if n in obj} if isinstance(obj, dict) else {}
+
+
+def slim_pod(pod: Object) -> Object:
+    """Only what `pod_facts` reads, so a list of every pod in the cluster stays small."""
+    return {
+        "metadata": _pick(pod.get("metadata"), "name", "namespace", "uid", "resourceVersion"),
+        "spec": _pick(pod.get("spec"), "nodeName"),
+        "status": _pick(pod.get("status"), "phase", "podIP", "podIPs"),
+    }
+
+
+def slim_node(node: Object) -> Object:
+    """Only what `node_facts` reads."""
+    return {
+        "metadata": _pick(node.get("metadata"), "name", "uid", "labels", "resourceVersion"),
+        "status": _pick(node.get("status"), "addresses"),
+    }
+
+
+class SlimReflector(Reflector):
+    """A Reflector whose list pages are slimmed as they arrive, so that the whole list it hands
+    over at once holds only the fields the controller reads (watch events are slimmed at once
+    by the sink)."""
+
+    def __init__(
+        self,
+        apis: Apis,
+        resource: Resource,
+        sink: Sink,
+        settings: WatchSettings,
+        slim: Callable[[Object], Object],
+    ) -> None:
+        super().__init__(apis, resource, sink, settings)
+        self.slim = slim
+
+    async def request(self, **params: Any) -> Object:
+        """One LIST page, decoded, its items slimmed."""
+        body = await super().request(**params)
+        items = body.get("items")
+        if isinstance(items, list):
+            body["items"] = [self.slim(i) for i in items if isinstance(i, dict)]
+        return body
+
+
+SLIMMERS: dict[str, Callable[[Object], Object]] = {
+    PODS.name: slim_pod,
+    NODES.name: slim_node,
+}
+
+
+class Controller:
+    """One controller replica: watches always, writes while leading."""
+
+    def __init__(
+        self, apis: Apis, config: ControllerConfig, settings: WatchSettings | None = None
+    ) -> None:
+        self.apis = apis
+        self.config = config
+        self.settings = settings or WatchSettings()
+        self.identity = config.identity or default_identity()
+        self.state = ClusterState(config, self._changed, self._update)
+        self.queue: WorkQueue[Key] = WorkQueue(
+            config.backoff_initial, config.backoff_max, depth=CONTROLLER_QUEUE_DEPTH.set
+        )
+        self.bucket = TokenBucket(config.writes_per_second)
+        self.elector = LeaseElector(
+            apis,
+            config.namespace,
+            config.lease,
+            self.identity,
+            lambda leading: self._update(),
+            config.request_timeout,
+        )
+        self.writer = LocatorWriter(apis, self.state, config, self.bucket, self.elector.may_write)
+        self.active = False
+        self.stopping = False
+        self._workers: list[asyncio.Task[None]] = []
+        self._resync_started: float | None = None
+        self._failed = 0
+        self._last_retry_log = 0.0
+
+    def not_ready(self) -> str | None:
+        """None once the first lists have arrived (leader or not), else why not ready."""
+        if self.stopping:
+            return "Shutting down"
+        if not self.state.synced:
+            missing = [r.name for r in WATCHED if r.name not in self.state.listed]
+            return "not listed yet: " + ", ".join(missing)
+        return None
+
+    async def run(self) -> None:
+        """Watch and compete for the lease until cancelled."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for resource in WATCHED:
+                    slim = SLIMMERS.get(resource.name)
+                    reflector = (
+                        SlimReflector(self.apis, resource, self.state, self.settings, slim)
+                        if slim is not None
+                        else Reflector(self.apis, resource, self.state, self.settings)
+                    )
+                    group.create_task(reflector.run(), name=f"watch {resource.name}")
+                group.create_task(self.elector.run(), name="leader election")
+        finally:
+            self._deactivate()
+
+    async def stop(self, task: asyncio.Task[None] | None = None) -> None:
+        """Stop writing, stop `task` (the one running `run()`), then release the lease."""
+        self.stopping = True
+        workers = self._deactivate()
+        await asyncio.gather(*workers, return_exceptions=True)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.elector.release()
+
+    # ----- activation: leading and synced -----
+
+    def _update(self) -> None:
+        """Start or stop the writers as leadership and sync come and go."""
+        should = self.elector.leading and self.state.synced and not self.stopping
+        if should and not self.active:
+            self.active = True
+            keys = self.state.keys()
+            log.info("reconciling every locator (%d keys) as leader", len(keys))
+            self._resync_started = time.monotonic()
+            self.writer.counts = dict.fromkeys(self.writer.counts, 0)
+            for key in keys:
+                self.queue.add(key, self.config.coalesce)
+            self._workers = [
+                asyncio.create_task(self._work(), name=f"locator writer {i}")
+                for i in range(max(1, self.config.workers))
+            ]
+        elif not should and self.active:
+            self._deactivate()
+
+    def _deactivate(self) -> list[asyncio.Task[None]]:
+        """Stop the writers and forget the queue; returns the cancelled tasks."""
+        workers, self._workers = self._workers, []
+        for task in workers:
+            task.cancel()
+        if self.active:
+            self.active = False
+            self.queue.clear()
+        return workers
+
+    def _changed(self, keys: Iterable[Key]) -> None:
+        if self.active:
+            for key in keys:
+                self.queue.add(key, self.config.coalesce)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.writer.sync(key)
+            except Retry as exc:
+                self._retrying(key, exc)
+            except NotLeader:
+                pass  # the writers are being stopped
+            except Exception:
+                log.exception("reconciling PodLocator %s/%s failed; retrying", *key)
+                self.queue.retry(key)
+            else:
+                self.queue.forget(key)
+            finally:
+                self.queue.done(key)
+            if self._resync_started is not None and self.queue.idle:
+                counts = self.writer.counts
+                log.info(
+                    "every locator reconciled in %.1fs: %d created, %d updated, %d deleted",
+                    time.monotonic() - self._resync_started,
+                    counts["create"],
+                    counts["update"],
+                    counts["delete"],
+                )
+                self._resync_started = None
+
+    def _retrying(self, key: Key, exc: Retry) -> None:
+        self.queue.retry(key, exc.after)
+        self._failed += 1
+        now = time.monotonic()
+        if now - self._last_retry_log >= RETRY_LOG_INTERVAL:
+            log.warning("%d locator writes to retry, e.g. %s", self._failed, exc)
+            self._last_retry_log, self._failed = now, 0
+
+
+async def run_controller(config: ControllerConfig) -> None:
+    """Run the controller until SIGTERM or SIGINT, then release the lease.
+
+    Raises ConnectError when the cluster cannot be reached at all, OSError when the HTTP
+    address cannot be bound."""
+    api_client = await connect(config.kubeconfig)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(api_client.close)
+        controller = Controller(apis_of(api_client), config)
+        api_client.user_agent = f"toposdns/{__version__} controller ({controller.identity})"
+        if config.http is not None:
+            http = HttpServer(controller.not_ready)
+            port = await http.start(*config.http)
+            stack.push_async_callback(http.stop)
+            log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
+        log.info(
+            "controller %s: locators for pods and nodes, node locators and Lease %s in "
+            "namespace %s",
+            controller.identity,
+            config.lease.name,
+            config.namespace,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        task = asyncio.create_task(controller.run(), name="controller")
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        failed = task.done() and not task.cancelled() and task.exception() is not None
+        log.info("shutting down")
+        await controller.stop(task)
+        if failed:
+            raise task.exception()  # type: ignore[misc]
+        log.info("stopped")

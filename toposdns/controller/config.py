@@ -1,0 +1,157 @@
+"""The controller's settings, validated from the command line; no I/O here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toposdns.config import ConfigError
+
+#: The node labels topology needs, copied by default.
+DEFAULT_LABEL_KEYS = (
+    "kubernetes.io/hostname",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+)
+#: client-go's leader election jitter factor: the renew deadline must exceed retry period x this.
+JITTER_FACTOR = 1.2
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_KEY_CHARS = re.compile(r"[-A-Za-z0-9_./]+")
+
+
+@dataclass(frozen=True, slots=True)
+class LabelFilter:
+    """Which node labels a locator carries: these exact keys, and keys with these prefixes."""
+
+    keys: frozenset[str] = frozenset(DEFAULT_LABEL_KEYS)
+    prefixes: tuple[str, ...] = ()
+
+    def wants(self, key: str) -> bool:
+        """True if a label with this key is copied."""
+        return key in self.keys or any(key.startswith(p) for p in self.prefixes)
+
+    def select(self, labels: Mapping[str, object]) -> dict[str, str]:
+        """The copied labels (string values only), sorted by key."""
+        return {
+            k: v for k, v in sorted(labels.items()) if isinstance(v, str) and self.wants(str(k))
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    """Leader election timings, as client-go's LeaderElectionConfig (seconds)."""
+
+    name: str = "toposdns-controller"
+    #: How long a lease holds without renewal before another replica may take it.
+    duration: float = 15.0
+    #: How long the leader keeps trying to renew before it stops writing.
+    renew_deadline: float = 10.0
+    #: How often a replica tries to acquire or renew.
+    retry_period: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Everything `toposdns controller` needs."""
+
+    #: Where the node locators and the Lease live.
+    namespace: str
+    labels: LabelFilter = field(default_factory=LabelFilter)
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    #: This replica's holderIdentity in the Lease (empty: pod name or hostname + random).
+    identity: str = ""
+    #: Token bucket rate for API writes (and the re-reads that go with them); 0: unlimited.
+    writes_per_second: float = 50.0
+    #: Writes in flight at once.
+    workers: int = 8
+    #: How long a changed key waits before it is reconciled, so a burst costs one write.
+    coalesce: float = 0.05
+    #: Retry backoff of a key whose write failed: doubles from initial up to max.
+    backoff_initial: float = 0.05
+    backoff_max: float = 30.0
+    #: Timeout of one API request (writes and Lease calls).
+    request_timeout: float = 30.0
+    #: /health, /ready and /metrics address; None for none.
+    http: tuple[str, int] | None = None
+    #: The kubeconfig to use (None: in-cluster, else ~/.kube/config).
+    kubeconfig: Path | None = None
+
+
+def check_namespace(namespace: str) -> str:
+    """A namespace name (a DNS label)."""
+    if not _DNS_LABEL.fullmatch(namespace):
+        raise ConfigError(
+            f"--namespace {namespace!r}: not a namespace name (lower-case letters, digits and "
+            "'-', at most 63); in a pod pass --namespace=$(POD_NAMESPACE)"
+        )
+    return namespace
+
+
+def check_label_key(key: str, option: str) -> str:
+    """A label key: an optional DNS subdomain prefix and '/', then a name of at most 63."""
+    prefix, slash, name = key.rpartition("/")
+    valid = bool(_LABEL_NAME.fullmatch(name)) and (
+        not slash or (len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.fullmatch(prefix)))
+    )
+    if not valid:
+        raise ConfigError(
+            f"{option} {key!r}: not a label key, e.g. topology.kubernetes.io/zone or rack"
+        )
+    return key
+
+
+def parse_label_keys(texts: Iterable[str]) -> frozenset[str]:
+    """Comma-separated `--node-label-keys` values, added to the default keys."""
+    keys = set(DEFAULT_LABEL_KEYS)
+    for text in texts:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            keys.add(check_label_key(part, "--node-label-keys"))
+    return frozenset(keys)
+
+
+def parse_label_prefixes(texts: Iterable[str]) -> tuple[str, ...]:
+    """Comma-separated `--node-label-prefixes` values, e.g. `topology.kubernetes.io/`."""
+    prefixes: list[str] = []
+    for text in texts:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if not _KEY_CHARS.fullmatch(part) or part.count("/") > 1:
+                raise ConfigError(
+                    f"--node-label-prefixes {part!r}: not the start of a label key, "
+                    "e.g. topology.kubernetes.io/"
+                )
+            if part not in prefixes:
+                prefixes.append(part)
+    return tuple(prefixes)
+
+
+def check_lease(lease: LeaseSettings) -> LeaseSettings:
+    """client-go's rules: duration > renew deadline > 1.2 x retry period > 0."""
+    if not lease.name or not _DNS_SUBDOMAIN.fullmatch(lease.name) or len(lease.name) > 253:
+        raise ConfigError(f"--lease-name {lease.name!r}: not an object name, e.g. toposdns")
+    if lease.retry_period <= 0:
+        raise ConfigError("--retry-period: must be positive, e.g. 2s")
+    if lease.renew_deadline <= JITTER_FACTOR * lease.retry_period:
+        raise ConfigError(
+            f"--renew-deadline {lease.renew_deadline:g}s: must be longer than "
+            f"{JITTER_FACTOR} x --retry-period ({lease.retry_period:g}s)"
+        )
+    if lease.duration <= lease.renew_deadline:
+        raise ConfigError(
+            f"--lease-duration {lease.duration:g}s: must be longer than --renew-deadline "
+            f"({lease.renew_deadline:g}s)"
+        )
+    if lease.duration < 1:
+        raise ConfigError("--lease-duration: at least 1s (the Lease counts whole seconds)")
+    return lease
+
+
+def check_rate(rate: float) -> float:
+    """`--writes-per-second`: positive, or 0 for no limit."""
+    if rate < 0:
+        raise ConfigError(f"--writes-per-second {rate:g}: must be positive (or 0: no limit)")
+    return rate

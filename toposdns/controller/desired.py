@@ -1,0 +1,227 @@
+"""What the locators should be: pure functions of Pods and Nodes (raw API objects), no I/O.
+
+A pod gets a locator when it has an IP and a node, and has not finished; a node gets one when it
+has an InternalIP. Only the node labels the configuration selects are copied, so that a node's
+other labels (and its status, which changes every few seconds) never cause a write.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from toposdns.controller.config import ControllerConfig, LabelFilter
+from toposdns.store.convert import NODE_LOCATOR_LABEL
+
+API_VERSION = "toposdns.io/v1alpha1"
+KIND = "PodLocator"
+GROUP, VERSION, PLURAL = "toposdns.io", "v1alpha1", "podlocators"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "toposdns"
+#: Labels the controller sets; any other label on a locator is someone else's and is kept.
+OWN_LABELS = (MANAGED_BY_LABEL, NODE_LOCATOR_LABEL)
+#: The CRD's bound on `addresses`.
+MAX_ADDRESSES = 8
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+Object = dict[str, Any]
+#: What is compared to decide whether a locator needs a write: addresses, nodeName, nodeLabels,
+#: the controller's own labels and the owner references.
+Content = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What of a Pod matters to its locator."""
+
+    uid: str
+    node_name: str
+    addresses: tuple[str, ...]
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What of a Node matters to locators: its selected labels and InternalIPs."""
+
+    name: str
+    uid: str
+    labels: tuple[tuple[str, str], ...]
+    addresses: tuple[str, ...]
+
+
+def usable_address(text: Any) -> str | None:
+    """The address in canonical form if a locator may hold it (the CRD's isGlobalUnicast:
+    not loopback, link-local, multicast, unspecified or broadcast), else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+        return None
+    if ip.version == 4 and int(ip) == 0xFFFFFFFF:
+        return None
+    return str(ip)
+
+
+def _addresses(texts: Iterable[Any]) -> tuple[str, ...]:
+    found: list[str] = []
+    for text in texts:
+        address = usable_address(text)
+        if address is not None and address not in found:
+            found.append(address)
+    return tuple(found[:MAX_ADDRESSES])
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return sys.intern(value) if isinstance(value, str) else ""
+
+
+def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
+    """The facts of a raw Pod; absent or malformed fields count as absent."""
+    meta, spec, status = (_mapping(pod.get(f)) for f in ("metadata", "spec", "status"))
+    listed = status.get("podIPs")
+    listed = listed if isinstance(listed, list) else []
+    ips = [e.get("ip") for e in listed if isinstance(e, Mapping)]
+    # A hostNetwork pod's IPs are its node's. It keeps its locator all the same: a client at
+    # that address is then found by the pod locator or by the node locator, and both name the
+    # same node and labels, so either answer is right.
+    return PodFacts(
+        uid=_text(meta.get("uid")),
+        node_name=_text(spec.get("nodeName")),
+        addresses=_addresses(ips or [status.get("podIP")]),
+        finished=status.get("phase") in FINISHED_PHASES,
+    )
+
+
+def node_facts(node: Mapping[str, Any], labels: LabelFilter) -> NodeFacts:
+    """The facts of a raw Node: the selected labels and the usable InternalIPs."""
+    meta, status = _mapping(node.get("metadata")), _mapping(node.get("status"))
+    listed = status.get("addresses")
+    internal = [
+        a.get("address")
+        for a in (listed if isinstance(listed, list) else [])
+        if isinstance(a, Mapping) and a.get("type") == "InternalIP"
+    ]
+    selected = labels.select(_mapping(meta.get("labels")))
+    return NodeFacts(
+        name=_text(meta.get("name")),
+        uid=_text(meta.get("uid")),
+        labels=tuple((sys.intern(k), sys.intern(v)) for k, v in selected.items()),
+        addresses=_addresses(internal),
+    )
+
+
+def _owner(kind: str, name: str, uid: str) -> Object:
+    # No blockOwnerDeletion: setting it true needs the `update` right on the owner's
+    # finalizers, and nothing needs a pod's deletion to wait for its locator's.
+    return {
+        "apiVersion": "v1",
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": False,
+    }
+
+
+def pod_locator_of(
+    namespace: str, name: str, pod: PodFacts, node: NodeFacts | None
+) -> Object | None:
+    """The locator a pod needs given its facts and its node's (None: it needs none)."""
+    if pod.finished or not pod.addresses or not pod.uid or not pod.node_name:
+        return None
+    if node is None or node.name != pod.node_name:
+        return None  # its node is gone, or not seen yet: nothing to place the pod by
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "ownerReferences": [_owner("Pod", name, pod.uid)],
+        },
+        "addresses": list(pod.addresses),
+        "nodeName": pod.node_name,
+        "nodeLabels": dict(node.labels),
+    }
+
+
+def node_locator_of(namespace: str, node: NodeFacts) -> Object | None:
+    """The locator of a node, in the controller's namespace (None without an InternalIP).
+
+    Its owner is the Node, so that deleting the node deletes it too (a namespaced object may
+    have a cluster-scoped owner)."""
+    if not node.addresses or not node.name:
+        return None
+    metadata: Object = {
+        "name": node.name,
+        "namespace": namespace,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY, NODE_LOCATOR_LABEL: "node"},
+    }
+    if node.uid:
+        metadata["ownerReferences"] = [_owner("Node", node.name, node.uid)]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "addresses": list(node.addresses),
+        "nodeName": node.name,
+        "nodeLabels": dict(node.labels),
+    }
+
+
+def desired(
+    pod: Mapping[str, Any], node: Mapping[str, Any] | None, config: ControllerConfig
+) -> Object | None:
+    """The PodLocator a raw Pod should have, given the raw Node it runs on (None if unknown);
+    None when the pod needs none (no IP, no node, finished, or its node unknown)."""
+    meta = _mapping(pod.get("metadata"))
+    facts = pod_facts(pod)
+    node_info = node_facts(node, config.labels) if node is not None else None
+    return pod_locator_of(_text(meta.get("namespace")), _text(meta.get("name")), facts, node_info)
+
+
+def node_locator(node: Mapping[str, Any], config: ControllerConfig) -> Object | None:
+    """The PodLocator a raw Node should have in the controller's namespace (None: none)."""
+    return node_locator_of(config.namespace, node_facts(node, config.labels))
+
+
+def content_of(locator: Mapping[str, Any]) -> Content:
+    """The part of a locator that the controller decides, comparable across objects (a
+    malformed locator gives a content that differs from every desired one)."""
+    meta = _mapping(locator.get("metadata"))
+    labels = _mapping(meta.get("labels"))
+    addresses = locator.get("addresses")
+    node_labels = _mapping(locator.get("nodeLabels"))
+    owners = meta.get("ownerReferences")
+    return (
+        tuple(_text(a) for a in addresses) if isinstance(addresses, list) else None,
+        _text(locator.get("nodeName")),
+        tuple(sorted((_text(k), _text(v)) for k, v in node_labels.items())),
+        tuple(labels.get(k) for k in OWN_LABELS),
+        tuple(
+            tuple(o.get(f) for f in ("apiVersion", "kind", "name", "uid", "controller"))
+            + (bool(o.get("blockOwnerDeletion")),)
+            for o in owners
+            if isinstance(o, Mapping)
+        )
+        if isinstance(owners, list)
+        else (),
+    )
+
+
+def is_managed(locator: Mapping[str, Any]) -> bool:
+    """True for locators this controller made (and so may change or delete)."""
+    labels = _mapping(_mapping(locator.get("metadata")).get("labels"))
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY
