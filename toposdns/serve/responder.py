@@ -168,6 +168,11 @@ class Responder:
             self.count(data, rejection, transport, 0, "", started)
             return rejection
         try:
+            if query.edns is not None and query.edns.version != 0:
+                # Checked by the server before any plugin sees the query, forwarded or not.
+                badvers = encode_badvers(query)
+                self.count(data, badvers, transport, query.qtype, "", started)
+                return badvers
             if self.forwarder is not None and not self.in_zones(query.name):
                 forwarded = self.forwarded(data, query, transport)
                 return self.counted(forwarded, data, transport, query, started, "forward")
@@ -293,8 +298,6 @@ class Responder:
             # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
             # them with IN records.
             return encode_bare(query, REFUSED), None, NO_LABELS
-        if query.edns is not None and query.edns.version != 0:
-            return encode_badvers(query), None, NO_LABELS
         ecs = query.ecs.address if query.ecs is not None else None
         address, via_ecs = client_address(source, ecs, self.ecs_trust)
         labels = identify(self.snapshot, address, via_ecs).labels
