@@ -548,6 +548,17 @@ class FakeApiServer:
         with self._lock:
             self._failures.setdefault(rt.resource, []).extend([(status, retry_after)] * count)
 
+    def clear_failures(self) -> None:
+        """Forget the failures `fail_next` queued that have not happened yet."""
+        with self._lock:
+            self._failures.clear()
+
+    def count(self, resource: str) -> int:
+        """How many objects of `resource` are stored now."""
+        rt = self._type_named(resource)
+        with self._lock:
+            return len(self._objects[rt.resource])
+
     @property
     def open_watches(self) -> int:
         with self._lock:

@@ -16,23 +16,19 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 from toposdns import __version__
 from toposdns.controller.config import ControllerConfig
 from toposdns.controller.elector import LeaseElector
 from toposdns.controller.queue import TokenBucket, WorkQueue
-from toposdns.controller.state import NODES, PODS, WATCHED, ClusterState, Key
+from toposdns.controller.state import WATCHED, ClusterState, Key
 from toposdns.controller.writer import LocatorWriter, NotLeader, Retry
 from toposdns.metrics import CONTROLLER_QUEUE_DEPTH
 from toposdns.serve.http import HttpServer
 from toposdns.source.watch import (
     Apis,
-    Object,
     Reflector,
-    Resource,
-    Sink,
     WatchSettings,
     apis_of,
     connect,
@@ -47,58 +43,6 @@ RETRY_LOG_INTERVAL = 10.0
 def default_identity() -> str:
     """$POD_NAME if set, else the hostname and a random suffix (as client-go examples do)."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
-def _pick(obj: Any, *names: str) -> dict[str, Any]:
-    return {n: obj[n] for n in names if n in obj} if isinstance(obj, dict) else {}
-
-
-def slim_pod(pod: Object) -> Object:
-    """Only what `pod_facts` reads, so a list of every pod in the cluster stays small."""
-    return {
-        "metadata": _pick(pod.get("metadata"), "name", "namespace", "uid", "resourceVersion"),
-        "spec": _pick(pod.get("spec"), "nodeName"),
-        "status": _pick(pod.get("status"), "phase", "podIP", "podIPs"),
-    }
-
-
-def slim_node(node: Object) -> Object:
-    """Only what `node_facts` reads."""
-    return {
-        "metadata": _pick(node.get("metadata"), "name", "uid", "labels", "resourceVersion"),
-        "status": _pick(node.get("status"), "addresses"),
-    }
-
-
-class SlimReflector(Reflector):
-    """A Reflector whose list pages are slimmed as they arrive, so that the whole list it hands
-    over at once holds only the fields the controller reads (watch events are slimmed at once
-    by the sink)."""
-
-    def __init__(
-        self,
-        apis: Apis,
-        resource: Resource,
-        sink: Sink,
-        settings: WatchSettings,
-        slim: Callable[[Object], Object],
-    ) -> None:
-        super().__init__(apis, resource, sink, settings)
-        self.slim = slim
-
-    async def request(self, **params: Any) -> Object:
-        """One LIST page, decoded, its items slimmed."""
-        body = await super().request(**params)
-        items = body.get("items")
-        if isinstance(items, list):
-            body["items"] = [self.slim(i) for i in items if isinstance(i, dict)]
-        return body
-
-
-SLIMMERS: dict[str, Callable[[Object], Object]] = {
-    PODS.name: slim_pod,
-    NODES.name: slim_node,
-}
 
 
 class Controller:
@@ -146,12 +90,7 @@ class Controller:
         try:
             async with asyncio.TaskGroup() as group:
                 for resource in WATCHED:
-                    slim = SLIMMERS.get(resource.name)
-                    reflector = (
-                        SlimReflector(self.apis, resource, self.state, self.settings, slim)
-                        if slim is not None
-                        else Reflector(self.apis, resource, self.state, self.settings)
-                    )
+                    reflector = Reflector(self.apis, resource, self.state, self.settings)
                     group.create_task(reflector.run(), name=f"watch {resource.name}")
                 group.create_task(self.elector.run(), name="leader election")
         finally:

@@ -78,6 +78,17 @@ def _addresses(texts: Iterable[Any]) -> tuple[str, ...]:
     return tuple(found[:MAX_ADDRESSES])
 
 
+#: One copy of each distinct label set (every locator of a node carries the same one).
+_SHARED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_SHARED_MAX = 65536
+
+
+def _shared(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()  # label sets changed a lot: start again rather than grow
+    return _SHARED.setdefault(value, value)
+
+
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -208,8 +219,8 @@ def content_of(locator: Mapping[str, Any]) -> Content:
     return (
         tuple(_text(a) for a in addresses) if isinstance(addresses, list) else None,
         _text(locator.get("nodeName")),
-        tuple(sorted((_text(k), _text(v)) for k, v in node_labels.items())),
-        tuple(labels.get(k) for k in OWN_LABELS),
+        _shared(tuple(sorted((_text(k), _text(v)) for k, v in node_labels.items()))),
+        _shared(tuple(labels.get(k) for k in OWN_LABELS)),
         tuple(
             tuple(o.get(f) for f in ("apiVersion", "kind", "name", "uid", "controller"))
             + (bool(o.get("blockOwnerDeletion")),)

@@ -101,7 +101,11 @@ class LeaseElector:
     async def run(self) -> None:
         """Compete and renew until cancelled (leadership then stays until `release()`)."""
         while True:
-            acquired = await self.try_acquire_or_renew()
+            try:
+                acquired = await self.try_acquire_or_renew()
+            except Exception:  # a Lease the client cannot handle: keep competing, but say so
+                log.exception("Lease %s: acquiring or renewing failed", self.where)
+                acquired = False
             if acquired and not self.leading:
                 log.info("leading: holding Lease %s as %s", self.where, self.identity)
                 self._set_leading(True)

@@ -42,6 +42,8 @@ PODS = Resource(
 NODES = Resource("nodes", "Node", "v1", lambda a: a.core.list_node_without_preload_content)
 LOCATORS = custom_resource("toposdns.io", "v1alpha1", "podlocators", "PodLocator")
 WATCHED = (PODS, NODES, LOCATORS)
+#: A listed object as `ClusterState.prepare` keeps it: its key, and its facts.
+Prepared = tuple[Key, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,23 +141,36 @@ class ClusterState:
 
     # ----- the reflectors' sink -----
 
-    def replace(self, resource: Resource, objects: list[Object]) -> None:
-        """A complete list of one resource."""
+    def prepare(self, resource: Resource, obj: Object) -> Prepared:
+        """What is kept of a listed object: the reflector calls this as each page arrives, so
+        a list of every pod of a large cluster is held as facts, not JSON, until `replace`."""
         if resource.name == "pods":
-            pods = {k: pod_facts(o) for o in objects if all(k := object_key(o))}
+            return object_key(obj), pod_facts(obj)
+        if resource.name == "nodes":
+            facts = node_facts(obj, self.config.labels)
+            return ("", facts.name), facts
+        return object_key(obj), locator_state(obj)
+
+    def replace(self, resource: Resource, items: list[Any]) -> None:
+        """A complete list of one resource (`prepare`d items, or raw objects)."""
+        prepared: dict[Key, Any] = {}
+        for item in items:
+            key, facts = item if isinstance(item, tuple) else self.prepare(resource, item)
+            if key[1] and (key[0] or resource.name == "nodes"):  # skip the nameless
+                prepared[key] = facts
+        if resource.name == "pods":
+            pods: dict[Key, PodFacts] = prepared
             changed = {k for k in self.pods.keys() | pods.keys() if self.pods.get(k) != pods.get(k)}
             for key in changed:
                 self._set_pod(key, pods.get(key))
         elif resource.name == "nodes":
-            nodes = {
-                f.name: f for f in (node_facts(o, self.config.labels) for o in objects) if f.name
-            }
+            nodes: dict[str, NodeFacts] = {name: f for (_, name), f in prepared.items()}
             changed = set()
             for name in self.nodes.keys() | nodes.keys():
                 if self.nodes.get(name) != nodes.get(name):
                     changed |= self._set_node(name, nodes.get(name))
         else:
-            states = {k: locator_state(o) for o in objects if all(k := object_key(o))}
+            states: dict[Key, LocatorState] = prepared
             changed = {
                 k
                 for k in self.locators.keys() | states.keys()
@@ -166,7 +181,7 @@ class ClusterState:
         first = resource.name not in self.listed
         self.listed.add(resource.name)
         if first:
-            log.info("%s: listed %d", resource.name, len(objects))
+            log.info("%s: listed %d", resource.name, len(items))
         if changed:
             self.changed(changed)
         if first and self.synced:

@@ -1,0 +1,546 @@
+"""The PodLocator controller against the stand-in API server, through the real client.
+
+Each scenario runs one or two `Controller`s in this process's event loop, changes pods and nodes
+in the stand-in, and waits (bounded) for the locators to follow; the stand-in's request log
+shows which writes were made, and by which replica (its user agent names it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.kubeapi import FakeApiServer, RequestRecord
+from toposdns.controller.app import Controller
+from toposdns.controller.config import ControllerConfig, LeaseSettings
+from toposdns.source.watch import WatchSettings, apis_of, connect
+
+NS = "toposdns"
+ZONE = "topology.kubernetes.io/zone"
+WATCH = WatchSettings(inactivity=5.0, watch_seconds=60, backoff_initial=0.05, backoff_max=0.2)
+LEASE = LeaseSettings(duration=1.0, renew_deadline=0.6, retry_period=0.1)
+WRITES = ("POST", "PUT", "DELETE")
+MANAGED = {"app.kubernetes.io/managed-by": "toposdns"}
+
+
+def node(name: str, zone: str, ip: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, ZONE: zone, "beta.kubernetes.io/os": "l"},
+        },
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": ip},
+                {"type": "Hostname", "address": name},
+            ],
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t0"}],
+            **extra,
+        },
+    }
+
+
+def pod(
+    name: str, node_name: str, ip: str | None, ns: str = "shop", **status: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "i"}]},
+        "status": {
+            "phase": "Running",
+            **({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}),
+            **status,
+        },
+    }
+
+
+def locator(name: str, ns: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": {"name": name, "namespace": ns, "labels": dict(MANAGED)},
+        "addresses": ["10.9.9.9"],
+        "nodeName": "n1",
+        "nodeLabels": {ZONE: "z1"},
+        **fields,
+    }
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer(leases=True)
+    server.add(node("n1", "z1", "10.0.0.1"))
+    server.add(node("n2", "z2", "10.0.0.2"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kubeconfig(api: FakeApiServer, tmp_path: Path) -> Path:
+    return api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+def config(identity: str, **overrides: Any) -> ControllerConfig:
+    settings: dict[str, Any] = dict(
+        namespace=NS,
+        lease=LEASE,
+        identity=identity,
+        writes_per_second=0,
+        coalesce=0.01,
+        backoff_initial=0.02,
+        backoff_max=0.2,
+        request_timeout=5.0,
+    )
+    settings.update(overrides)
+    return ControllerConfig(**settings)
+
+
+@asynccontextmanager
+async def running(
+    kubeconfig: Path, identity: str = "c1", **overrides: Any
+) -> AsyncIterator[Controller]:
+    """A controller replica; stopped (lease released) on exit."""
+    client = await connect(kubeconfig)
+    client.user_agent = f"test ({identity})"
+    controller = Controller(apis_of(client), config(identity, **overrides), WATCH)
+    task = asyncio.create_task(controller.run())
+    try:
+        yield controller
+    finally:
+        await controller.stop(task)
+        await client.close()
+
+
+async def until(check: Callable[[], Any], timeout: float = 5.0, what: str = "") -> float:
+    """Wait, bounded, until check() is true; returns how long it took."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout} s: {what or check}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def writes(api: FakeApiServer, since: int = 0) -> list[RequestRecord]:
+    return [r for r in api.requests[since:] if r.resource == "podlocators" and r.method in WRITES]
+
+
+def summary(records: list[RequestRecord]) -> list[tuple[str, str]]:
+    return sorted((r.method, r.path.rsplit("/namespaces/", 1)[-1]) for r in records)
+
+
+def get(api: FakeApiServer, ns: str, name: str) -> dict[str, Any] | None:
+    return api.get("podlocators", ns, name)
+
+
+def zone_of(api: FakeApiServer, ns: str, name: str) -> str | None:
+    found = get(api, ns, name)
+    return found["nodeLabels"].get(ZONE) if found else None
+
+
+def owner_uid(api: FakeApiServer, ns: str, name: str) -> str | None:
+    found = get(api, ns, name)
+    return found["metadata"]["ownerReferences"][0]["uid"] if found else None
+
+
+def uid_of(api: FakeApiServer, resource: str, ns: str | None, name: str) -> str:
+    found = api.get(resource, ns, name)
+    assert found is not None
+    return str(found["metadata"]["uid"])
+
+
+def test_a_pod_appears_moves_finishes_and_disappears(api: FakeApiServer, kubeconfig: Path) -> None:
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: get(api, NS, "n1") and get(api, NS, "n2"), what="node locators")
+            n1 = get(api, NS, "n1")
+            assert n1 is not None
+            assert n1["addresses"] == ["10.0.0.1"] and n1["nodeName"] == "n1"
+            assert n1["metadata"]["labels"] == {**MANAGED, "toposdns.io/locator": "node"}
+            assert n1["nodeLabels"] == {"kubernetes.io/hostname": "n1", ZONE: "z1"}
+
+            api.add(pod("web-0", "n1", None))  # scheduled, no IP yet: no locator
+            api.add(pod("web-1", "n1", "10.1.0.9"))
+            await until(lambda: get(api, "shop", "web-1"))
+            assert get(api, "shop", "web-0") is None
+
+            api.modify(pod("web-0", "n1", "10.1.0.7"))
+            await until(lambda: get(api, "shop", "web-0"))
+            created = get(api, "shop", "web-0")
+            assert created is not None
+            assert created["addresses"] == ["10.1.0.7"] and created["nodeName"] == "n1"
+            assert created["nodeLabels"] == {"kubernetes.io/hostname": "n1", ZONE: "z1"}
+            assert created["metadata"]["labels"] == MANAGED
+            assert created["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": "web-0",
+                    "uid": uid_of(api, "pods", "shop", "web-0"),
+                    "controller": True,
+                    "blockOwnerDeletion": False,
+                }
+            ]
+
+            # Moves: deleted, recreated with the same name on another node (a new uid).
+            api.delete("pods", "shop", "web-0")
+            api.add(pod("web-0", "n2", "10.2.0.3"))
+            new_uid = uid_of(api, "pods", "shop", "web-0")
+            await until(lambda: owner_uid(api, "shop", "web-0") == new_uid, what="moved")
+            moved = get(api, "shop", "web-0")
+            assert moved is not None
+            assert (moved["addresses"], moved["nodeName"]) == (["10.2.0.3"], "n2")
+            assert moved["nodeLabels"][ZONE] == "z2"
+
+            api.delete("pods", "shop", "web-0")
+            await until(lambda: get(api, "shop", "web-0") is None, what="deleted")
+
+            api.modify(pod("web-1", "n1", "10.1.0.9", phase="Succeeded"))
+            await until(lambda: get(api, "shop", "web-1") is None, what="finished")
+            assert get(api, NS, "n1") is not None
+
+    asyncio.run(scenario())
+
+
+def test_a_zone_change_rewrites_every_locator_on_the_node(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    for i in range(3):
+        api.add(pod(f"a{i}", "n1", f"10.1.0.{i + 1}"))
+    api.add(pod("b0", "n2", "10.2.0.1", ns="other"))
+
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 6, what="all locators")
+            mark = len(api.requests)
+            api.modify(node("n1", "z9", "10.0.0.1"))
+            on_n1 = [("shop", "a0"), ("shop", "a1"), ("shop", "a2"), (NS, "n1")]
+            took = await until(lambda: all(zone_of(api, *k) == "z9" for k in on_n1))
+            assert took < 2.0
+            await asyncio.sleep(0.2)  # nothing else follows
+            assert summary(writes(api, mark)) == sorted(
+                ("PUT", f"{ns}/podlocators/{name}") for ns, name in on_n1
+            )
+            assert zone_of(api, "other", "b0") == "z2" and zone_of(api, NS, "n2") == "z2"
+
+    asyncio.run(scenario())
+
+
+def test_node_status_churn_writes_nothing(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.add(pod("a0", "n1", "10.1.0.1"))
+    api.add(pod("b0", "n2", "10.2.0.1"))
+
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 4)
+            mark = len(api.requests)
+            for beat in range(5):  # heartbeats, conditions, images, an unselected label
+                churned = node("n1", "z1", "10.0.0.1", images=[{"names": [f"img{beat}"]}])
+                churned["status"]["conditions"][0]["lastHeartbeatTime"] = f"t{beat + 1}"
+                churned["metadata"]["labels"]["beta.kubernetes.io/os"] = f"l{beat}"
+                api.modify(churned)
+            # A change that does write, after the churn on the same watch: once it is
+            # written, the churn has been seen.
+            api.modify(node("n2", "z7", "10.0.0.2"))
+            await until(
+                lambda: zone_of(api, NS, "n2") == "z7" and zone_of(api, "shop", "b0") == "z7"
+            )
+            await asyncio.sleep(0.1)
+            assert summary(writes(api, mark)) == [
+                ("PUT", "shop/podlocators/b0"),
+                ("PUT", f"{NS}/podlocators/n2"),
+            ]
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_of_changes_costs_one_write_per_key(api: FakeApiServer, kubeconfig: Path) -> None:
+    async def scenario() -> None:
+        async with running(kubeconfig, coalesce=0.2) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 2)
+            mark = len(api.requests)
+            api.add(pod("p", "n1", "10.1.0.1"))
+            for i in range(2, 6):
+                api.modify(pod("p", "n1", f"10.1.0.{i}"))
+            await until(lambda: get(api, "shop", "p"))
+            await asyncio.sleep(0.3)
+            found = get(api, "shop", "p")
+            assert found is not None and found["addresses"] == ["10.1.0.5"]
+            assert summary(writes(api, mark)) == [("POST", "shop/podlocators")]
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_collects_the_strays(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.add(node("n3", "z3", "10.0.0.3"))
+    api.add(pod("kept", "n1", "10.1.0.1"))
+    api.add(pod("gone", "n1", "10.1.0.2"))
+    api.add(pod("on-n3", "n3", "10.3.0.1"))
+    api.add(pod("theirs", "n1", "10.1.0.4"))
+
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 7)
+        # While no controller runs: a pod and a node go (no garbage collector here), a pod
+        # is recreated, locators are left behind by hand.
+        api.delete("pods", "shop", "gone")
+        api.delete("pods", "shop", "on-n3")
+        api.delete("nodes", None, "n3")
+        api.delete("pods", "shop", "kept")
+        api.add(pod("kept", "n1", "10.1.0.1"))
+        api.add(locator("stray", "shop"))  # never had a pod
+        api.add(
+            locator(
+                "n9",
+                NS,
+                metadata={
+                    "name": "n9",
+                    "namespace": NS,
+                    "labels": {**MANAGED, "toposdns.io/locator": "node"},
+                },
+            )
+        )
+        foreign = locator("theirs", "shop", metadata={"name": "theirs", "namespace": "shop"})
+        api.delete("podlocators", "shop", "theirs")
+        api.add(foreign)  # not managed by toposdns: left alone although its pod exists
+        api.add(locator("unowned", "shop", metadata={"name": "unowned", "namespace": "shop"}))
+        mark = len(api.requests)
+
+        async with running(kubeconfig, identity="c2") as controller:
+            await until(lambda: controller.active)
+            await until(lambda: get(api, "shop", "stray") is None and get(api, NS, "n9") is None)
+            await until(
+                lambda: owner_uid(api, "shop", "kept") == uid_of(api, "pods", "shop", "kept")
+            )
+            await until(lambda: get(api, NS, "n3") is None and get(api, "shop", "gone") is None)
+            await asyncio.sleep(0.1)
+        assert summary(writes(api, mark)) == sorted(
+            [
+                ("DELETE", f"{NS}/podlocators/n3"),
+                ("DELETE", f"{NS}/podlocators/n9"),
+                ("DELETE", "shop/podlocators/gone"),
+                ("DELETE", "shop/podlocators/on-n3"),
+                ("DELETE", "shop/podlocators/stray"),
+                ("PUT", "shop/podlocators/kept"),
+            ]
+        )
+        assert get(api, "shop", "theirs") == api.get("podlocators", "shop", "theirs")
+        theirs = get(api, "shop", "theirs")
+        assert theirs is not None and theirs["addresses"] == ["10.9.9.9"]
+        assert get(api, "shop", "unowned") is not None
+
+    asyncio.run(scenario())
+
+
+def user_agents(api: FakeApiServer, since: int = 0) -> set[str]:
+    return {r.headers.get("User-Agent", "") for r in writes(api, since)}
+
+
+def test_two_controllers_one_leader_and_a_quick_takeover(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    api.add(pod("a0", "n1", "10.1.0.1"))
+
+    async def scenario() -> None:
+        first = running(kubeconfig, "c1")
+        c1 = await first.__aenter__()
+        stopped = False
+        try:
+            await until(lambda: c1.active)
+            async with running(kubeconfig, "c2") as c2:
+                await until(lambda: c2.state.synced)
+                await asyncio.sleep(3 * LEASE.retry_period)
+                assert c1.elector.leading and not c2.elector.leading and not c2.active
+                for i in range(1, 4):
+                    api.add(pod(f"a{i}", "n1", f"10.1.0.{i + 1}"))
+                await until(lambda: api.count("podlocators") == 6)
+                assert user_agents(api) == {"test (c1)"}
+                lease = api.get("leases", NS, "toposdns-controller")
+                assert lease is not None and lease["spec"]["holderIdentity"] == "c1"
+
+                # The leader stops: it releases the lease, and the other takes over at once.
+                stopped = True
+                await first.__aexit__(None, None, None)
+                released = time.monotonic()
+                lease = api.get("leases", NS, "toposdns-controller")
+                assert lease is not None
+                assert lease["spec"]["holderIdentity"] in ("", "c2")
+                took = await until(lambda: c2.active, timeout=3.0)
+                assert took < 1.0, "the follower waited for expiry instead of the release"
+                mark = len(api.requests)
+                api.add(pod("b0", "n2", "10.2.0.1"))
+                await until(lambda: get(api, "shop", "b0"))
+                assert user_agents(api, mark) == {"test (c2)"}
+                lease = api.get("leases", NS, "toposdns-controller")
+                assert lease is not None and lease["spec"]["holderIdentity"] == "c2"
+                assert lease["spec"]["leaseTransitions"] == 1
+                assert time.monotonic() - released < 5.0
+        finally:
+            if not stopped:
+                await first.__aexit__(None, None, None)
+
+    asyncio.run(scenario())
+
+
+def test_a_crashed_leader_is_replaced_after_the_lease_expires(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    async def scenario() -> None:
+        async with running(kubeconfig, "c2") as c2:
+            await until(lambda: c2.active)
+            # Another replica that died holding the lease, without releasing it.
+            holder = api.get("leases", NS, "toposdns-controller")
+            assert holder is not None
+        lease = api.get("leases", NS, "toposdns-controller")
+        assert lease is not None and lease["spec"]["holderIdentity"] == ""
+        now = "2026-01-01T00:00:00.000001Z"
+        lease["spec"].update(holderIdentity="dead", leaseDurationSeconds=1, renewTime=now)
+        api.modify(lease)
+        async with running(kubeconfig, "c3") as c3:
+            start = time.monotonic()
+            await until(lambda: c3.state.synced)
+            await asyncio.sleep(0.5)
+            assert not c3.elector.leading, "took a lease that had not expired on its clock"
+            await until(lambda: c3.active, timeout=3.0)
+            assert 1.0 <= time.monotonic() - start < 2.5
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_that_cannot_renew_stops_writing(api: FakeApiServer, kubeconfig: Path) -> None:
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            assert REGISTRY.get_sample_value("toposdns_controller_leader") == 1
+            api.fail_next("leases", 503, count=10_000)
+            took = await until(lambda: not controller.elector.leading, timeout=3.0)
+            assert took <= LEASE.renew_deadline + 1.0
+            assert (
+                not controller.active
+                and REGISTRY.get_sample_value("toposdns_controller_leader") == 0
+            )
+            mark = len(api.requests)
+            api.add(pod("a0", "n1", "10.1.0.1"))
+            await asyncio.sleep(0.3)
+            assert writes(api, mark) == []
+            api.clear_failures()
+            await until(lambda: controller.active, timeout=3.0)
+            await until(lambda: get(api, "shop", "a0"))
+
+    asyncio.run(scenario())
+
+
+def test_conflicts_and_errors_are_retried_until_correct(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    api.add(pod("a0", "n1", "10.1.0.1"))
+
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 3)
+
+            # An update that meets a 409 re-reads the locator and tries again.
+            mark = len(api.requests)
+            api.fail_next("podlocators", 409)
+            api.modify(node("n1", "z5", "10.0.0.1"))
+            await until(
+                lambda: zone_of(api, "shop", "a0") == "z5" and zone_of(api, NS, "n1") == "z5"
+            )
+            methods = [
+                r.method
+                for r in api.requests[mark:]
+                if r.resource == "podlocators" and not r.is_watch
+            ]
+            assert methods.count("GET") == 1 and methods.count("PUT") == 3
+
+            # Someone else changes a locator: it is put back.
+            changed = get(api, "shop", "a0")
+            assert changed is not None
+            changed["nodeLabels"][ZONE] = "elsewhere"
+            api.modify(changed)
+            await until(lambda: zone_of(api, "shop", "a0") == "z5")
+            # Or deletes it: it is created again.
+            api.delete("podlocators", "shop", "a0")
+            await until(lambda: get(api, "shop", "a0") is not None)
+
+            # An update answered 404 becomes a create; that create's 409 a get and an update.
+            mark = len(api.requests)
+            api.fail_next("podlocators", 404)
+            api.modify(node("n1", "z6", "10.0.0.1"))
+            await until(
+                lambda: zone_of(api, "shop", "a0") == "z6" and zone_of(api, NS, "n1") == "z6"
+            )
+            methods = [
+                r.method
+                for r in api.requests[mark:]
+                if r.resource == "podlocators" and not r.is_watch
+            ]
+            assert sorted(methods) == ["GET", "POST", "PUT", "PUT", "PUT"]
+
+            # Throttling and server errors are retried.
+            api.fail_next("podlocators", 429, retry_after=0)
+            api.fail_next("podlocators", 500, count=2)
+            api.fail_next("podlocators", 503, retry_after=0)
+            api.add(pod("a1", "n2", "10.2.0.1"))
+            await until(lambda: get(api, "shop", "a1"))
+            api.delete("pods", "shop", "a1")
+            await until(lambda: get(api, "shop", "a1") is None)
+
+    asyncio.run(scenario())
+
+
+def test_writes_are_rate_limited(api: FakeApiServer, kubeconfig: Path) -> None:
+    for i in range(18):
+        api.add(pod(f"p{i}", "n1", f"10.1.0.{i + 1}"))
+
+    async def scenario() -> float:
+        async with running(kubeconfig, writes_per_second=10) as controller:
+            await until(lambda: controller.active)
+            return await until(lambda: api.count("podlocators") == 20)
+
+    took = asyncio.run(scenario())
+    assert 0.8 <= took < 3.0  # a burst of 10, then 10 more at 10/s
+
+
+def test_a_leader_that_sees_another_holder_stops_at_once(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            first = api.get("leases", NS, "toposdns-controller")
+            assert first is not None
+            await asyncio.sleep(3 * LEASE.retry_period)
+            renewed = api.get("leases", NS, "toposdns-controller")
+            assert renewed is not None
+            spec, before = renewed["spec"], first["spec"]
+            assert spec["acquireTime"] == before["acquireTime"]
+            assert spec["renewTime"] > before["renewTime"]
+            assert spec["leaseTransitions"] == 0 and spec["leaseDurationSeconds"] == 1
+
+            # Someone else writes the lease (a replica that saw it expire, say).
+            spec.update(holderIdentity="intruder", renewTime=spec["renewTime"])
+            api.modify(renewed)
+            took = await until(lambda: not controller.elector.leading, timeout=2.0)
+            assert took < LEASE.renew_deadline, "kept writing until the renew deadline"
+            assert not controller.active
+
+    asyncio.run(scenario())
