@@ -106,8 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="refuse TCP connections beyond this many (default %(default)s)",
     )
-    serve.add_argument("--log-format", choices=("text", "json"), default="text")
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    _add_log_options(serve)
 
     explain = commands.add_parser(
         "explain",
@@ -199,8 +198,12 @@ def _add_controller_parser(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="N",
         help="API write rate limit, token bucket (default %(default)g; 0: no limit)",
     )
-    controller.add_argument("--log-format", choices=("text", "json"), default="text")
-    controller.add_argument(
+    _add_log_options(controller)
+
+
+def _add_log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), default="info"
     )
 
@@ -316,8 +319,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         run(serve(config))
-    except (SnapshotError, ConnectError) as exc:
+    except SnapshotError as exc:
         log.error("cannot start: %s", exc)
+        return 1
+    except ConnectError as exc:
+        log.error("cannot start: %s; or serve from a file with --snapshot FILE", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", args.listen, exc)

@@ -105,7 +105,7 @@ async def connect(kubeconfig: Path | None) -> Any:
         where = kubeconfig or "~/.kube/config"
         raise ConnectError(
             f"not in a cluster, and cannot use the kubeconfig {where}: {exc}; "
-            "pass --kubeconfig FILE (or, to serve DNS from a file, --snapshot FILE)"
+            "pass --kubeconfig FILE"
         ) from None
     return client.ApiClient(configuration)
 
