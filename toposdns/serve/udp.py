@@ -8,8 +8,9 @@ from collections.abc import Coroutine
 from time import perf_counter
 from typing import Any, cast
 
+from toposdns.resolve.client import NO_LABELS
 from toposdns.serve.query_metrics import count_hit
-from toposdns.serve.responder import Responder, TopologyReplies, Transport
+from toposdns.serve.responder import UDP4, Responder, TopologyReplies, Transport
 
 log = logging.getLogger("toposdns")
 
@@ -22,6 +23,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.responder = responder
         self.kind = kind
         self.cache = responder.wire[kind]  # cleared in place on every new snapshot
+        # IPv6 sockets may see IPv4-mapped sources, which labels_of() normalizes.
+        self.plain_addresses = kind is UDP4
         metrics = responder.metrics
         self.rows = metrics.rows_for(kind) if metrics is not None else None
         self.transport: asyncio.DatagramTransport | None = None
@@ -45,7 +48,12 @@ class UdpProtocol(asyncio.DatagramProtocol):
             return
         responder = self.responder
         if isinstance(hit, TopologyReplies):  # topology-filtered: this client's domain's reply
-            cached = hit.get(responder.labels_of(addr[0]))
+            if self.plain_addresses:  # IPv4: the source is the locators' key as it is
+                locator = responder.snapshot.locators.get(addr[0])
+                labels = NO_LABELS if locator is None else locator.node_labels
+            else:
+                labels = responder.labels_of(addr[0])
+            cached = hit.by_labels.get(id(labels)) or hit.get(labels)
             if cached is not None:
                 transport.sendto(data[:2] + cached, addr)
                 if rows is not None:
