@@ -1,10 +1,10 @@
 """Per-query metrics under CoreDNS's names, cheap enough for the hot path.
 
 A prometheus_client child costs a lock and a method call per update, several per query. Here a
-query costs one dict lookup and a few list updates: each distinct query shape (the wire-cache
-key) has a row of plain numbers, and the collector adds the rows up only when Prometheus
-scrapes. When the wire cache is emptied, its rows are folded into running totals first, so the
-counters never go backwards.
+wire-cache hit costs one dict lookup and two additions: each cache entry counts its hits in two
+plain numbers (its labels and sizes are fixed), and the collector adds everything up only when
+Prometheus scrapes. When the wire cache is emptied, its counts are folded into running totals
+first, so the counters never go backwards.
 
 Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `server` is
 `dns://:PORT`, `zone` is the server block's, `.`):
@@ -35,8 +35,7 @@ DURATION_BUCKETS = tuple(0.00025 * 2**k for k in range(16))
 FIRST_BOUND = DURATION_BUCKETS[0]
 SIZE_BUCKETS = (0, 100, 200, 300, 400, 511, 1023, 2047, 4095, 8291, 16e3, 32e3, 48e3, 64e3)
 
-# A row of numbers. In a wire-cache row QUERY_SIZE and REPLY_SIZE are the shape's fixed sizes
-# and the size slots stay empty; in a total row they are sums and the slots count queries.
+# A total row: query count, seconds, summed sizes, then per-bucket counts of durations and sizes.
 COUNT, SECONDS, QUERY_SIZE, REPLY_SIZE = 0, 1, 2, 3
 DURATIONS = 4
 QUERY_SIZES = DURATIONS + len(DURATION_BUCKETS) + 1
@@ -45,20 +44,34 @@ ROW = REPLY_SIZES + len(SIZE_BUCKETS) + 1
 Labels = tuple[str, str, str, str, str]  # proto, family, type, rcode, plugin
 
 
+class Hits:
+    """What one wire-cache entry has seen since it was filled: hits answered within the first
+    duration bucket, and their seconds. Two numbers, so that a hit touches little memory
+    (slower hits, which are rare, go to the totals in full)."""
+
+    __slots__ = ("labels", "query_size", "reply_size", "row")
+
+    def __init__(self, labels: Labels, query_size: int, reply_size: int) -> None:
+        self.labels = labels
+        self.query_size = query_size
+        self.reply_size = reply_size
+        self.row = [0, 0.0]  # hits, seconds
+
+
 class QueryMetrics(Collector):
     """Counts queries in plain numbers; a prometheus_client collector reads them on scrape."""
 
     def __init__(self, server: str) -> None:
         self.server = server
-        #: Per transport, wire-cache key -> (labels, row): queries the wire cache answers. A
-        #: topology-filtered entry shares one row across client signatures, sized as the first.
-        self.rows: dict[object, dict[bytes, tuple[Labels, list[float]]]] = {}
-        #: Everything else, and retired wire-cache rows, by labels.
+        #: Per transport, wire-cache key -> Hits. A topology-filtered entry counts every client
+        #: signature's hits, with the sizes of the first reply.
+        self.hits: dict[object, dict[bytes, Hits]] = {}
+        #: Everything else, retired wire-cache hits and slow hits, by labels.
         self.totals: dict[Labels, list[float]] = {}
 
-    def rows_for(self, transport: object) -> dict[bytes, tuple[Labels, list[float]]]:
-        """The wire-cache rows of one transport (frontends keep a reference)."""
-        return self.rows.setdefault(transport, {})
+    def hits_for(self, transport: object) -> dict[bytes, Hits]:
+        """The wire-cache hit counters of one transport (frontends keep a reference)."""
+        return self.hits.setdefault(transport, {})
 
     def observe(
         self,
@@ -70,33 +83,38 @@ class QueryMetrics(Collector):
         key: bytes = b"",
     ) -> None:
         """Count one query answered since `started` (perf_counter). With `key`, the reply went
-        into the wire cache, and `hit` counts that entry's later hits."""
+        into the wire cache, and its later hits are counted there."""
+        self.add(labels, perf_counter() - started, query_size, reply_size)
         if key:
-            row = _row()
-            row[QUERY_SIZE], row[REPLY_SIZE] = query_size, reply_size
-            self.rows_for(transport)[key] = (labels, row)
-        else:
-            row = self.totals.setdefault(labels, _row())
-            row[QUERY_SIZE] += query_size
-            row[REPLY_SIZE] += reply_size
-            _count_sizes(row, query_size, reply_size, 1)
-        _count(row, perf_counter() - started)
+            self.hits_for(transport)[key] = Hits(labels, query_size, reply_size)
+
+    def add(self, labels: Labels, seconds: float, query_size: int, reply_size: int) -> None:
+        """Count one query in the totals."""
+        row = self.totals.setdefault(labels, _row())
+        row[QUERY_SIZE] += query_size
+        row[REPLY_SIZE] += reply_size
+        _count_sizes(row, query_size, reply_size, 1)
+        _count(row, seconds)
+
+    def slow_hit(self, hits: Hits, seconds: float) -> None:
+        """A wire-cache hit slower than the first duration bucket: counted in full."""
+        self.add(hits.labels, seconds, hits.query_size, hits.reply_size)
 
     def retire(self, transport: object | None = None) -> None:
-        """Fold wire-cache rows (of one transport, or all) into the totals before the cache
-        is emptied."""
-        for kind, rows in self.rows.items():
+        """Fold wire-cache hit counts (of one transport, or all) into the totals before the
+        cache is emptied."""
+        for kind, table in self.hits.items():
             if transport is None or kind == transport:
-                for labels, row in rows.values():
-                    _fold(self.totals.setdefault(labels, _row()), row)
-                rows.clear()
+                for hits in table.values():
+                    _fold(self.totals.setdefault(hits.labels, _row()), hits)
+                table.clear()
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         """Build the metric families from the rows (called by prometheus_client on scrape)."""
         merged = {labels: list(row) for labels, row in self.totals.items()}
-        for rows in self.rows.values():
-            for labels, row in list(rows.values()):
-                _fold(merged.setdefault(labels, _row()), row)
+        for table in self.hits.values():
+            for hits in list(table.values()):
+                _fold(merged.setdefault(hits.labels, _row()), hits)
         base = [self.server, ZONE, ""]
         by_request: dict[tuple[str, ...], float] = {}
         by_response: dict[tuple[str, ...], float] = {}
@@ -154,25 +172,28 @@ def _row() -> list[float]:
     return [0.0] * ROW
 
 
-def count_hit(rows: dict[bytes, tuple[Labels, list[float]]], key: bytes, started: float) -> None:
-    """Count a wire-cache hit: the hot path, so `_count` is written out here (a call costs as
-    much as the counting) and the usual sub-0.25 ms case skips the bucket search."""
-    found = rows.get(key)
-    if found is not None:
-        row = found[1]
+def count_hit(metrics: QueryMetrics, table: dict[bytes, Hits], key: bytes, started: float) -> None:
+    """Count a wire-cache hit (the UDP frontend writes this out inline)."""
+    hits = table.get(key)
+    if hits is not None:
         seconds = perf_counter() - started
-        row[COUNT] += 1
-        row[SECONDS] += seconds
         if seconds <= FIRST_BOUND:
-            row[DURATIONS] += 1
+            row = hits.row
+            row[0] += 1
+            row[1] += seconds
         else:
-            row[DURATIONS + bisect_left(DURATION_BUCKETS, seconds)] += 1
+            metrics.slow_hit(hits, seconds)
+
+
+def duration_slot(seconds: float) -> int:
+    """The row index of the duration bucket that `seconds` falls in."""
+    return DURATIONS + bisect_left(DURATION_BUCKETS, seconds)
 
 
 def _count(row: list[float], seconds: float) -> None:
     row[COUNT] += 1
     row[SECONDS] += seconds
-    row[DURATIONS + bisect_left(DURATION_BUCKETS, seconds)] += 1
+    row[duration_slot(seconds)] += 1
 
 
 def _count_sizes(row: list[float], query_size: float, reply_size: float, count: float) -> None:
@@ -180,16 +201,15 @@ def _count_sizes(row: list[float], query_size: float, reply_size: float, count: 
     row[REPLY_SIZES + bisect_left(SIZE_BUCKETS, reply_size)] += count
 
 
-def _fold(total: list[float], row: list[float]) -> None:
-    """Add a wire-cache row (fixed sizes) into a total row (summed sizes)."""
-    count = row[COUNT]
+def _fold(total: list[float], hits: Hits) -> None:
+    """Add a wire-cache entry's hits (all within the first duration bucket) to a total row."""
+    count, seconds = hits.row
     total[COUNT] += count
-    total[SECONDS] += row[SECONDS]
-    total[QUERY_SIZE] += row[QUERY_SIZE] * count
-    total[REPLY_SIZE] += row[REPLY_SIZE] * count
-    for i in range(DURATIONS, QUERY_SIZES):
-        total[i] += row[i]
-    _count_sizes(total, row[QUERY_SIZE], row[REPLY_SIZE], count)
+    total[SECONDS] += seconds
+    total[DURATIONS] += count
+    total[QUERY_SIZE] += hits.query_size * count
+    total[REPLY_SIZE] += hits.reply_size * count
+    _count_sizes(total, hits.query_size, hits.reply_size, count)
 
 
 class _Histogram:

@@ -34,8 +34,8 @@ class TcpProtocol(asyncio.Protocol):
         self.responder = responder
         self.limits = limits
         self.kind = kind
-        metrics = responder.metrics
-        self.rows = metrics.rows_for(kind) if metrics is not None else None
+        self.metrics = responder.metrics
+        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
@@ -72,8 +72,8 @@ class TcpProtocol(asyncio.Protocol):
             del buffer[: 2 + length]
             started = time.perf_counter()
             reply = responder.cached(message, self.kind, source)
-            if reply is not None and self.rows is not None:
-                count_hit(self.rows, message[2:], started)
+            if reply is not None and self.metrics is not None:
+                count_hit(self.metrics, self.hits, message[2:], started)
             if reply is None:
                 answer = responder.respond(message, self.kind, source, started)
                 if answer is None:

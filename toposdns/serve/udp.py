@@ -9,7 +9,7 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
-from toposdns.serve.query_metrics import count_hit
+from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
 from toposdns.serve.responder import UDP4, Responder, TopologyReplies, Transport
 
 log = logging.getLogger("toposdns")
@@ -25,8 +25,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.cache = responder.wire[kind]  # cleared in place on every new snapshot
         # IPv6 sockets may see IPv4-mapped sources, which labels_of() normalizes.
         self.plain_addresses = kind is UDP4
-        metrics = responder.metrics
-        self.rows = metrics.rows_for(kind) if metrics is not None else None
+        self.metrics = responder.metrics
+        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -37,14 +37,23 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         transport = self.transport
         assert transport is not None
-        rows = self.rows
-        started = perf_counter() if rows is not None else 0.0
+        metrics = self.metrics
+        started = perf_counter() if metrics is not None else 0.0
         key = data[2:]
         hit = self.cache.get(key)
         if hit.__class__ is bytes:  # the hot path: a reply that is the same for every client
             transport.sendto(data[:2] + hit, addr)
-            if rows is not None:
-                count_hit(rows, key, started)
+            if metrics is not None:
+                # query_metrics.count_hit written out: the call would cost as much as the count.
+                hits = self.hits.get(key)
+                if hits is not None:
+                    seconds = perf_counter() - started
+                    if seconds <= FIRST_BOUND:
+                        row = hits.row
+                        row[0] += 1
+                        row[1] += seconds
+                    else:
+                        metrics.slow_hit(hits, seconds)
             return
         responder = self.responder
         if isinstance(hit, TopologyReplies):  # topology-filtered: this client's domain's reply
@@ -56,8 +65,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
             cached = hit.by_labels.get(id(labels)) or hit.get(labels)
             if cached is not None:
                 transport.sendto(data[:2] + cached, addr)
-                if rows is not None:
-                    count_hit(rows, key, started)
+                if metrics is not None:
+                    count_hit(metrics, self.hits, key, started)
                 return
         answer = responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
