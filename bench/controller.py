@@ -32,15 +32,9 @@ import random
 import re
 import resource
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.process import ToposdnsProcess, free_port  # noqa: E402
 from tests.kubeapi import FakeApiServer  # noqa: E402
 from toposdns.controller.config import ControllerConfig  # noqa: E402
 from toposdns.controller.desired import content_of, desired, node_locator  # noqa: E402
@@ -229,94 +224,11 @@ def generate(
 # --------------------------------------------------------------------------- the controller
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-class ControllerProcess:
-    """`python -m toposdns controller` against the stand-in, its stderr read by a thread."""
-
-    def __init__(self, kubeconfig: Path, http_port: int, extra: Sequence[str]) -> None:
-        self.http_port = http_port
-        self.lines: list[tuple[float, str]] = []
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toposdns",
-                "controller",
-                f"--kubeconfig={kubeconfig}",
-                f"--namespace={NAMESPACE}",
-                f"--http={HOST}:{http_port}",
-                *extra,
-            ],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
-
-    def find(self, pattern: re.Pattern[str]) -> tuple[float, re.Match[str]] | None:
-        for at, line in list(self.lines):
-            found = pattern.search(line)
-            if found:
-                return at, found
-        return None
-
-    def tail(self, n: int = 15) -> str:
-        return "\n".join(line for _, line in self.lines[-n:])
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{self.tail()}")
-
-    def ready(self) -> bool:
-        try:
-            url = f"http://{HOST}:{self.http_port}/ready"
-            with urllib.request.urlopen(url, timeout=1.0) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def memory_mb(self) -> tuple[float, float]:
-        """(VmHWM, VmRSS) in MiB."""
-        values = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                values[key] = int(rest.split()[0]) / 1024
-        return values["VmHWM"], values["VmRSS"]
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL, to the whole process group; returns the exit code."""
-        if self.proc.poll() is None:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, sig)
-                try:
-                    self.proc.wait(STOP_TIMEOUT)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self._reader.join(timeout=2)
-        return self.proc.returncode
+def start_controller(kubeconfig: Path, http_port: int, extra: Sequence[str]) -> ToposdnsProcess:
+    """`toposdns controller` against the stand-in."""
+    args = ["controller", f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+            f"--http={HOST}:{http_port}", *extra]  # fmt: skip
+    return ToposdnsProcess(args, http_port)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -374,7 +286,7 @@ def run(args: argparse.Namespace) -> JSON:
     node_bytes = sum(len(json.dumps(n, separators=(",", ":"))) for n in nodes[:100]) / 100
     result["object_bytes"] = {"pod": round(pod_bytes), "node": round(node_bytes)}
     server = FakeApiServer(leases=True)
-    proc: ControllerProcess | None = None
+    proc: ToposdnsProcess | None = None
     workdir = Path(tempfile.mkdtemp(prefix="toposdns-controller-bench-"))
     try:
         start = time.perf_counter()
@@ -389,7 +301,7 @@ def run(args: argparse.Namespace) -> JSON:
         # 1. Cold start.
         extra = [f"--writes-per-second={args.writes_per_second}", *args.controller_arg]
         own_before = resource.getrusage(resource.RUSAGE_SELF)
-        proc = ControllerProcess(kubeconfig, free_port(), extra)
+        proc = start_controller(kubeconfig, free_port(), extra)
         deadline = proc.started + args.timeout
         ready_at = first_at = None
         while True:
@@ -410,7 +322,7 @@ def run(args: argparse.Namespace) -> JSON:
                 break
             time.sleep(POLL)
         cold = count_writes(server)
-        hwm, rss = proc.memory_mb()
+        hwm, rss = proc.memory()
         cpu = proc.cpu_seconds()
         own_after = resource.getrusage(resource.RUSAGE_SELF)
         standin_cpu = (own_after.ru_utime + own_after.ru_stime) - (
@@ -493,17 +405,17 @@ def run(args: argparse.Namespace) -> JSON:
             "writes": count_writes(server, mark),
         }
         log(f"status churn: {result['status_churn']}")
-        hwm2, rss2 = proc.memory_mb()
+        hwm2, rss2 = proc.memory()
         result["cold"]["vmhwm_end_mb"] = hwm2
         result["cold"]["vmrss_end_mb"] = rss2
-        code = proc.stop()
+        code = proc.stop(STOP_TIMEOUT)
         result["exit_code"] = code
         lease = server.get("leases", NAMESPACE, "toposdns-controller")
         result["lease_released"] = bool(lease and lease["spec"].get("holderIdentity") == "")
 
         # 4. A restart: every locator is reconciled again, and all are right already.
         mark = len(server.requests)
-        proc = ControllerProcess(kubeconfig, free_port(), extra)
+        proc = start_controller(kubeconfig, free_port(), extra)
         deadline = proc.started + args.timeout
         while (found := proc.find(RECONCILED_LINE)) is None:
             proc.check_alive()
@@ -516,7 +428,7 @@ def run(args: argparse.Namespace) -> JSON:
         return result
     finally:
         if proc is not None:
-            proc.stop()
+            proc.stop(STOP_TIMEOUT)
             if args.show_log:
                 log("controller log:\n" + proc.tail(30))
         server.stop()

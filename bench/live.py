@@ -28,7 +28,6 @@ import random
 import re
 import resource
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -48,6 +47,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.process import ToposdnsProcess, free_port  # noqa: E402
 from tests.kubeapi import FakeApiServer  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -56,10 +56,8 @@ REGION = "region-1"
 ZONES = ("zone-a", "zone-b", "zone-c")
 LOCATOR_NAMESPACE = "toposdns"
 READY_TIMEOUT = 120.0
-READY_POLL = 0.05
 EVENT_TIMEOUT = 2.0
 EVENT_POLL = 0.001
-STOP_TIMEOUT = 5.0
 PAGE = 500
 SERVING_LINE = re.compile(r"serving DNS on \S+:\d+")
 LISTED_LINE = re.compile(r"(\w+): listed (\d+) objects")
@@ -354,12 +352,6 @@ def measure_standin(server: FakeApiServer) -> StandIn:
 # --------------------------------------------------------------------------- toposdns process
 
 
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def free_ports() -> tuple[int, int]:
     """A port free for both UDP and TCP, and another for HTTP."""
     for _ in range(50):
@@ -372,99 +364,13 @@ def free_ports() -> tuple[int, int]:
     raise RuntimeError("no free ports on loopback")
 
 
-class Toposdns:
-    """`python -m toposdns serve` against the stand-in, its stderr read by a thread."""
-
-    def __init__(self, kubeconfig: Path, dns_port: int, http_port: int, extra: Sequence[str]):
-        self.dns_port = dns_port
-        self.http_port = http_port
-        self.lines: list[tuple[float, str]] = []
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toposdns",
-                "serve",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--listen",
-                f"{HOST}:{dns_port}",
-                "--http",
-                f"{HOST}:{http_port}",
-                *extra,
-            ],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
-
-    def first_line(self, pattern: re.Pattern[str]) -> tuple[float, re.Match[str]] | None:
-        for at, line in list(self.lines):
-            found = pattern.search(line)
-            if found:
-                return at, found
-        return None
-
-    def tail(self, n: int = 15) -> str:
-        return "\n".join(line for _, line in self.lines[-n:])
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(
-                f"http://{HOST}:{self.http_port}/ready", timeout=1.0
-            ) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def wait_ready(self, timeout: float) -> float:
-        """Seconds from process start to the first /ready 200, polling every 50 ms."""
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"toposdns exited with {self.proc.returncode}:\n{self.tail()}")
-            if self.ready():
-                return time.monotonic() - self.started
-            time.sleep(READY_POLL)
-        raise TimeoutError(f"toposdns not ready after {timeout:.0f} s:\n{self.tail()}")
-
-    def memory(self) -> tuple[float, float]:
-        """(VmHWM, VmRSS) in MB."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        values = {}
-        for line in status.splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                values[key] = int(rest.split()[0]) / 1024  # kB -> MiB
-        return values["VmHWM"], values["VmRSS"]
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, sig)  # start_new_session: group id == our pid
-                try:
-                    self.proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self._reader.join(timeout=2)
+def start_toposdns(
+    kubeconfig: Path, dns_port: int, http_port: int, extra: Sequence[str]
+) -> ToposdnsProcess:
+    """`toposdns serve` against the stand-in."""
+    args = ["serve", "--kubeconfig", str(kubeconfig), "--listen", f"{HOST}:{dns_port}",
+            "--http", f"{HOST}:{http_port}", *extra]  # fmt: skip
+    return ToposdnsProcess(args, http_port)
 
 
 # --------------------------------------------------------------------------- DNS over UDP
@@ -851,7 +757,7 @@ def run(args: argparse.Namespace) -> JSON:
     }
     log(f"objects: {counts}, {cluster.endpoint_pods} endpoint pods")
     server = FakeApiServer()
-    proc: Toposdns | None = None
+    proc: ToposdnsProcess | None = None
     asker: Asker | None = None
     workdir = Path(tempfile.mkdtemp(prefix="toposdns-live-"))
     try:
@@ -877,10 +783,10 @@ def run(args: argparse.Namespace) -> JSON:
         dns_port, http_port = free_ports()
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         log("starting toposdns")
-        proc = Toposdns(kubeconfig, dns_port, http_port, args.toposdns_arg)
+        proc = start_toposdns(kubeconfig, dns_port, http_port, args.toposdns_arg)
         ready = proc.wait_ready(READY_TIMEOUT)
         cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-        serving = proc.first_line(SERVING_LINE)
+        serving = proc.find(SERVING_LINE)
         listed = {}
         for at, line in list(proc.lines):
             found = LISTED_LINE.search(line)
