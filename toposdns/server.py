@@ -134,7 +134,11 @@ async def serve(config: ServeConfig) -> None:
         # while queries already on their way are still answered.
         stopping = True
         log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
-        await asyncio.sleep(config.lameduck)
+        again = asyncio.Event()  # a second signal (Ctrl-C twice) ends the wait at once
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, again.set)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(again.wait(), config.lameduck)
         log.info("stopped")
 
 

@@ -26,3 +26,13 @@ def test_sigterm_lameduck(start_server: StartServer) -> None:
     assert server.proc.wait(5) == 0
     assert 1.8 < time.monotonic() - stopped < 5
     server.wait_for_log("answering for 2s more")
+
+
+def test_a_second_signal_ends_the_lameduck(start_server: StartServer) -> None:
+    server = start_server("--lameduck", "30s")
+    server.proc.send_signal(signal.SIGINT)
+    server.wait_for_log("answering for 30s more")
+    stopped = time.monotonic()
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(5) == 0
+    assert time.monotonic() - stopped < 3
