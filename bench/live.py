@@ -519,15 +519,21 @@ def service_events(
         new = str(ipaddress.IPv4Address(fresh + i))
         svc["spec"]["clusterIP"] = new
         svc["spec"]["clusterIPs"] = [new]
-        start = time.perf_counter()
-        server.modify(svc)
-        took = asker.wait_for(name, holds(new), EVENT_TIMEOUT)
-        if took is None:
-            delays.missed += 1
-        else:
-            delays.samples_ms.append((time.perf_counter() - start) * 1000)
-        time.sleep(0.005)
+        time_change(server, asker, svc, name, new, delays)
     return delays
+
+
+def time_change(
+    server: FakeApiServer, asker: Asker, obj: JSON, name: str, new: str, delays: Delays
+) -> None:
+    """Write `obj` to the stand-in; record how long until `name` answers with `new`."""
+    start = time.perf_counter()
+    server.modify(obj)
+    if asker.wait_for(name, holds(new), EVENT_TIMEOUT) is None:
+        delays.missed += 1
+    else:
+        delays.samples_ms.append((time.perf_counter() - start) * 1000)
+    time.sleep(0.005)
 
 
 def slice_events(
@@ -562,14 +568,7 @@ def slice_events(
             continue
         new = str(ipaddress.IPv4Address(fresh + i))
         eps["endpoints"][rng.randrange(len(eps["endpoints"]))]["addresses"] = [new]
-        start = time.perf_counter()
-        server.modify(eps)
-        took = asker.wait_for(name, holds(new), EVENT_TIMEOUT)
-        if took is None:
-            delays.missed += 1
-        else:
-            delays.samples_ms.append((time.perf_counter() - start) * 1000)
-        time.sleep(0.005)
+        time_change(server, asker, eps, name, new, delays)
     return delays
 
 
