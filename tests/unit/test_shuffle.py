@@ -1,0 +1,265 @@
+"""`--loadbalance`: CoreDNS's loadbalance_test.go tables, ported as data, on encoded replies.
+
+Each reply is tried both ways it can come: with names compressed against other records (as an
+upstream, or dnslib, writes it: parsed and packed again) and with every record standing alone
+(as toposdns writes it: record bytes moved).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator
+
+import dnslib
+import pytest
+
+from toposdns.resolve.answer import AAAA, CNAME, MX, A
+from toposdns.wire.decode import record_spans
+from toposdns.wire.shuffle import order, shuffle_reply, varies
+
+# loadbalance_test.go TestLoadBalanceRandom: the answer and extra sections it builds, and how
+# many CNAME, address and MX records each must hold afterwards, CNAMEs first, MX last.
+RANDOM_CASES = [
+    {
+        "answer": [
+            "cname1.region2.skydns.test. 300 IN CNAME cname2.region2.skydns.test.",
+            "cname2.region2.skydns.test. 300 IN CNAME cname3.region2.skydns.test.",
+            "cname5.region2.skydns.test. 300 IN CNAME cname6.region2.skydns.test.",
+            "cname6.region2.skydns.test. 300 IN CNAME endpoint.region2.skydns.test.",
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.1",
+            "mx.region2.skydns.test. 300 IN MX 1 mx1.region2.skydns.test.",
+            "mx.region2.skydns.test. 300 IN MX 2 mx2.region2.skydns.test.",
+            "mx.region2.skydns.test. 300 IN MX 3 mx3.region2.skydns.test.",
+        ],
+        "extra": [],
+        "answer_counts": (4, 1, 3),
+        "extra_counts": (0, 0, 0),
+    },
+    {
+        "answer": [
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.1",
+            "mx.region2.skydns.test. 300 IN MX 1 mx1.region2.skydns.test.",
+            "cname.region2.skydns.test. 300 IN CNAME endpoint.region2.skydns.test.",
+        ],
+        "extra": [],
+        "answer_counts": (1, 1, 1),
+        "extra_counts": (0, 0, 0),
+    },
+    {
+        "answer": [
+            "mx.region2.skydns.test. 300 IN MX 1 mx1.region2.skydns.test.",
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.1",
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.2",
+            "mx.region2.skydns.test. 300 IN MX 1 mx2.region2.skydns.test.",
+            "cname2.region2.skydns.test. 300 IN CNAME cname3.region2.skydns.test.",
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.3",
+            "mx.region2.skydns.test. 300 IN MX 1 mx3.region2.skydns.test.",
+        ],
+        "extra": [
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.1",
+            "endpoint.region2.skydns.test. 300 IN AAAA ::1",
+            "mx.region2.skydns.test. 300 IN MX 1 mx1.region2.skydns.test.",
+            "cname2.region2.skydns.test. 300 IN CNAME cname3.region2.skydns.test.",
+            "mx.region2.skydns.test. 300 IN MX 1 mx2.region2.skydns.test.",
+            "endpoint.region2.skydns.test. 300 IN A 10.240.0.3",
+            "endpoint.region2.skydns.test. 300 IN AAAA ::2",
+            "mx.region2.skydns.test. 300 IN MX 1 mx3.region2.skydns.test.",
+        ],
+        "answer_counts": (1, 3, 3),
+        "extra_counts": (1, 4, 3),
+    },
+]
+
+# TestLoadBalanceXFR: a transfer keeps its SOA first and last.
+SOA = (
+    "skydns.test. 30 IN SOA ns.dns.skydns.test. hostmaster.skydns.test. "
+    "1542756695 7200 1800 86400 30"
+)
+XFR_ANSWER = [
+    SOA,
+    "mx.region2.skydns.test. 300 IN MX 1 mx1.region2.skydns.test.",
+    "endpoint.region2.skydns.test. 300 IN A 10.240.0.1",
+    "endpoint.region2.skydns.test. 300 IN A 10.240.0.2",
+    "mx.region2.skydns.test. 300 IN MX 1 mx2.region2.skydns.test.",
+    "cname2.region2.skydns.test. 300 IN CNAME cname3.region2.skydns.test.",
+    "endpoint.region2.skydns.test. 300 IN A 10.240.0.3",
+    "mx.region2.skydns.test. 300 IN MX 1 mx3.region2.skydns.test.",
+    SOA,
+]
+
+# TestRoundRobinDoesNotMutateInput's "addresses only" input.
+ADDRESSES = [f"a.example.org. 300 IN A 10.0.0.{i}" for i in range(1, 5)]
+
+
+def records(lines: list[str]) -> list[dnslib.RR]:
+    return [rr for line in lines for rr in dnslib.RR.fromZone(line)]
+
+
+def message(
+    answer: list[str],
+    extra: list[str] = (),  # type: ignore[assignment]
+    qtype: str = "SRV",
+    rcode: int = 0,
+    edns: bool = False,
+) -> dnslib.DNSRecord:
+    reply = dnslib.DNSRecord.question("region2.skydns.test.", qtype).reply()
+    reply.header.rcode = rcode
+    reply.add_answer(*records(answer))
+    reply.add_ar(*records(list(extra)))
+    if edns:
+        reply.add_ar(dnslib.EDNS0(udp_len=1232))
+    return reply
+
+
+def compressed(reply: dnslib.DNSRecord) -> bytes:
+    return bytes(reply.pack())
+
+
+def standing_alone(reply: dnslib.DNSRecord) -> bytes:
+    """The same message with no name compressed."""
+    reply.set_header_qa()
+    buffer = dnslib.DNSBuffer()
+    buffer.encode_name = buffer.encode_name_nocompress  # type: ignore[method-assign]
+    reply.header.pack(buffer)
+    reply.q.pack(buffer)
+    for rr in reply.rr + reply.auth + reply.ar:
+        rr.pack(buffer)
+    return bytes(buffer.data)
+
+
+ENCODINGS = {"compressed": compressed, "standing-alone": standing_alone}
+
+
+def pieces(wire: bytes) -> list[bytes]:
+    return [wire[start:end] for start, _, end, _, _ in record_spans(wire)]
+
+
+def draws(seed: int) -> Iterator[int]:
+    rng = random.Random(seed)
+    while True:
+        yield rng.getrandbits(16)
+
+
+def counts(section: list[dnslib.RR]) -> tuple[int, int, int]:
+    types = [rr.rtype for rr in section]
+    return (
+        types.count(CNAME),
+        sum(1 for t in types if t in (A, AAAA)),
+        types.count(MX),
+    )
+
+
+def grouped(section: list[dnslib.RR]) -> bool:
+    """CNAMEs, then other types, then addresses, then MX (loadbalance_test.go countRecords)."""
+    rank = {CNAME: 0, A: 2, AAAA: 2, MX: 3}
+    ranks = [rank.get(rr.rtype, 1) for rr in section]
+    return ranks == sorted(ranks)
+
+
+@pytest.mark.parametrize("encode", ENCODINGS.values(), ids=ENCODINGS)
+@pytest.mark.parametrize("case", RANDOM_CASES, ids=["cnames", "one-of-each", "mixed-extra"])
+def test_coredns_random_cases(case: dict, encode) -> None:  # type: ignore[no-untyped-def, type-arg]
+    wire = encode(message(case["answer"], case["extra"]))
+    source = draws(1)
+    for _ in range(20):
+        shuffled = shuffle_reply(wire, lambda: next(source))
+        assert shuffled is not None
+        reply = dnslib.DNSRecord.parse(shuffled)
+        assert counts(reply.rr) == case["answer_counts"]
+        assert counts(reply.ar) == case["extra_counts"]
+        assert grouped(reply.rr) and grouped(reply.ar)
+        if encode is standing_alone:  # moved as bytes: the same records, byte for byte
+            assert sorted(pieces(shuffled)) == sorted(pieces(wire))
+        # Nothing lost, nothing added; CNAMEs and the other records keep their order.
+        assert sorted(map(str, reply.rr)) == sorted(map(str, records(case["answer"])))
+        assert sorted(map(str, reply.ar)) == sorted(map(str, records(case["extra"])))
+        cnames = [str(rr) for rr in records(case["answer"]) if rr.rtype == CNAME]
+        assert [str(rr) for rr in reply.rr if rr.rtype == CNAME] == cnames
+
+
+@pytest.mark.parametrize("qtype", ["AXFR", "IXFR"])
+def test_coredns_transfers_are_left_alone(qtype: str) -> None:
+    assert shuffle_reply(compressed(message(XFR_ANSWER, qtype=qtype))) is None
+
+
+@pytest.mark.parametrize("encode", ENCODINGS.values(), ids=ENCODINGS)
+def test_every_order_comes_up(encode) -> None:  # type: ignore[no-untyped-def]
+    wire = encode(message(ADDRESSES[:3], qtype="A"))
+    seen = Counter()
+    source = draws(7)
+    for _ in range(300):
+        reply = dnslib.DNSRecord.parse(shuffle_reply(wire, lambda: next(source)))
+        seen[tuple(str(rr.rdata) for rr in reply.rr)] += 1
+    assert len(seen) == 6  # 3! orders, each about a sixth of the time
+    assert min(seen.values()) > 20
+
+
+@pytest.mark.parametrize(
+    ("types", "numbers", "expected"),
+    [
+        # roundRobinShuffle: two records swap on an even draw, stay on an odd one.
+        ([A, A], [0], [1, 0]),
+        ([A, A], [1], [0, 1]),
+        # Three or more: place j swaps with j + draw % (n - j).
+        ([A, A, A], [1, 1, 0], [1, 2, 0]),
+        ([A, A, A], [0, 0, 0], [0, 1, 2]),
+        ([AAAA, AAAA, AAAA, AAAA], [3, 5, 1, 9], [3, 0, 1, 2]),
+        # Mixed sections regroup: CNAME, other, addresses (A and AAAA together), then MX.
+        ([A, CNAME], [], [1, 0]),
+        ([MX, A, 33, CNAME, AAAA], [1], [3, 2, 1, 4, 0]),
+        ([MX, MX, CNAME], [0], [2, 1, 0]),
+    ],
+)
+def test_order_follows_round_robin_shuffle(
+    types: list[int], numbers: list[int], expected: list[int]
+) -> None:
+    source = iter(numbers)
+    assert order(types, lambda: next(source)) == expected
+
+
+@pytest.mark.parametrize(
+    ("types", "moves"),
+    [([], False), ([A], False), ([33, 33, 33], False), ([CNAME, A], False), ([A, A], True),
+     ([A, AAAA], True), ([MX, MX], True), ([A, CNAME], True), ([33, CNAME], True)],
+)  # fmt: skip
+def test_varies(types: list[int], moves: bool) -> None:
+    assert varies(types) is moves
+
+
+def test_static_replies_are_none() -> None:
+    one = compressed(message(ADDRESSES[:1], qtype="A"))
+    assert shuffle_reply(one) is None
+    srv = [f"_http._tcp.region2.skydns.test. 30 IN SRV 0 {w} 80 t{w}.skydns.test." for w in (1, 2)]
+    assert shuffle_reply(compressed(message(srv))) is None  # SRV order and weights stay
+    assert shuffle_reply(compressed(message(ADDRESSES, qtype="A", rcode=3))) is None
+    assert shuffle_reply(b"\x00\x01") is None
+
+
+def test_srv_keeps_its_order_and_shuffles_its_addresses_with_opt_last() -> None:
+    srv = [f"_http._tcp.region2.skydns.test. 30 IN SRV 0 33 80 t{i}.skydns.test." for i in range(3)]
+    extra = [f"t{i}.skydns.test. 30 IN A 10.0.0.{i}" for i in range(3)]
+    wire = standing_alone(message(srv, extra, edns=True))
+    source = draws(3)
+    seen = set()
+    for _ in range(40):
+        reply = dnslib.DNSRecord.parse(shuffle_reply(wire, lambda: next(source)))
+        assert [str(rr) for rr in reply.rr] == [str(rr) for rr in records(srv)]
+        assert reply.ar[-1].rtype == 41
+        seen.add(tuple(str(rr.rdata) for rr in reply.ar[:-1]))
+    assert len(seen) > 1
+
+
+def test_extended_rcode_is_not_noerror() -> None:
+    reply = message(ADDRESSES, qtype="A", edns=True)
+    reply.ar[-1].ttl = 1 << 24  # BADVERS: rcode 16, its high bits in the OPT record
+    assert shuffle_reply(standing_alone(reply)) is None
+
+
+def test_the_input_is_left_as_it_was() -> None:
+    # TestRoundRobinDoesNotMutateInput: bytes cannot change, but the orders must be new lists.
+    types = [CNAME, A, A, MX]
+    before = list(types)
+    for _ in range(50):
+        assert sorted(order(types)) == [0, 1, 2, 3]
+    assert types == before
