@@ -12,17 +12,21 @@ from typing import Any
 
 from toposdns import __version__
 from toposdns.config import (
+    DEFAULT_RESOLV_CONF,
     POD_MODES,
     ConfigError,
     ServeConfig,
     check_ttl,
     parse_duration,
+    parse_fallthrough,
     parse_listen,
     parse_networks,
+    parse_search_domains,
     parse_upstreams,
     parse_zones,
 )
 from toposdns.logs import configure_logging
+from toposdns.resolve.answer import Name
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.forward import Upstream, resolv_conf_upstreams
 from toposdns.source.snapshot_file import SnapshotError
@@ -85,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IP[:PORT],...",
         help="forward names outside the zones here ('none': refuse them). Default: the "
         "nameservers of /etc/resolv.conf when watching a cluster, none with --snapshot",
+    )
+    serve.add_argument(
+        "--loadbalance",
+        action="store_true",
+        help="vary the order of A, AAAA and MX records from reply to reply "
+        "(CoreDNS `loadbalance round_robin`)",
     )
     serve.add_argument(
         "--lameduck",
@@ -234,11 +244,37 @@ def _add_answer_options(parser: argparse.ArgumentParser) -> None:
         metavar="NS[,NS]",
         help="serve only these namespaces (CoreDNS `namespaces`)",
     )
+    parser.add_argument(
+        "--fallthrough",
+        action="append",
+        nargs="?",
+        const="",
+        default=[],
+        metavar="ZONE[,ZONE]",
+        help="names in these zones that the cluster does not have go to the upstreams instead "
+        "of NXDOMAIN (SERVFAIL without upstreams); no zone: every zone (CoreDNS `fallthrough`)",
+    )
+    parser.add_argument(
+        "--autopath",
+        action="store_true",
+        help="for a pod a PodLocator places in namespace NS, answer X.NS.svc.ZONE, when it does "
+        "not exist, with the first name of the pod's search path that does, behind a CNAME "
+        "(CoreDNS `autopath @kubernetes`)",
+    )
+    parser.add_argument(
+        "--autopath-resolv-conf",
+        type=Path,
+        metavar="FILE",
+        help="with --autopath: the node's search domains come from this file's `search` line "
+        f"(default {DEFAULT_RESOLV_CONF})",
+    )
 
 
 def resolver_config(args: argparse.Namespace) -> ResolverConfig:
     """The answer options shared by `serve` and `explain`."""
     zones, primary = parse_zones(args.zone)
+    if args.autopath_resolv_conf is not None and not args.autopath:
+        raise ConfigError("--autopath-resolv-conf: only read with --autopath; add --autopath")
     return ResolverConfig(
         zones=zones,
         ttl=check_ttl(args.ttl),
@@ -246,7 +282,33 @@ def resolver_config(args: argparse.Namespace) -> ResolverConfig:
         endpoint_pod_names=args.endpoint_pod_names,
         namespaces=frozenset(ns.strip() for ns in args.namespaces.split(",") if ns.strip()),
         primary_zone=primary,
+        fallthrough=parse_fallthrough(args.fallthrough, zones),
+        autopath=args.autopath,
+        autopath_search=read_search_domains(args.autopath_resolv_conf) if args.autopath else (),
     )
+
+
+#: A resolv.conf is a few lines; reading more than this is a mistake in the path.
+MAX_RESOLV_CONF_BYTES = 65536
+
+
+def read_search_domains(path: Path | None) -> tuple[Name, ...]:
+    """The node's search domains for --autopath. A missing default file gives none, as in
+    CoreDNS; a file named on the command line must be readable."""
+    try:
+        with open(path or DEFAULT_RESOLV_CONF, "rb") as file:
+            data = file.read(MAX_RESOLV_CONF_BYTES + 1)
+    except OSError as exc:
+        if path is None:
+            return ()
+        raise ConfigError(
+            f"--autopath-resolv-conf {path}: cannot read it ({exc.strerror or exc}); "
+            "name the node's resolv.conf"
+        ) from None
+    source = str(path or DEFAULT_RESOLV_CONF)
+    if len(data) > MAX_RESOLV_CONF_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_RESOLV_CONF_BYTES} bytes: not a resolv.conf")
+    return parse_search_domains(data.decode("latin-1"), source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,6 +375,7 @@ def _serve(args: argparse.Namespace) -> int:
             startup_timeout=args.startup_timeout,
             upstreams=_upstreams(args),
             lameduck=parse_duration(args.lameduck, "--lameduck"),
+            loadbalance=args.loadbalance,
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)

@@ -12,6 +12,11 @@ from toposdns.serve.forward import Upstream
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
 POD_MODES = ("disabled", "insecure", "verified")
+#: Where the node's search domains come from: the server's own resolv.conf, the node's when the
+#: pod has `dnsPolicy: Default` (CoreDNS's kubernetes plugin reads the same file).
+DEFAULT_RESOLV_CONF = Path("/etc/resolv.conf")
+#: The kubelet writes at most 32 names in a pod's search line (MaxDNSSearchPaths).
+MAX_SEARCH_DOMAINS = 32
 
 
 class ConfigError(ValueError):
@@ -40,6 +45,8 @@ class ServeConfig:
     upstreams: tuple[Upstream, ...] = ()
     #: After SIGTERM, how long to keep answering with /ready failing.
     lameduck: float = 5.0
+    #: Vary the order of A, AAAA and MX records from reply to reply (CoreDNS `loadbalance`).
+    loadbalance: bool = False
 
 
 def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
@@ -64,6 +71,61 @@ def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
     if primary is None:
         raise ConfigError("--zone: at least one zone must be a forward zone, e.g. cluster.local")
     return tuple(zones), primary
+
+
+def parse_fallthrough(values: list[str], zones: tuple[Name, ...]) -> tuple[Name, ...]:
+    """`--fallthrough` zones from repeatable, comma-separated values, as lower-case labels.
+
+    The flag without a zone (an empty value) or with `.` means every zone, as CoreDNS's
+    `fallthrough` without arguments. A zone must overlap a served zone, or nothing could fall.
+    """
+    texts = [part.strip() for value in values for part in value.split(",")]
+    found: list[Name] = []
+    for text in texts:
+        if text in ("", "."):
+            labels: Name = ()
+        else:
+            labels = tuple(label.lower() for label in text.rstrip(".").split("."))
+            if any(not label or len(label) > 63 for label in labels):
+                raise ConfigError(f"--fallthrough {text!r}: not a domain name")
+        if not any(
+            labels[len(labels) - len(zone) :] == zone or zone[len(zone) - len(labels) :] == labels
+            for zone in zones
+        ):
+            served = ", ".join(".".join(zone) or "." for zone in zones)
+            raise ConfigError(
+                f"--fallthrough {text!r}: holds no name of the served zones ({served}); "
+                "name one of them or a zone inside one, e.g. in-addr.arpa"
+            )
+        if labels not in found:
+            found.append(labels)
+    return tuple(found)
+
+
+def parse_search_domains(text: str, source: str) -> tuple[Name, ...]:
+    """The search domains of a resolv.conf, lower-cased: the last `search` or `domain` line
+    counts, as for the resolver (and miekg/dns's ClientConfigFromReader)."""
+    domains: list[str] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "search":
+            domains = fields[1:]
+        elif fields and fields[0] == "domain":
+            domains = fields[1:2]
+    if len(domains) > MAX_SEARCH_DOMAINS:
+        raise ConfigError(
+            f"{source}: {len(domains)} search domains; a pod's search line holds at most "
+            f"{MAX_SEARCH_DOMAINS}"
+        )
+    names: list[Name] = []
+    for domain in domains:
+        if domain == ".":
+            continue
+        labels = tuple(label.lower() for label in domain.rstrip(".").split("."))
+        if any(not label or len(label) > 63 for label in labels):
+            raise ConfigError(f"{source}: search domain {domain!r} is not a domain name")
+        names.append(labels)
+    return tuple(names)
 
 
 def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:

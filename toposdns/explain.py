@@ -2,7 +2,8 @@
 
 It runs the same resolver the server runs, with a trace, and tells which locator placed the
 client, which policy applied (or why it was ignored), which tier matched, the candidates and the
-records returned.
+records returned; with --autopath, the names of the client's search path the server tries, up to
+the first it finds or the first it must ask the upstreams for.
 """
 
 from __future__ import annotations
@@ -11,11 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toposdns.resolve.answer import RCODE_NAMES, Answer, Name, name_text, type_name
+from toposdns.resolve.autopath import candidates, completed, goes_on
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A name of the search path that autopath tries: the zones' answer, or None when the
+    server asks its upstreams for it (and the rest, until one exists)."""
+
+    name: Name
+    answer: Answer | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +40,8 @@ class Explanation:
     decisions: list[Decision] = field(default_factory=list)
     #: The policy of the headless service the name belongs to, when no decision was needed.
     idle_policy: tuple[str, Policy] | None = None
+    #: With --autopath, for a pod asking below its first search domain: the names tried.
+    autopath: tuple[Step, ...] | None = None
 
 
 def explain(
@@ -38,9 +51,39 @@ def explain(
     client = identify(snapshot, address)
     decisions: list[Decision] = []
     answer = resolve(name, qtype, snapshot, config, client.labels, decisions)
+    steps = None
+    locator = client.locator
+    names = None
+    if config.autopath and locator is not None and not locator.is_node:
+        names = candidates(name, locator.namespace, config)
+    if names is not None:
+        steps = _walk(snapshot, config, client, names, qtype)
+        last = steps[-1].answer
+        if last is not None and not goes_on(last):
+            answer = completed(last, name)
+        elif steps[0].answer is not None:
+            answer = steps[0].answer  # the reply to the first name, if none exists
     return Explanation(
-        client, name, qtype, answer, decisions, _service_policy(snapshot, config, name)
+        client, name, qtype, answer, decisions, _service_policy(snapshot, config, name), steps
     )
+
+
+def _walk(
+    snapshot: Snapshot, config: ResolverConfig, client: Client, names: tuple[Name, ...], qtype: int
+) -> tuple[Step, ...]:
+    """The names autopath tries in the zones, up to the first that exists or that only the
+    upstreams can answer."""
+    steps = []
+    for name in names:
+        answer = None
+        if match_zone(tuple(label.lower() for label in name), config.zones) is not None:
+            answer = resolve(name, qtype, snapshot, config, client.labels)
+            if answer.fallthrough:
+                answer = None
+        steps.append(Step(name, answer))
+        if answer is None or not goes_on(answer):
+            break
+    return tuple(steps)
 
 
 def _service_policy(
@@ -100,8 +143,13 @@ def render_text(result: Explanation) -> str:
             address = ",".join(endpoint.addresses)
             lines.append(f"    {mark:6} {address:18} {_labels_text(labels)}")
         lines.append(f"  rule: {decision.selection.rule}")
+    if result.autopath is not None:
+        lines.extend(_autopath_text(result))
     answer = result.answer
-    lines.append(f"answer: {RCODE_NAMES.get(answer.rcode, answer.rcode)}")
+    if answer.fallthrough:
+        lines.append("answer: not in the cluster; the upstreams answer (--fallthrough)")
+    else:
+        lines.append(f"answer: {RCODE_NAMES.get(answer.rcode, answer.rcode)}")
     for section, records in (
         ("answer", answer.answer),
         ("authority", answer.authority),
@@ -110,6 +158,23 @@ def render_text(result: Explanation) -> str:
         for rr in records:
             lines.append(f"  {section:10} {rr}")
     return "\n".join(lines)
+
+
+def _autopath_text(result: Explanation) -> list[str]:
+    assert result.autopath is not None and result.client.locator is not None
+    lines = [f"autopath: the client's pod is in namespace {result.client.locator.namespace}"]
+    for step in result.autopath:
+        if step.answer is None:
+            lines.append(
+                f"  upstream {name_text(step.name)}  asked upstream, and the names after it, "
+                "until one exists; if none does, the answer below"
+            )
+        elif goes_on(step.answer):
+            lines.append(f"  tried    {name_text(step.name)}  NXDOMAIN")
+        else:
+            rcode = RCODE_NAMES.get(step.answer.rcode, str(step.answer.rcode))
+            lines.append(f"  found    {name_text(step.name)}  {rcode}")
+    return lines
 
 
 def render_json(result: Explanation) -> dict[str, Any]:
@@ -153,6 +218,19 @@ def render_json(result: Explanation) -> dict[str, Any]:
             }
             for d in result.decisions
         ],
+        "autopath": None
+        if result.autopath is None
+        else [
+            {
+                "name": name_text(step.name),
+                "rcode": None
+                if step.answer is None
+                else RCODE_NAMES.get(step.answer.rcode, str(step.answer.rcode)),
+                "upstream": step.answer is None,
+            }
+            for step in result.autopath
+        ],
+        "fallthrough": answer.fallthrough,
         "rcode": RCODE_NAMES.get(answer.rcode, str(answer.rcode)),
         "answer": [str(rr) for rr in answer.answer],
         "authority": [str(rr) for rr in answer.authority],

@@ -44,6 +44,12 @@ FORWARD_HEALTHCHECK_BROKEN = Counter(
 CACHE_ENTRIES = Gauge("coredns_cache_entries", "Entries in the forward cache.", ["server", "type"])
 CACHE_HITS = Counter("coredns_cache_hits", "Forward cache hits.", ["server", "type"])
 CACHE_MISSES = Counter("coredns_cache_misses", "Forward cache misses.", ["server"])
+AUTOPATH_SUCCESS = Counter(
+    "coredns_autopath_success",
+    "Queries answered by walking the client's search path (--autopath); unlike CoreDNS's, "
+    "names that exist as asked are not counted.",
+    ["server"],
+)
 
 # The PodLocator controller (`toposdns controller`).
 CONTROLLER_WRITES = Counter(

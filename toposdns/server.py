@@ -77,7 +77,12 @@ async def serve(config: ServeConfig) -> None:
         REGISTRY.register(metrics)
     forwarder = Forwarder(list(config.upstreams)) if config.upstreams else None
     responder = Responder(
-        resolver_config, Snapshot(synced=not live), config.ecs_trust, forwarder, metrics
+        resolver_config,
+        Snapshot(synced=not live),
+        config.ecs_trust,
+        forwarder,
+        metrics,
+        config.loadbalance,
     )
     stopping = False
 

@@ -89,6 +89,13 @@ def test_invalid_policy_is_shown(capsys: pytest.CaptureFixture[str], tmp_path: P
     [
         (["--client", "not-an-ip", "web.shop.svc.cluster.local"], 2, "does not appear to be"),
         (["--client", "10.0.0.1", "web.shop.svc.cluster.local", "BOGUS"], 2, "unknown record"),
+        (["--fallthrough=example.org", "--client", "10.0.0.1", "x"], 2, "holds no name of"),
+        (["--autopath-resolv-conf=/etc/hosts", "--client", "10.0.0.1", "x"], 2, "add --autopath"),
+        (
+            ["--autopath", "--autopath-resolv-conf=/no/such/file", "--client", "10.0.0.1", "x"],
+            2,
+            "--autopath-resolv-conf /no/such/file: cannot read it",
+        ),
     ],
 )
 def test_bad_arguments(
@@ -96,3 +103,41 @@ def test_bad_arguments(
 ) -> None:
     assert main(["explain", "--snapshot", TOPOLOGY, *args]) == code
     assert message in capsys.readouterr().err
+
+
+def test_autopath_shows_the_names_tried(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 10.0.0.2\nsearch corp.example\n")
+    options = ["--autopath", "--autopath-resolv-conf", str(resolv), "--client"]
+    code, out = run(capsys, *options, "127.0.0.2", "web.shop.shop.svc.cluster.local")
+    assert code == 0
+    assert "autopath: the client's pod is in namespace shop" in out
+    assert "tried    web.shop.shop.svc.cluster.local.  NXDOMAIN" in out
+    assert "found    web.shop.svc.cluster.local.  NOERROR" in out
+    assert "CNAME\tweb.shop.svc.cluster.local." in out and "IN\tA\t10.244.1.10" in out
+
+    code, out = run(
+        capsys, "--json", *options, "127.0.0.2", "api.example.com.shop.svc.cluster.local"
+    )
+    data = json.loads(out)
+    assert [step["name"] for step in data["autopath"]] == [
+        "api.example.com.shop.svc.cluster.local.",
+        "api.example.com.svc.cluster.local.",
+        "api.example.com.cluster.local.",
+        "api.example.com.corp.example.",
+    ]
+    assert [step["upstream"] for step in data["autopath"]] == [False, False, False, True]
+    assert data["rcode"] == "NXDOMAIN"  # the reply to the first name, if no name exists
+
+    # Node locators and unknown clients get the plain answer, without a walk.
+    for client in ("127.0.0.5", "10.9.9.9"):
+        code, out = run(capsys, *options, client, "web.shop.shop.svc.cluster.local")
+        assert "autopath" not in out and "answer: NXDOMAIN" in out
+
+
+def test_fallthrough_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--fallthrough=in-addr.arpa,ip6.arpa", "--client", "127.0.0.2"]
+    code, out = run(capsys, *args, "4.4.8.8.in-addr.arpa", "PTR")
+    assert code == 0 and "answer: not in the cluster; the upstreams answer (--fallthrough)" in out
+    code, out = run(capsys, "--json", *args, "nothere.shop.svc.cluster.local")
+    assert json.loads(out)["fallthrough"] is False and json.loads(out)["rcode"] == "NXDOMAIN"

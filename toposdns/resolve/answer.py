@@ -152,3 +152,6 @@ class Answer:
     policy: Policy | None = None
     #: Set when the answer ends in a CNAME to a name outside the zones.
     chase: Chase | None = None
+    #: True when the cluster does not have the name and a `--fallthrough` zone holds it: the
+    #: upstreams answer instead (CoreDNS's `fallthrough`, then `forward`).
+    fallthrough: bool = False

@@ -66,6 +66,19 @@ class ResolverConfig:
     ns_addresses: tuple[str, ...] = ()
     #: The first non-reverse zone, in its configured case: PTR answers point into it.
     primary_zone: Name = ("cluster", "local")
+    #: `fallthrough` zones as lower-case labels (the root, (), holds every name): there a name
+    #: the cluster does not have goes on to the upstreams instead of getting NXDOMAIN.
+    fallthrough: tuple[Name, ...] = ()
+    #: `--autopath`: complete the search path of pods placed by a PodLocator on the server.
+    autopath: bool = False
+    #: The node's search domains, which the kubelet appends to every pod's search path.
+    autopath_search: tuple[Name, ...] = ()
+
+
+#: A name the cluster does not have, in a `fallthrough` zone: handler.go hands the query to
+#: the next plugin (`forward`) before it looks at the sync state. With no next plugin the server
+#: answers SERVFAIL (plugin.NextOrFailure), which is this answer as it stands.
+FALLTHROUGH = Answer(SERVFAIL, authoritative=False, fallthrough=True)
 
 
 class NotFound(LookupError):
@@ -117,6 +130,8 @@ def resolve(
     try:
         records, extra = lookup.dispatch(name, lower, qtype)
     except (NotFound, InvalidName):
+        if match_zone(lower, config.fallthrough) is not None:
+            return FALLTHROUGH
         # Until the first sync, a name that was not found may yet appear: SERVFAIL, not NXDOMAIN.
         return Answer(NXDOMAIN if snapshot.synced else SERVFAIL, authority=(soa,))
     if not records:

@@ -33,6 +33,7 @@ from toposdns.resolve.answer import (
 )
 from toposdns.resolve.client import NO_LABELS, Network, client_address, identify, plain_address
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
+from toposdns.serve.autopath import AutoPath
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.query_metrics import QueryMetrics, labels_of
 from toposdns.store.snapshot import Snapshot
@@ -49,6 +50,7 @@ from toposdns.wire.encode import (
     encode_reply,
     udp_limit,
 )
+from toposdns.wire.shuffle import shuffle_reply
 
 log = logging.getLogger("toposdns")
 
@@ -116,12 +118,16 @@ class Responder:
         ecs_trust: tuple[Network, ...] = (),
         forwarder: Forwarder | None = None,
         metrics: QueryMetrics | None = None,
+        loadbalance: bool = False,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
         self.ecs_trust = ecs_trust
         self.forwarder = forwarder
         self.metrics = metrics
+        #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
+        self.loadbalance = loadbalance
+        self.autopath = AutoPath(self) if config.autopath else None
         #: Per-transport wire caches; frontends hold references, so they are cleared in place.
         self.wire: dict[Transport, WireCache] = {kind: {} for kind in TRANSPORTS}
         self.answers: LRUCache[tuple[Name, int], Answer | Policy] = LRUCache(ANSWER_CACHE_SIZE)
@@ -173,9 +179,19 @@ class Responder:
                 badvers = encode_badvers(query)
                 self.count(data, badvers, transport, query.qtype, "", started)
                 return badvers
-            if self.forwarder is not None and not self.in_zones(query.name):
+            if self.forwarder is not None and (
+                not self.in_zones(query.name) or self.falls_through(query)
+            ):
                 forwarded = self.forwarded(data, query, transport)
                 return self.counted(forwarded, data, transport, query, started, "forward")
+            if self.autopath is not None:
+                completed = self.autopath.complete(data, query, transport, source)
+                if isinstance(completed, bytes):
+                    completed = self.balanced(completed)
+                    self.count(data, completed, transport, query.qtype, "autopath", started)
+                    return completed
+                if completed is not None:
+                    return self.counted(completed, data, transport, query, started, "autopath")
             reply, policy, labels = self.reply(query, transport, source)
         except Exception:
             failure = self.failed(query)
@@ -186,6 +202,12 @@ class Responder:
                 return None
             return self.counted(reply, data, transport, query, started, "kubernetes")
         cacheable = query.edns is None or not query.edns.options
+        if cacheable and self.autopath is not None:
+            cacheable = self.autopath.shared(query, labels)
+        if self.loadbalance:
+            shuffled = shuffle_reply(reply)
+            if shuffled is not None:  # its order varies: not for the wire cache
+                reply, cacheable = shuffled, False
         if cacheable:
             self.remember(data, reply, transport, policy, labels)
         self.count(data, reply, transport, query.qtype, "", started, cacheable)
@@ -224,8 +246,13 @@ class Responder:
         """Count a reply that needed an upstream once it is there."""
         reply = await pending
         if reply is not None:
+            reply = self.balanced(reply)
             self.count(data, reply, transport, query.qtype, plugin, started)
         return reply
+
+    def balanced(self, reply: bytes) -> bytes:
+        """The reply in a new order with `--loadbalance` (hook for the cached-reply path)."""
+        return (shuffle_reply(reply) or reply) if self.loadbalance else reply
 
     def failed(self, query: Query) -> bytes:
         """SERVFAIL for a bug, with the traceback in the log."""
@@ -239,6 +266,14 @@ class Responder:
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""
         return match_zone(tuple(label.lower() for label in name), self.config.zones) is not None
+
+    def falls_through(self, query: Query) -> bool:
+        """True when the zones do not have the name and `--fallthrough` sends it upstream."""
+        fallthrough = self.config.fallthrough
+        lower = tuple(label.lower() for label in query.name)
+        if not fallthrough or match_zone(lower, fallthrough) is None:
+            return False
+        return self.answer(query.name, query.qtype).fallthrough
 
     async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
         """A query outside the zones, relayed to an upstream (CoreDNS `forward`)."""

@@ -1,0 +1,153 @@
+"""`--fallthrough`: CoreDNS's fall_test.go and setup_test.go tables as data, then which answers
+fall through (handler.go: only a name error, and before the sync check) and what the responder
+does with them, with and without upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import dnslib
+import pytest
+
+from tests.helpers import config_of, snapshot_of
+from toposdns.config import ConfigError, parse_fallthrough, parse_zones
+from toposdns.resolve.answer import AXFR, NOERROR, NXDOMAIN, PTR, SERVFAIL, TXT, A
+from toposdns.resolve.resolver import FALLTHROUGH, match_zone, resolve
+from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
+
+# fall_test.go TestFallthrough: (--fallthrough values, name, falls through). Its served zones
+# are left open there; here they must hold the fallthrough zones.
+FALL_ZONES, _ = parse_zones(["foo.com,bar.com,foo.net"])
+FALL_CASES = [
+    ([], "foo.com", False),  # the zero value: no fallthrough
+    ([""], "foo.net", True),  # no zones: every zone
+    (["foo.com,bar.com"], "foo.net", False),
+    (["foo.com,bar.com"], "bar.com", True),
+    (["foo.com", "bar.com"], "www.Bar.COM", True),  # repeated flag; a name below, any case
+    (["."], "anything.foo.net", True),
+]
+
+# setup_test.go: `fallthrough` alone is the root zone; with zones, those zones in order.
+SETUP_ZONES, _ = parse_zones(["cluster.local,ip6.arpa,inaddr.arpa,foo.com"])
+SETUP_CASES = [
+    ([""], [()]),
+    (["ip6.arpa,inaddr.arpa,foo.com"], [("ip6", "arpa"), ("inaddr", "arpa"), ("foo", "com")]),
+    (["Foo.Com.", "foo.com"], [("foo", "com")]),  # normalized, once
+    (["arpa"], [("arpa",)]),  # a zone above served zones holds their names too
+]
+
+
+@pytest.mark.parametrize(("values", "name", "falls"), FALL_CASES)
+def test_coredns_fall_table(values: list[str], name: str, falls: bool) -> None:
+    zones = parse_fallthrough(values, FALL_ZONES)
+    lower = tuple(name.lower().split("."))
+    assert (match_zone(lower, zones) is not None) is falls
+
+
+@pytest.mark.parametrize(("values", "zones"), SETUP_CASES)
+def test_coredns_setup_table(values: list[str], zones: list[tuple[str, ...]]) -> None:
+    assert list(parse_fallthrough(values, SETUP_ZONES)) == zones
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["example.org"], "holds no name of the served zones (cluster.local, in-addr.arpa"),
+        (["inaddr.arpa"], "name one of them or a zone inside one"),  # a typo
+        (["a..b"], "not a domain name"),
+    ],
+)
+def test_bad_fallthrough_zones(values: list[str], message: str) -> None:
+    zones, _ = parse_zones([])
+    with pytest.raises(ConfigError, match="--fallthrough") as error:
+        parse_fallthrough(values, zones)
+    assert message in str(error.value)
+
+
+OBJECTS = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
+    },
+]
+REVERSE = config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"])
+KUBEADM = replace(REVERSE, fallthrough=parse_fallthrough(["in-addr.arpa,ip6.arpa"], REVERSE.zones))
+EVERYWHERE = replace(REVERSE, fallthrough=((),))
+UNKNOWN_V6 = ".".join("0123456789abcdef0123456789abcdef") + ".ip6.arpa"
+
+# (config, name, qtype, synced, rcode of the plain answer or None when it falls through)
+CASES = [
+    (KUBEADM, "8.8.8.8.in-addr.arpa", PTR, True, None),
+    (KUBEADM, "5.0.96.10.in-addr.arpa", PTR, True, NOERROR),  # the cluster has it
+    (KUBEADM, UNKNOWN_V6, PTR, True, None),
+    (KUBEADM, "10.in-addr.arpa", PTR, True, None),  # not a whole address: a name error too
+    (KUBEADM, "8.8.8.8.in-addr.arpa", A, True, None),  # any type: the fake A lookup fails
+    (KUBEADM, "nothere.shop.svc.cluster.local", A, True, NXDOMAIN),  # not a fallthrough zone
+    (KUBEADM, "8.8.8.8.in-addr.arpa", PTR, False, None),  # before the sync check
+    (REVERSE, "8.8.8.8.in-addr.arpa", PTR, True, NXDOMAIN),  # no --fallthrough
+    (REVERSE, "8.8.8.8.in-addr.arpa", PTR, False, SERVFAIL),
+    (EVERYWHERE, "nothere.shop.svc.cluster.local", A, True, None),
+    (EVERYWHERE, "nothere.svc.cluster.local", A, True, None),  # no such namespace
+    (EVERYWHERE, "web.shop.svc.cluster.local", A, True, NOERROR),
+    (EVERYWHERE, "web.shop.svc.cluster.local", TXT, True, NOERROR),  # NODATA stays here
+    (EVERYWHERE, "cluster.local", AXFR, True, 5),  # REFUSED: transfers never fall
+]
+
+
+@pytest.mark.parametrize(("config", "name", "qtype", "synced", "rcode"), CASES)
+def test_what_falls_through(config, name: str, qtype: int, synced: bool, rcode: int | None) -> None:
+    answer = resolve(tuple(name.split(".")), qtype, snapshot_of(OBJECTS, synced), config)
+    if rcode is None:
+        assert answer is FALLTHROUGH
+    else:
+        assert answer.rcode == rcode and not answer.fallthrough
+
+
+class FakeForwarder:
+    """Answers every query with one A record, and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bool]] = []
+
+    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes:
+        self.sent.append((data, tcp))
+        reply = dnslib.DNSRecord.parse(data).reply()
+        reply.add_answer(dnslib.RR("dns.google.", dnslib.QTYPE.PTR, rdata=dnslib.PTR("dns.google")))
+        return bytes(reply.pack())
+
+
+def ptr_query(name: str, qid: int = 9) -> bytes:
+    query = dnslib.DNSRecord(dnslib.DNSHeader(id=qid, rd=1), q=dnslib.DNSQuestion(name, PTR))
+    query.add_ar(dnslib.EDNS0(udp_len=1232))
+    return bytes(query.pack())
+
+
+@pytest.mark.parametrize("transport", [UDP4, TCP4], ids=["udp", "tcp"])
+def test_the_upstreams_answer_what_falls(transport: Transport) -> None:
+    forwarder = FakeForwarder()
+    responder = Responder(KUBEADM, snapshot_of(OBJECTS), forwarder=forwarder)
+    data = ptr_query("8.8.8.8.in-addr.arpa")
+    pending = responder.respond(data, transport, "127.0.0.1")
+    assert not isinstance(pending, bytes) and pending is not None
+    reply = dnslib.DNSRecord.parse(asyncio.run(pending))
+    assert [str(rr.rdata) for rr in reply.rr] == ["dns.google."]
+    assert forwarder.sent == [(data, transport.tcp)]  # the client's own query, as CoreDNS's
+    # What the cluster has is answered here and never forwarded.
+    known = responder.respond(ptr_query("5.0.96.10.in-addr.arpa"), transport, "127.0.0.1")
+    assert isinstance(known, bytes)
+    assert str(dnslib.DNSRecord.parse(known).rr[0].rdata) == "web.shop.svc.cluster.local."
+    assert len(forwarder.sent) == 1
+
+
+def test_without_upstreams_what_falls_is_servfail() -> None:
+    responder = Responder(KUBEADM, snapshot_of(OBJECTS))
+    reply = responder.respond(ptr_query("8.8.8.8.in-addr.arpa", qid=3), UDP4, "127.0.0.1")
+    assert isinstance(reply, bytes)
+    parsed = dnslib.DNSRecord.parse(reply)
+    # plugin.NextOrFailure's error, written by the server: no AA, no records, the OPT echoed.
+    assert parsed.header.rcode == SERVFAIL and parsed.header.id == 3 and not parsed.header.aa
+    assert not parsed.rr and not parsed.auth and [rr.rtype for rr in parsed.ar] == [41]

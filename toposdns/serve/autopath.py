@@ -1,0 +1,217 @@
+"""`--autopath` on the server: walk a placed pod's search path, asking the upstreams for the
+names outside the zones, and shape the reply as CoreDNS's `autopath` does (the search path and
+the CNAME rule are in resolve/autopath.py).
+
+Only a client that a pod's PodLocator places gets completed answers: the locator gives its
+namespace. Node locators and unknown clients get the plain answers. The walk stops at the first
+name whose reply is not NXDOMAIN; a failed upstream (or none configured for a name outside the
+zones) ends it with SERVFAIL, as a plugin error ends CoreDNS's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from dataclasses import dataclass, replace
+from struct import error as StructError
+from struct import pack
+from typing import TYPE_CHECKING, Any
+
+import dnslib
+from dnslib.buffer import BufferError as PacketError
+
+from toposdns.metrics import AUTOPATH_SUCCESS
+from toposdns.resolve.answer import AXFR, IXFR, NXDOMAIN, OPT, SERVFAIL, Answer, Name
+from toposdns.resolve.autopath import (
+    answered_alike,
+    candidates,
+    completed,
+    first_candidate,
+    first_other,
+    goes_on,
+)
+from toposdns.resolve.client import client_address, identify
+from toposdns.store.topology import Labels
+from toposdns.wire.decode import HEADER_SIZE, MAX_NAME_WIRE, Query, read_name, record_spans
+from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, udp_limit
+
+if TYPE_CHECKING:
+    from toposdns.serve.responder import Responder, Transport
+
+CLASS_IN = 1
+
+#: A completed reply, or one that waits for the upstreams.
+Completion = bytes | Coroutine[Any, Any, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """One query's walk along its search path."""
+
+    data: bytes
+    query: Query
+    transport: Transport
+    #: The names to try, in order; the last is the name without the search domain.
+    names: tuple[Name, ...]
+    labels: Labels
+    limit: int
+    #: ECS scope of the reply: it depends on the client (its namespace) whenever ECS placed it.
+    scope: int
+
+
+class AutoPath:
+    """Completes search paths for one responder, with its caches and its upstreams."""
+
+    def __init__(self, responder: Responder) -> None:
+        self.responder = responder
+
+    def complete(
+        self, data: bytes, query: Query, transport: Transport, source: str
+    ) -> Completion | None:
+        """The completed reply to a query, or None when the plain reply is what the client
+        gets: the name is not below its first search domain, no pod's PodLocator places it,
+        or the name exists as asked."""
+        responder = self.responder
+        config = responder.config
+        if query.qtype in (AXFR, IXFR) or query.qclass != CLASS_IN:
+            return None
+        if first_candidate(query.name, config) is None:
+            return None
+        ecs = query.ecs.address if query.ecs is not None else None
+        address, via_ecs = client_address(source, ecs, responder.ecs_trust)
+        client = identify(responder.snapshot, address, via_ecs)
+        if client.locator is None or client.locator.is_node:
+            return None
+        names = candidates(query.name, client.locator.namespace, config)
+        if names is None:
+            return None
+        first = self.local(names[0], query.qtype, client.labels)
+        if first is not None and answered_alike(query.name, names[0], first):
+            return None  # the plain reply, which the wire cache may keep for everyone
+        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+        scope = query.ecs.source_prefix if query.ecs is not None and via_ecs else 0
+        return self.walk(_Walk(data, query, transport, names, client.labels, limit, scope), 0)
+
+    def shared(self, query: Query, labels: Labels) -> bool:
+        """True when the plain reply to this query is also what any placed pod would get, so
+        that the wire cache may keep it for every client."""
+        first = first_candidate(query.name, self.responder.config)
+        if first is None:
+            return True
+        return answered_alike(
+            query.name, first, self.responder.answer(query.name, query.qtype, labels)
+        )
+
+    def local(self, name: Name, qtype: int, labels: Labels) -> Answer | None:
+        """The zones' answer for a name, or None when the upstreams must answer it."""
+        if not self.responder.in_zones(name):
+            return None
+        answer = self.responder.answer(name, qtype, labels)
+        return None if answer.fallthrough else answer
+
+    def walk(self, walk: _Walk, start: int, first: bytes | None = None) -> Completion:
+        """Try the names from `start` on; `first` is the reply to the first name, which the
+        client gets when no name exists."""
+        for index in range(start, len(walk.names)):
+            name = walk.names[index]
+            if _wire_length(name) > MAX_NAME_WIRE:
+                continue  # no server can have it
+            answer = self.local(name, walk.query.qtype, walk.labels)
+            if answer is None:
+                if self.responder.forwarder is None:
+                    return encode_bare(walk.query, SERVFAIL)  # no next plugin: an error
+                return self.upstream(walk, index, first)
+            if not goes_on(answer):
+                return self.found(walk, name, answer)
+            if first is None:
+                first = self.encode(replace(walk.query, name=name), answer, walk)
+        assert first is not None  # the first name is the one asked: never skipped
+        return first
+
+    def found(self, walk: _Walk, name: Name, answer: Answer) -> Completion:
+        """The reply for a name that exists in the zones."""
+        self.count()
+        if answer.chase is not None and self.responder.forwarder is not None:
+            return self.chased(walk, name, answer)
+        return self.encode(walk.query, completed(answer, walk.query.name), walk)
+
+    async def chased(self, walk: _Walk, name: Name, answer: Answer) -> bytes:
+        """An ExternalName found on the way, completed upstream, then led by the CNAME."""
+        asked = replace(walk.query, name=name)
+        reply = await self.responder.chased(asked, answer, walk.transport, walk.scope)
+        return self.renamed(reply, walk)
+
+    async def upstream(self, walk: _Walk, index: int, first: bytes | None) -> bytes:
+        """Ask the upstreams for one name, then go on with the walk if it does not exist."""
+        name = walk.names[index]
+        asked = replace(walk.query, name=name)
+        reply = await self.responder.forwarded(
+            renamed_query(walk.data, name), asked, walk.transport
+        )
+        if reply[3] & 0x0F != NXDOMAIN:
+            self.count()
+            return self.renamed(reply, walk)
+        rest = self.walk(walk, index + 1, reply if first is None else first)
+        return rest if isinstance(rest, bytes) else await rest
+
+    def renamed(self, reply: bytes, walk: _Walk) -> bytes:
+        """An encoded reply to a later name as the client gets it; SERVFAIL if it is garbage."""
+        try:
+            return renamed_reply(reply, walk.query.name, walk.limit)
+        except (dnslib.DNSError, PacketError, ValueError, IndexError, StructError, UnicodeError):
+            return encode_bare(walk.query, SERVFAIL)
+
+    def encode(self, query: Query, answer: Answer, walk: _Walk) -> bytes:
+        return encode_reply(query, answer, walk.limit, walk.transport.fragment_limit, walk.scope)
+
+    def count(self) -> None:
+        metrics = self.responder.metrics
+        if metrics is not None:
+            AUTOPATH_SUCCESS.labels(metrics.server).inc()
+
+
+def renamed_query(data: bytes, name: Name) -> bytes:
+    """The client's query with another name in its question, its header and OPT record kept
+    (CoreDNS passes the client's message on with only the name changed)."""
+    question_end = read_name(data, HEADER_SIZE)[1]
+    opt = b"".join(
+        data[start:end]
+        for start, _, end, rtype, section in record_spans(data)
+        if rtype == OPT and section == 2
+    )
+    header = data[:4] + pack("!4H", 1, 0, 0, 1 if opt else 0)
+    return header + _wire_name(name) + data[question_end : question_end + 4] + opt
+
+
+def renamed_reply(reply: bytes, original: Name, limit: int) -> bytes:
+    """A reply to a later name as the client that asked `original` gets it (cname.go): the
+    question is `original` again, and when a record is named otherwise, a CNAME from `original`
+    to that record's owner leads the answer. A reply that grows past `limit` goes out without
+    its records, TC set, for the client to ask again over TCP."""
+    message = dnslib.DNSRecord.parse(reply)
+    owner = dnslib.DNSLabel([label.encode("latin-1") for label in original])
+    at = first_other((_labels(rr.rname) for rr in message.rr), original)
+    if at is not None:
+        target = message.rr[at]
+        cname = dnslib.CNAME(target.rname)
+        message.rr.insert(0, dnslib.RR(owner, dnslib.QTYPE.CNAME, ttl=target.ttl, rdata=cname))
+    message.q.qname = owner
+    packed = bytes(message.pack())
+    if len(packed) <= limit:
+        return packed
+    message.header.tc = 1
+    message.rr, message.auth = [], []
+    message.ar = [rr for rr in message.ar if rr.rtype == OPT]
+    return bytes(message.pack())
+
+
+def _labels(name: dnslib.DNSLabel) -> Name:
+    return tuple(label.decode("latin-1") for label in name.label)
+
+
+def _wire_name(name: Name) -> bytes:
+    raw = [label.encode("latin-1") for label in name]
+    return b"".join(bytes((len(label),)) + label for label in raw) + b"\x00"
+
+
+def _wire_length(name: Name) -> int:
+    return sum(len(label) + 1 for label in name) + 1
