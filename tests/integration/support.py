@@ -24,6 +24,7 @@ from pathlib import Path
 import dns.message
 import dns.query
 import dns.rdatatype
+from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).parent
 FIXTURE_SNAPSHOT = HERE / "snapshot.yaml"
@@ -320,3 +321,15 @@ def http_get(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+def metric_total(port: int, name: str) -> float:
+    """The sum of every sample of one metric on http://127.0.0.1:PORT/metrics."""
+    status, text = http_get(port, "/metrics")
+    assert status == 200, text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )

@@ -24,6 +24,8 @@ import pytest
 import yaml
 from celpy import celtypes
 
+from toposdns.config import parse_fallthrough, parse_zones
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 FORWARD = MANIFESTS / "coredns-forward"
@@ -732,12 +734,16 @@ def container(deployment: Doc) -> Doc:
     return containers[0]
 
 
+#: Flags that take no value (the only ones written without `=value`).
+SWITCHES = frozenset({"--loadbalance", "--autopath"})
+
+
 def flags(args: list[str]) -> dict[str, str]:
-    """`--name=value` arguments; every flag is written in that one-item form."""
+    """`--name=value` arguments, every flag in that one-item form; a switch maps to ""."""
     result = {}
     for arg in args[1:]:
         name, sep, value = arg.partition("=")
-        assert name.startswith("--") and sep, f"write {arg!r} as --name=value"
+        assert name.startswith("--") and (sep or name in SWITCHES), f"write {arg!r} as --name=value"
         assert name not in result, f"{name} given twice"
         result[name] = value
     return result
@@ -852,6 +858,13 @@ def test_dns_container() -> None:
     assert http_port == 9153
     assert options["--zone"].split(",") == ["cluster.local", "in-addr.arpa", "ip6.arpa"]
     assert options["--ttl"] == "30" and options["--pods"] == "insecure"
+    # The rest of kubeadm's Corefile that has a counterpart (manifests/README.md's table).
+    assert options["--fallthrough"].split(",") == ["in-addr.arpa", "ip6.arpa"]
+    zones, _ = parse_zones([options["--zone"]])
+    assert parse_fallthrough([options["--fallthrough"]], zones)  # as the server reads it
+    assert options["--cache-max-ttl"] == "30"
+    assert options["--loadbalance"] == ""
+    assert "--autopath" not in options, "opt-in: kubeadm's Corefile has no autopath"
     assert "--snapshot" not in options, "in a cluster it watches the API"
     lameduck = duration_seconds(options["--lameduck"])
     assert lameduck == 5
