@@ -57,7 +57,8 @@ def explain(
     if config.autopath and locator is not None and not locator.is_node:
         names = candidates(name, locator.namespace, config)
     if names is not None:
-        steps = _walk(snapshot, config, client, names, qtype)
+        decisions = []  # the walk's, whose first name is the name asked
+        steps = _walk(snapshot, config, client, names, qtype, decisions)
         last = steps[-1].answer
         if last is not None and not goes_on(last):
             answer = completed(last, name)
@@ -69,7 +70,12 @@ def explain(
 
 
 def _walk(
-    snapshot: Snapshot, config: ResolverConfig, client: Client, names: tuple[Name, ...], qtype: int
+    snapshot: Snapshot,
+    config: ResolverConfig,
+    client: Client,
+    names: tuple[Name, ...],
+    qtype: int,
+    decisions: list[Decision],
 ) -> tuple[Step, ...]:
     """The names autopath tries in the zones, up to the first that exists or that only the
     upstreams can answer."""
@@ -77,7 +83,7 @@ def _walk(
     for name in names:
         answer = None
         if match_zone(tuple(label.lower() for label in name), config.zones) is not None:
-            answer = resolve(name, qtype, snapshot, config, client.labels)
+            answer = resolve(name, qtype, snapshot, config, client.labels, decisions)
             if answer.fallthrough:
                 answer = None
         steps.append(Step(name, answer))
