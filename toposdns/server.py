@@ -114,17 +114,18 @@ async def serve(config: ServeConfig) -> None:
             port = await http.start(*config.http)
             stack.push_async_callback(http.stop)
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
+        # Signals are ours before the port is announced, so that a signal sent right after
+        # the "serving" line is never Python's default KeyboardInterrupt.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
         port = await _serve_dns(config, resolver_config, responder, stack)
         server = f"dns://:{port}"  # the label CoreDNS gives its server block
         if metrics is not None:
             metrics.server = server
         if forwarder is not None:
             forwarder.server = server
-
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         done, _ = await asyncio.wait(
             [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
         )

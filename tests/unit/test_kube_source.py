@@ -15,11 +15,11 @@ import pytest
 from tests.helpers import config_of
 from tests.kubeapi import FakeApiServer
 from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
-from toposdns.resolve.answer import A
 from toposdns.resolve.resolver import resolve
 from toposdns.source.kube import KubeSource
 from toposdns.source.watch import WatchSettings, apis_of, connect
 from toposdns.store.snapshot import Snapshot
+from toposdns.wire.codes import A
 
 FAST = WatchSettings(
     inactivity=1.0, watch_seconds=30, backoff_initial=0.05, backoff_max=0.2, page_size=2
