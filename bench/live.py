@@ -1,6 +1,6 @@
 """Measure toposdns serving a large cluster from the (stand-in) Kubernetes API.
 
-Three numbers, for issue 4:
+Three numbers:
 
 1. time to ready: from starting `python -m toposdns serve --kubeconfig ...` to the first 200 from
    /ready, with ~100,000 PodLocators, 10,000 Services and 10,000 EndpointSlices in the API;

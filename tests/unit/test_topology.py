@@ -1,7 +1,8 @@
 """The topology module: kube-proxy's FilterTopologyEndpoint, the API server's topologyKeys
 validation, policy precedence, zone hints, answer-cache signatures and endpoint topology.
 
-Expectations are upstream's (shared/spec/topology.md §3, §4, §7; SPEC.md §4), not the module's.
+Expectations are upstream's (kube-proxy, the API server, the KEPs; see docs/topology.md), not the
+module's.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def test_filter_topology_endpoint(
 
 
 # --------------------------------------------------------------------------------------------
-# 2. Properties of selection by keys (topology.md §3).
+# 2. Properties of selection by keys (docs/topology.md, "Choosing endpoints by tiers").
 # --------------------------------------------------------------------------------------------
 
 # Five endpoints: two on n1 (zone a), one on n2 (zone a), one on n3 (zone b), one with no zone.
@@ -282,7 +283,7 @@ def _same(labels: Mapping[str, str], client: Mapping[str, str], key: str) -> boo
 
 
 # --------------------------------------------------------------------------------------------
-# 3. Zone hints and the policy a service asks for (topology.md §7; SPEC.md §4).
+# 3. Zone hints and the policy a service asks for (docs/topology.md, "Where a policy comes from").
 # --------------------------------------------------------------------------------------------
 
 HINTED: Candidates = [
@@ -427,7 +428,7 @@ def test_no_policy_without_any_source() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 4. Validation (topology.md §4): the API server's ValidateService topologyKeys block, with
+# 4. Validation (docs/topology.md): the API server's ValidateService topologyKeys block, with
 # apimachinery's IsQualifiedName and field.Error rendering. Errors accumulate.
 # --------------------------------------------------------------------------------------------
 

@@ -1,8 +1,7 @@
 """Answer a question from a snapshot, exactly as CoreDNS's `kubernetes` plugin does.
 
 This is a pure function of (question, snapshot, config): no I/O, no clock. Its structure follows
-CoreDNS so that each rule can be checked against the source named in
-`shared/spec/coredns-contract.md`:
+CoreDNS so that each rule can be checked against its source (docs/coredns-compatibility.md):
 
 - `resolve` is `handler.go` ServeDNS: zone match, dispatch on the qtype, negative answers;
 - `_Lookup.services` / `records` / `find_services` / `find_pods` are `kubernetes.go`;

@@ -1,7 +1,7 @@
 """Topology policies of headless services: which one applies, whether it is valid, what it picks.
 
 A headless service answers a client with the endpoints of the client's topology domain. The
-policy comes from the first of these that the service sets (SPEC.md §4):
+policy comes from the first of these that the service sets (docs/topology.md):
 
 1. `spec.topologyKeys` (Service Topology, Kubernetes 1.17-1.21);
 2. the `toposdns.io/topology-keys` annotation (the same list, for clusters without the field);
@@ -13,9 +13,9 @@ policy comes from the first of these that the service sets (SPEC.md §4):
 Key lists are validated as the API server validated `topologyKeys`; an invalid policy is
 ignored (every endpoint is returned) and its errors are kept for logs and `explain`.
 
-Selection by keys is kube-proxy's `FilterTopologyEndpoint` (shared/spec/topology.md §3): the
-first tier with any endpoint wins whole, tiers never mix, and a client whose labels are unknown
-gets everything only if the last key is "*".
+Selection by keys is kube-proxy's `FilterTopologyEndpoint` (kubernetes/kubernetes
+pkg/proxy/topology.go, 1.17-1.21): the first tier with any endpoint wins whole, tiers never mix,
+and a client whose labels are unknown gets everything only if the last key is "*".
 """
 
 from __future__ import annotations
