@@ -595,8 +595,8 @@ def profile_child(kubeconfig: Path, mode: str, out: Path) -> None:
     import tracemalloc
 
     rss0 = rss_mb()
+    from toposdns.kube.client import apis_of, connect
     from toposdns.source.kube import KubeSource
-    from toposdns.source.watch import apis_of, connect
     from toposdns.store.snapshot import Snapshot
 
     report: list[str] = [f"RSS bare interpreter {rss0:.0f} MB, after imports {rss_mb():.0f} MB"]

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from toposdns.config import ServeConfig
+from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
@@ -27,7 +28,6 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
-from toposdns.source.watch import apis_of, connect
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 

@@ -14,11 +14,12 @@ import pytest
 
 from tests.helpers import config_of
 from tests.kubeapi import FakeApiServer
+from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
 from toposdns.resolve.answer import A
 from toposdns.resolve.resolver import resolve
 from toposdns.source.kube import KubeSource
-from toposdns.source.watch import WatchSettings, apis_of, connect
+from toposdns.source.watch import WatchSettings
 from toposdns.store.snapshot import Snapshot
 
 FAST = WatchSettings(

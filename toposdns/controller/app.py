@@ -24,15 +24,10 @@ from toposdns.controller.elector import LeaseElector
 from toposdns.controller.queue import TokenBucket, WorkQueue
 from toposdns.controller.state import WATCHED, ClusterState, Key
 from toposdns.controller.writer import LocatorWriter, NotLeader, Retry
+from toposdns.kube.client import Apis, apis_of, connect
 from toposdns.metrics import CONTROLLER_QUEUE_DEPTH
 from toposdns.serve.http import HttpServer
-from toposdns.source.watch import (
-    Apis,
-    Reflector,
-    WatchSettings,
-    apis_of,
-    connect,
-)
+from toposdns.source.watch import Reflector, WatchSettings
 
 log = logging.getLogger("toposdns")
 

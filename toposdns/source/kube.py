@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from toposdns.kube.client import Apis
+from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import MALFORMED_OBJECTS
 from toposdns.source.watch import (
-    Apis,
     Object,
     Reflector,
     Resource,
@@ -46,7 +47,7 @@ ENDPOINT_SLICES = Resource(
     "discovery.k8s.io/v1",
     lambda a: a.discovery.list_endpoint_slice_for_all_namespaces_without_preload_content,
 )
-POD_LOCATORS = custom_resource("toposdns.io", "v1alpha1", "podlocators", "PodLocator")
+POD_LOCATORS = custom_resource(POD_LOCATOR)
 #: What DNS watches, and the store record each becomes.
 RESOURCES: dict[Resource, type] = {
     NAMESPACES: Namespace,

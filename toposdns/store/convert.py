@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 from toposdns.store.model import (
     CLUSTER_IP,
     EXTERNAL_NAME,
@@ -27,14 +28,13 @@ from toposdns.store.model import (
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 TOPOLOGY_KEYS_ANNOTATION = "toposdns.io/topology-keys"
-NODE_LOCATOR_LABEL = "toposdns.io/locator"
 
 #: (apiVersion, kind) pairs a snapshot or the live source may hold.
 KINDS = {
     ("v1", "Service"),
     ("v1", "Namespace"),
     ("discovery.k8s.io/v1", "EndpointSlice"),
-    ("toposdns.io/v1alpha1", "PodLocator"),
+    (POD_LOCATOR.api_version, POD_LOCATOR.kind),
 }
 
 
