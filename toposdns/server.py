@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import signal
@@ -103,7 +104,9 @@ async def serve(config: ServeConfig) -> None:
         else:
             api_client = await connect(config.kubeconfig)
             stack.push_async_callback(api_client.close)
-            background = KubeSource(apis_of(api_client), publish).run()
+            # Listed objects live as long as the data: freeze what survives each page, so the
+            # cyclic collector does not scan it again and again in a big sync.
+            background = KubeSource(apis_of(api_client), publish, on_page=gc.freeze).run()
         task = asyncio.create_task(background, name="source")
         stack.callback(task.cancel)
         if live:

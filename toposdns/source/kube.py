@@ -66,11 +66,14 @@ class KubeSource:
         publish: Callable[[Snapshot], None],
         settings: WatchSettings | None = None,
         clock: Callable[[], float] = time.time,
+        on_page: Callable[[], None] | None = None,
     ) -> None:
         self.apis = apis
         self.publish = publish
         self.settings = settings or WatchSettings()
         self.clock = clock
+        #: Called after each list page (Reflector's `on_page`).
+        self.on_page = on_page
         self.builder = StoreBuilder()
         self.synced: set[str] = set()
         self.serial = 0
@@ -86,7 +89,7 @@ class KubeSource:
         """Run every reflector until cancelled."""
         async with asyncio.TaskGroup() as group:
             for resource in RESOURCES:
-                reflector = Reflector(self.apis, resource, self, self.settings)
+                reflector = Reflector(self.apis, resource, self, self.settings, self.on_page)
                 group.create_task(reflector.run(), name=f"watch {resource.name}")
 
     # The reflectors' sink.

@@ -16,7 +16,6 @@ sink's business: the DNS source turns them into store records, the controller in
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import random
@@ -108,13 +107,25 @@ class Sink(Protocol):
 
 
 class Reflector:
-    """List, then watch, one resource; relist when the watch's history is gone."""
+    """List, then watch, one resource; relist when the watch's history is gone.
 
-    def __init__(self, apis: Apis, resource: Resource, sink: Sink, settings: WatchSettings):
+    `on_page`, if given, is called after each list page has been passed through the sink's
+    `prepare`: the process that owns the heap may freeze what survived it there (gc.freeze).
+    """
+
+    def __init__(
+        self,
+        apis: Apis,
+        resource: Resource,
+        sink: Sink,
+        settings: WatchSettings,
+        on_page: Callable[[], None] | None = None,
+    ) -> None:
         self.resource = resource
         self.call = resource.call(apis)
         self.sink = sink
         self.settings = settings
+        self.on_page = on_page
         self.prepare: Callable[[Resource, Object], Any] = getattr(
             sink, "prepare", lambda _resource, obj: obj
         )
@@ -160,10 +171,8 @@ class Reflector:
                     obj.setdefault("kind", self.resource.kind)
                     obj.setdefault("apiVersion", self.resource.api_version)
                     items.append(self.prepare(self.resource, obj))
-            # What survives a page lives as long as the data: keep the cyclic collector from
-            # scanning it again and again (full collections of 100,000s of objects take
-            # most of a large sync otherwise).
-            gc.freeze()
+            if self.on_page is not None:
+                self.on_page()
             token = metadata.get("continue") or None
             if token is None:
                 self.sink.replace(self.resource, items)
