@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import signal
@@ -16,6 +17,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from toposdns.config import ServeConfig
+from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
@@ -27,7 +29,6 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
-from toposdns.source.watch import apis_of, connect
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -103,7 +104,9 @@ async def serve(config: ServeConfig) -> None:
         else:
             api_client = await connect(config.kubeconfig)
             stack.push_async_callback(api_client.close)
-            background = KubeSource(apis_of(api_client), publish).run()
+            # Listed objects live as long as the data: freeze what survives each page, so the
+            # cyclic collector does not scan it again and again in a big sync.
+            background = KubeSource(apis_of(api_client), publish, on_page=gc.freeze).run()
         task = asyncio.create_task(background, name="source")
         stack.callback(task.cancel)
         if live:
