@@ -137,10 +137,10 @@ async def serve(config: ServeConfig) -> None:
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
         stopping = True
-        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
         again = asyncio.Event()  # a second signal (Ctrl-C twice) ends the wait at once
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, again.set)
+        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(again.wait(), config.lameduck)
         log.info("stopped")
