@@ -26,10 +26,10 @@ from toposdns.config import (
     parse_zones,
 )
 from toposdns.logs import configure_logging
-from toposdns.resolve.answer import Name
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.forward import Upstream, resolv_conf_upstreams
 from toposdns.source.snapshot_file import SnapshotError
+from toposdns.wire.codes import Name
 
 log = logging.getLogger("toposdns")
 
@@ -356,8 +356,8 @@ def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from toposdns.kube.client import ConnectError
     from toposdns.server import run, serve
-    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -406,8 +406,8 @@ def _controller(args: argparse.Namespace) -> int:
         parse_label_keys,
         parse_label_prefixes,
     )
+    from toposdns.kube.client import ConnectError
     from toposdns.server import run
-    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:

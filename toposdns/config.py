@@ -6,9 +6,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toposdns.resolve.answer import Name
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
 from toposdns.serve.forward import Upstream
+from toposdns.wire.codes import Name
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
 POD_MODES = ("disabled", "insecure", "verified")

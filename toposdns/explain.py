@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposdns.resolve.answer import RCODE_NAMES, Answer, Name, name_text, type_name
+from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import candidates, completed, goes_on
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Policy
+from toposdns.wire.codes import RCODE_NAMES, Name
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 import dnslib
 import pytest
 
-from toposdns.resolve.answer import AAAA, CNAME, MX, A
+from toposdns.wire.codes import AAAA, CNAME, MX, A
 from toposdns.wire.decode import record_spans
 from toposdns.wire.shuffle import order, shuffle_reply, varies
 

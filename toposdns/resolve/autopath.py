@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from toposdns.resolve.answer import CNAME, NXDOMAIN, RR, Answer, Name
+from toposdns.resolve.answer import RR, Answer
 from toposdns.resolve.qname import SVC
 from toposdns.resolve.resolver import ResolverConfig, match_zone
+from toposdns.wire.codes import CNAME, NXDOMAIN, Name
 
 
 def search_path(namespace: str, zone: Name, node_search: tuple[Name, ...]) -> tuple[Name, ...]:

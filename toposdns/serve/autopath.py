@@ -20,7 +20,7 @@ import dnslib
 from dnslib.buffer import BufferError as PacketError
 
 from toposdns.metrics import AUTOPATH_SUCCESS
-from toposdns.resolve.answer import AXFR, IXFR, NXDOMAIN, OPT, SERVFAIL, Answer, Name
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import (
     answered_alike,
     candidates,
@@ -29,15 +29,14 @@ from toposdns.resolve.autopath import (
     first_other,
     goes_on,
 )
-from toposdns.resolve.client import client_address, identify
+from toposdns.resolve.resolver import resolve
 from toposdns.store.topology import Labels
+from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
 from toposdns.wire.decode import HEADER_SIZE, MAX_NAME_WIRE, Query, read_name, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, udp_limit
 
 if TYPE_CHECKING:
     from toposdns.serve.responder import Responder, Transport
-
-CLASS_IN = 1
 
 #: A completed reply, or one that waits for the upstreams.
 Completion = bytes | Coroutine[Any, Any, bytes]
@@ -76,36 +75,33 @@ class AutoPath:
             return None
         if first_candidate(query.name, config) is None:
             return None
-        ecs = query.ecs.address if query.ecs is not None else None
-        address, via_ecs = client_address(source, ecs, responder.ecs_trust)
-        client = identify(responder.snapshot, address, via_ecs)
-        if client.locator is None or client.locator.is_node:
+        subnet = query.ecs.address if query.ecs is not None else None
+        locator, via_ecs = responder.placer.locate(responder.snapshot.locators, source, subnet)
+        if locator is None or locator.is_node:
             return None
-        names = candidates(query.name, client.locator.namespace, config)
+        names = candidates(query.name, locator.namespace, config)
         if names is None:
             return None
-        first = self.local(names[0], query.qtype, client.labels)
+        labels = locator.node_labels
+        first = self.local(names[0], query.qtype, labels)
         if first is not None and answered_alike(query.name, names[0], first):
             return None  # the plain reply, which the wire cache may keep for everyone
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         scope = query.ecs.source_prefix if query.ecs is not None and via_ecs else 0
-        return self.walk(_Walk(data, query, transport, names, client.labels, limit, scope), 0)
+        return self.walk(_Walk(data, query, transport, names, labels, limit, scope), 0)
 
-    def shared(self, query: Query, labels: Labels) -> bool:
-        """True when the plain reply to this query is also what any placed pod would get, so
-        that the wire cache may keep it for every client."""
+    def shared(self, query: Query, answer: Answer) -> bool:
+        """True when `answer`, the plain one to this query, is also what any placed pod would
+        get, so that the reply cache may keep it for every client."""
         first = first_candidate(query.name, self.responder.config)
-        if first is None:
-            return True
-        return answered_alike(
-            query.name, first, self.responder.answer(query.name, query.qtype, labels)
-        )
+        return first is None or answered_alike(query.name, first, answer)
 
     def local(self, name: Name, qtype: int, labels: Labels) -> Answer | None:
         """The zones' answer for a name, or None when the upstreams must answer it."""
-        if not self.responder.in_zones(name):
+        responder = self.responder
+        if not responder.in_zones(name):
             return None
-        answer = self.responder.answer(name, qtype, labels)
+        answer = resolve(name, qtype, responder.snapshot, responder.config, labels)
         return None if answer.fallthrough else answer
 
     def walk(self, walk: _Walk, start: int, first: bytes | None = None) -> Completion:

@@ -31,7 +31,8 @@ from toposdns.metrics import (
     PROXY_DURATION,
     PROXY_HEALTHCHECK_FAILURES,
 )
-from toposdns.resolve.answer import AAAA, CNAME, RCODE_NAMES, RR, A, Name, name_text
+from toposdns.resolve.answer import RR, name_text
+from toposdns.wire.codes import AAAA, CNAME, RCODE_NAMES, A, Name
 from toposdns.wire.decode import record_spans
 
 log = logging.getLogger("toposdns")

@@ -23,7 +23,7 @@ from struct import unpack_from
 import dnslib
 from dnslib.buffer import BufferError as PacketError
 
-from toposdns.resolve.answer import AAAA, AXFR, CNAME, IXFR, MX, NOERROR, OPT, A
+from toposdns.wire.codes import AAAA, AXFR, CNAME, IXFR, MX, NOERROR, OPT, A
 from toposdns.wire.decode import HEADER_SIZE, read_name, record_spans
 
 TSIG = 250
