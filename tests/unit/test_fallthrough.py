@@ -14,7 +14,10 @@ from tests.helpers import config_of, snapshot_of
 from toposdns.config import ConfigError, parse_fallthrough, parse_zones
 from toposdns.resolve.resolver import match_zone, resolve
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
+from toposdns.store.builder import StoreBuilder
+from toposdns.store.convert import convert_object
 from toposdns.wire.codes import AXFR, NOERROR, NXDOMAIN, PTR, SERVFAIL, TXT, A
+from toposdns.wire.edns import split_query
 
 # fall_test.go TestFallthrough: (--fallthrough values, name, falls through). Its served zones
 # are left open there; here they must hold the fallthrough zones.
@@ -152,3 +155,32 @@ def test_without_upstreams_what_falls_is_servfail() -> None:
     # plugin.NextOrFailure's error, written by the server: no AA, no records, the OPT echoed.
     assert parsed.header.rcode == SERVFAIL and parsed.header.id == 3 and not parsed.header.aa
     assert not parsed.rr and not parsed.auth and [rr.rtype for rr in parsed.ar] == [41]
+
+
+def cache_key(query: bytes) -> bytes:
+    split = split_query(query)
+    assert split is not None
+    return split[0]
+
+
+def test_a_cached_servfail_goes_when_the_address_appears() -> None:
+    # Without upstreams the SERVFAIL is cached like any reply, under what the lookup read.
+    builder = StoreBuilder()
+    for item in OBJECTS:
+        builder.put(convert_object(item))
+    responder = Responder(KUBEADM, builder.snapshot(serial=1))
+    query = ptr_query("4.4.8.8.in-addr.arpa")
+    first = responder.respond(query, UDP4, "127.0.0.1")
+    assert isinstance(first, bytes) and dnslib.DNSRecord.parse(first).header.rcode == SERVFAIL
+    other = ptr_query("5.0.96.10.in-addr.arpa")
+    responder.respond(other, UDP4, "127.0.0.1")
+    assert set(responder.caches[UDP4].table) == {cache_key(query), cache_key(other)}
+    service = {**OBJECTS[1], "metadata": {"name": "dns", "namespace": "shop"}}
+    builder.put(convert_object({**service, "spec": {"clusterIP": "8.8.4.4"}}))
+    responder.update(builder.snapshot(serial=2))
+    assert set(responder.caches[UDP4].table) == {cache_key(other)}  # only what read 8.8.4.4
+    second = responder.respond(query, UDP4, "127.0.0.1")
+    assert isinstance(second, bytes)
+    assert [str(rr.rdata) for rr in dnslib.DNSRecord.parse(second).rr] == [
+        "dns.shop.svc.cluster.local."
+    ]
