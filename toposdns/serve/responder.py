@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from toposdns.resolve.answer import Answer, name_text, type_name
@@ -227,7 +227,7 @@ class Responder:
         reply just built), under the query's key."""
         if plain is None:
             assert query.edns is not None
-            bare = replace(query, edns=replace(query.edns, options=()), ecs=None)
+            bare = query._replace(edns=query.edns._replace(options=()), ecs=None)
             plain = self.encoded(bare, answer, transport, 0)
         reply: bytes | SerialReply = plain[2:]
         if _carries_soa(answer):
@@ -316,7 +316,7 @@ class Responder:
                 answer = Answer(NOERROR, authority=(chase.soa,), policy=answer.policy)
             else:
                 records, truncated = answer_records(reply)
-                answer = replace(answer, answer=answer.answer + records, chase=None)
+                answer = answer._replace(answer=answer.answer + records, chase=None)
             encoded = self.encoded(query, answer, transport, scope)
         except Exception:
             return self.failed(query)
