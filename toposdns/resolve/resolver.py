@@ -103,8 +103,8 @@ def resolve(
     """Answer one question. `name` is the query name's labels exactly as asked.
 
     `client` is the asking client's node labels (empty or None when unknown). When the answer
-    depends on them, `Answer.policy` says which policy it followed; `trace`, when given,
-    collects each topology decision.
+    depends on them, `Answer.policy` says which policy it followed and `Answer.tier` which of
+    its tiers matched; `trace`, when given, collects each topology decision.
     """
     lower = tuple(label.lower() for label in name)
     zone_len = match_zone(lower, config.zones)
@@ -120,9 +120,17 @@ def resolve(
         # Until the first sync, a name that was not found may yet appear: SERVFAIL, not NXDOMAIN.
         return Answer(NXDOMAIN if snapshot.synced else SERVFAIL, authority=(soa,))
     if not records:
-        return Answer(NOERROR, authority=(soa,), policy=lookup.policy)
+        return Answer(NOERROR, authority=(soa,), policy=lookup.policy, tier=lookup.tier)
     chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
-    return Answer(NOERROR, _dedup(records), (), _dedup(extra), policy=lookup.policy, chase=chase)
+    return Answer(
+        NOERROR,
+        _dedup(records),
+        (),
+        _dedup(extra),
+        policy=lookup.policy,
+        tier=lookup.tier,
+        chase=chase,
+    )
 
 
 def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
@@ -211,6 +219,8 @@ class _Lookup:
         self.trace = trace
         #: The topology policy the answer followed, if it depends on the client.
         self.policy: Policy | None = None
+        #: The tier of that policy that matched (Selection.tier).
+        self.tier = ""
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
 
@@ -356,6 +366,7 @@ class _Lookup:
         if not policy.active:
             return entries
         self.policy = policy
+        self.tier = selection.tier
         chosen = {id(candidates[i][0]) for i in selection.chosen}
         return [entry for entry in entries if id(entry.endpoint) in chosen]
 
