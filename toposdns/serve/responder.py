@@ -6,7 +6,8 @@ Two caches, both emptied whenever a new snapshot arrives:
   transport (the reply size limits differ). A hit costs one dict lookup and a concatenation.
   Only queries without EDNS options go in, since options such as cookies and Client Subnet
   differ per client. For a topology-filtered name the value is a `TopologyReplies`: one reply
-  per client signature, chosen by the querying address's labels.
+  per client signature, chosen by the querying address's labels, with the row that counts it
+  (serve/topology_metrics.py).
 - the *answer* cache maps (name as asked, qtype) to the resolver's Answer, or, for names whose
   answer depends on the client, to their Policy; those answers are then cached per
   (name, qtype, signature). A signature is the client's values for the policy's label keys, so a
@@ -35,6 +36,8 @@ from toposdns.resolve.client import NO_LABELS, Network, client_address, identify
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.query_metrics import QueryMetrics, labels_of
+from toposdns.serve.topology_metrics import Row, TopologyCounts
+from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
@@ -75,7 +78,8 @@ TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
 
 
 class TopologyReplies:
-    """Wire replies to one query whose answer depends on the client, by client signature."""
+    """Wire replies to one query whose answer depends on the client, by client signature,
+    each with the row of TopologyCounts that counts it."""
 
     __slots__ = ("policy", "replies", "by_labels")
 
@@ -84,12 +88,12 @@ class TopologyReplies:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.replies: dict[tuple[object, ...], bytes] = {}
+        self.replies: dict[tuple[object, ...], tuple[bytes, Row]] = {}
         #: id(labels) -> reply. Equal label sets are one interned object (store/convert.py),
         #: alive as long as the snapshot whose cache this is, so the id stays theirs.
-        self.by_labels: dict[int, bytes] = {}
+        self.by_labels: dict[int, tuple[bytes, Row]] = {}
 
-    def get(self, labels: Labels) -> bytes | None:
+    def get(self, labels: Labels) -> tuple[bytes, Row] | None:
         """The reply for a client with these labels, if one is cached: the hot path."""
         reply = self.by_labels.get(id(labels))
         if reply is None:
@@ -122,6 +126,8 @@ class Responder:
         self.ecs_trust = ecs_trust
         self.forwarder = forwarder
         self.metrics = metrics
+        #: Counts of topology-filtered answers (on /metrics when the server has --http).
+        self.topology_counts = TopologyCounts()
         #: Per-transport wire caches; frontends hold references, so they are cleared in place.
         self.wire: dict[Transport, WireCache] = {kind: {} for kind in TRANSPORTS}
         self.answers: LRUCache[tuple[Name, int], Answer | Policy] = LRUCache(ANSWER_CACHE_SIZE)
@@ -153,8 +159,13 @@ class Responder:
             return None
         if isinstance(hit, bytes):
             return data[:2] + hit
-        reply = hit.get(self.labels_of(source))
-        return None if reply is None else data[:2] + reply
+        labels = self.labels_of(source)
+        found = hit.get(labels)
+        if found is None:
+            return None
+        reply, row = found
+        count_topology(row, labels is NO_LABELS)
+        return data[:2] + reply
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
@@ -176,7 +187,7 @@ class Responder:
             if self.forwarder is not None and not self.in_zones(query.name):
                 forwarded = self.forwarded(data, query, transport)
                 return self.counted(forwarded, data, transport, query, started, "forward")
-            reply, policy, labels = self.reply(query, transport, source)
+            reply, policy, labels, row = self.reply(query, transport, source)
         except Exception:
             failure = self.failed(query)
             self.count(data, failure, transport, query.qtype, "", started)
@@ -187,7 +198,7 @@ class Responder:
             return self.counted(reply, data, transport, query, started, "kubernetes")
         cacheable = query.edns is None or not query.edns.options
         if cacheable:
-            self.remember(data, reply, transport, policy, labels)
+            self.remember(data, reply, transport, policy, labels, row)
         self.count(data, reply, transport, query.qtype, "", started, cacheable)
         return reply
 
@@ -274,7 +285,13 @@ class Responder:
         return encoded
 
     def remember(
-        self, data: bytes, reply: bytes, transport: Transport, policy: Policy | None, labels: Labels
+        self,
+        data: bytes,
+        reply: bytes,
+        transport: Transport,
+        policy: Policy | None,
+        labels: Labels,
+        row: Row | None,
     ) -> None:
         """Put a reply in the wire cache, per client signature when it depends on the client."""
         cache = self.wire[transport]
@@ -288,27 +305,34 @@ class Responder:
         entry = cache.get(data[2:])
         if not isinstance(entry, TopologyReplies):
             entry = cache[data[2:]] = TopologyReplies(policy)
-        entry.replies[policy.signature(labels)] = reply[2:]
+        assert row is not None  # reply() gives a row with every policy
+        entry.replies[policy.signature(labels)] = (reply[2:], row)
 
     def reply(
         self, query: Query, transport: Transport, source: str
-    ) -> tuple[Reply, Policy | None, Labels]:
-        """Encode the reply to a decoded query; also say which policy and labels it used."""
+    ) -> tuple[Reply, Policy | None, Labels, Row | None]:
+        """Encode the reply to a decoded query; also say which policy and labels it used, and
+        with a policy, the row that counted it."""
         if query.qclass != CLASS_IN and self.forwarder is None:
             # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
             # them with IN records.
-            return encode_bare(query, REFUSED), None, NO_LABELS
+            return encode_bare(query, REFUSED), None, NO_LABELS, None
         ecs = query.ecs.address if query.ecs is not None else None
         address, via_ecs = client_address(source, ecs, self.ecs_trust)
-        labels = identify(self.snapshot, address, via_ecs).labels
+        client = identify(self.snapshot, address, via_ecs)
+        labels = client.labels
         answer = self.answer(query.name, query.qtype, labels)
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         # The answer was tailored to the ECS prefix only if it depended on the client at all.
         scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
         if answer.chase is not None and self.forwarder is not None:
-            return self.chased(query, answer, transport, scope), None, labels
+            return self.chased(query, answer, transport, scope), None, labels, None
         reply = encode_reply(query, answer, limit, transport.fragment_limit, scope)
-        return reply, answer.policy, labels
+        if answer.policy is None:
+            return reply, None, labels, None
+        row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+        count_topology(row, client.locator is None)
+        return reply, answer.policy, labels, row
 
     def answer(self, name: Name, qtype: int, labels: Labels = NO_LABELS) -> Answer:
         """The resolver's answer for a client with these labels, cached until the next snapshot."""

@@ -64,7 +64,12 @@ class UdpProtocol(asyncio.DatagramProtocol):
                 labels = responder.labels_of(addr[0])
             cached = hit.by_labels.get(id(labels)) or hit.get(labels)
             if cached is not None:
-                transport.sendto(data[:2] + cached, addr)
+                reply, tier_row = cached
+                transport.sendto(data[:2] + reply, addr)
+                # topology_metrics.count written out: the call would cost as much as the count.
+                tier_row[0] += 1
+                if labels is NO_LABELS:  # no locator holds the client's address
+                    tier_row[1] += 1
                 if metrics is not None:
                     count_hit(metrics, self.hits, key, started)
                 return
