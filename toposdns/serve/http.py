@@ -39,7 +39,7 @@ class HttpServer:
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.metrics)
         if serving is not None:
-            app.router.add_get("/explain", self.explain)
+            app.router.add_get("/explain", self.explanation)
         self.runner = web.AppRunner(app, access_log=None)
         self.port = 0
 
@@ -71,7 +71,7 @@ class HttpServer:
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def explain(self, request: web.Request) -> web.Response:
+    async def explanation(self, request: web.Request) -> web.Response:
         params = request.query
         try:
             for required in ("client", "name"):
