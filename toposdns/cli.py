@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import sys
@@ -260,14 +259,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from toposdns.explain import explain, render_json, render_text
-    from toposdns.resolve.answer import type_code
+    from toposdns.explain import explain, parse_question, render_json, render_text
     from toposdns.source.snapshot_file import load_snapshot
 
     try:
         config = resolver_config(args)
-        qtype = type_code(args.type)
-        ipaddress.ip_address(args.client)
+        address, name, qtype = parse_question(args.client, args.name, args.type)
     except (ConfigError, ValueError) as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 2
@@ -276,8 +273,7 @@ def _explain(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 1
-    name = tuple(label for label in args.name.rstrip(".").split(".") if label)
-    result = explain(snapshot, config, args.client, name, qtype)
+    result = explain(snapshot, config, address, name, qtype)
     if args.json:
         print(json.dumps(render_json(result), indent=2))
     else:

@@ -94,6 +94,8 @@ async def serve(config: ServeConfig) -> None:
     async with contextlib.AsyncExitStack() as stack:
         if metrics is not None:
             stack.callback(REGISTRY.unregister, metrics)
+            REGISTRY.register(responder.topology_counts)
+            stack.callback(REGISTRY.unregister, responder.topology_counts)
         if forwarder is not None:
             stack.push_async_callback(forwarder.close)
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
@@ -113,10 +115,12 @@ async def serve(config: ServeConfig) -> None:
             await _wait_for_sync(responder, task, config.startup_timeout)
 
         if config.http is not None:
-            http = HttpServer(not_ready)
+            http = HttpServer(not_ready, lambda: (responder.snapshot, responder.config))
             port = await http.start(*config.http)
             stack.push_async_callback(http.stop)
-            log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
+            log.info(
+                "serving /health, /ready, /explain and /metrics on %s:%d", config.http[0], port
+            )
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         stop = asyncio.Event()

@@ -131,6 +131,8 @@ class Answer(NamedTuple):
     authoritative: bool = True
     #: The topology policy the answer followed when it depends on the client, else None.
     policy: Policy | None = None
+    #: The tier of that policy the answer came from (`Selection.tier`); empty without a policy.
+    tier: str = ""
     #: Set when the answer ends in a CNAME to a name outside the zones.
     chase: Chase | None = None
     #: What of the snapshot the answer read: a cached reply is dropped when one changes.

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from toposdns.resolve.answer import Answer, name_text, type_name
-from toposdns.resolve.client import Network
+from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.cache import ReplyCache, SerialReply, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
+from toposdns.serve.topology_metrics import TopologyCounts
+from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import AA, CLASS_IN, NOERROR, REFUSED, SERVFAIL, SOA, TC, Name
@@ -90,6 +92,8 @@ class Responder:
         self.forwarder = forwarder
         self.metrics = metrics
         self.caches = {kind: ReplyCache() for kind in TRANSPORTS}
+        #: Topology-filtered answers by policy and tier (counted with or without --http).
+        self.topology_counts = TopologyCounts()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
@@ -150,7 +154,11 @@ class Responder:
             assert isinstance(entry, TopologyReplies)
             subnet = echo.subnet[0] if echo.subnet is not None else None
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
-            reply = entry.get(labels, self.snapshot.serial)
+            found = entry.get(labels, self.snapshot.serial)
+            if found is None:
+                return None
+            reply, row = found
+            count_topology(row, labels is NO_LABELS)
         if reply is None:
             return None
         if not options:
@@ -200,9 +208,13 @@ class Responder:
                 chased = self.chased(query, answer, transport, scope)
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
             reply = self.encoded(query, answer, transport, scope)
+            row = None
+            if answer.policy is not None:
+                row = self.topology_counts.row(qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
             if key is not None:
                 plain = reply if not query.edns or not query.edns.options else None
-                self.remember(key, query, answer, transport, labels, plain)
+                self.remember(key, query, answer, transport, labels, plain, row)
         except Exception:
             return self.counted(data, self.failed(query), transport, started, qtype)
         # A reply cached under the query's own bytes counts its later hits on its own.
@@ -222,6 +234,7 @@ class Responder:
         transport: Transport,
         labels: Labels,
         plain: bytes | None,
+        row: list[int] | None,
     ) -> None:
         """Cache the reply the query would get without EDNS options (`plain`, when that is the
         reply just built), under the query's key."""
@@ -233,7 +246,7 @@ class Responder:
         if _carries_soa(answer):
             reply = SerialReply(plain[2:], self.snapshot.serial)
         cache = self.caches[transport]
-        if cache.store(key, reply, answer.policy, labels, answer.depends) and self.metrics:
+        if cache.store(key, reply, answer.policy, labels, answer.depends, row) and self.metrics:
             self.metrics.retire(transport)
 
     def remember_options(self, options: bytes) -> EchoedOptions:
