@@ -9,9 +9,10 @@
   skipped as CoreDNS skips them, so a stray or forged packet cannot end the wait.
 - Health is kept per transport, since a server may answer over UDP and not over TCP. Each failure
   counts; `MAX_FAILS` in a row mark that transport down. From the first failure on, a probe
-  (`. IN NS` with RD, as CoreDNS's) goes over the same transport every `HEALTH_INTERVAL` until one
-  succeeds: an upstream whose TCP is broken stays down for TCP instead of being declared healthy
-  by a UDP probe. Each change of state is logged once.
+  (`. IN NS` with RD, as CoreDNS's) goes over the same transport every `HEALTH_INTERVAL` until a
+  reply to it comes: an upstream whose TCP is broken stays down for TCP instead of being
+  declared healthy by a UDP probe, and one that answers garbage stays down instead of being
+  declared healthy by the garbage. Each change of state is logged once.
 """
 
 from __future__ import annotations
@@ -131,14 +132,16 @@ class Upstream:
             )
 
     async def _probe(self, tcp: bool) -> None:
-        """`. IN NS` over this transport, now and every HEALTH_INTERVAL, until any reply comes
-        or an exchange of a query succeeds meanwhile."""
+        """`. IN NS` over this transport, now and every HEALTH_INTERVAL, until a reply to it comes
+        (any rcode will do, as for CoreDNS; garbage will not) or a query succeeds meanwhile."""
         health = self.health(tcp)
         try:
             while health.fails:
                 query = pack("!6H", random.getrandbits(16), 0x0100, 1, 0, 0, 0) + HEALTH_QUESTION
                 try:
-                    await (send_tcp if tcp else send_udp)(self, query, HEALTH_TIMEOUT)
+                    check_reply(
+                        query, await (send_tcp if tcp else send_udp)(self, query, HEALTH_TIMEOUT)
+                    )
                 except LocalError:
                     pass  # not the upstream's doing: ask again later
                 except UpstreamError as error:
