@@ -178,7 +178,7 @@ class Forwarder:
         deadline = loop.time() + BUDGET
         failure = SERVFAIL
         for _ in range(PASSES):
-            for upstream in self._order(tcp):
+            for upstream in self.order(tcp):
                 if loop.time() >= deadline:
                     return failure
                 started = time.perf_counter()
@@ -208,7 +208,7 @@ class Forwarder:
                 return self.cache.store(key, reply, message)
         return failure
 
-    def _order(self, tcp: bool) -> list[Upstream]:
+    def order(self, tcp: bool) -> list[Upstream]:
         """The upstreams healthy over this transport, shuffled; all of them if none is."""
         healthy = [u for u in self.upstreams if not u.health(tcp).down]
         if not healthy:

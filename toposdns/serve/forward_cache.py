@@ -141,25 +141,20 @@ class ForwardCache:
 
     def store(self, key: bytes, reply: bytes, message: dnslib.DNSRecord) -> Entry:
         """The entry for a checked reply to the query keyed `key`; kept if the rules allow."""
-        kind = classify(message, time.time())
-        ttl = cache_ttl(message, kind, self.settings)
+        kind, ttl = placement(message, self.settings, time.time())
         body = without_opt(reply)
         offsets = tuple(at for _, at, _, _, _ in record_spans(body))
         stamp = pack("!I", ttl)
         out = bytearray(body)
         for offset in offsets:
             out[offset : offset + 4] = stamp
-        entry = Entry(bytes(out), ttl, self.clock(), offsets)
-        name = tuple(label.decode("latin-1").lower() for label in message.q.qname.label)
-        if ttl > 0 and cacheable(message, kind):
-            if kind in SUCCESS_TYPES and self.settings.success.keeps(name):
-                entry.kind = "success"
-                self.success[key] = entry
-                self.denial.pop(key, None)
-            elif kind in DENIAL_TYPES and self.settings.denial.keeps(name):
-                entry.kind = "denial"
-                self.denial[key] = entry
-                self.success.pop(key, None)
+        entry = Entry(bytes(out), ttl, self.clock(), offsets, kind)
+        if kind:
+            keeping, other = (
+                (self.success, self.denial) if kind == "success" else (self.denial, self.success)
+            )
+            keeping[key] = entry
+            other.pop(key, None)
         return entry
 
 
@@ -167,6 +162,21 @@ def _lru(capacity: int, clock: Callable[[], float]) -> TLRUCache[bytes, Entry]:
     return TLRUCache(
         maxsize=capacity, ttu=lambda _key, entry, _now: entry.stored + entry.ttl, timer=clock
     )
+
+
+def placement(message: dnslib.DNSRecord, settings: CacheSettings, now: float) -> tuple[str, int]:
+    """Which cache keeps a reply ("success", "denial", or "" for neither) and the TTL its
+    records get. `now` is wall-clock time, for RRSIG validity."""
+    kind = classify(message, now)
+    ttl = cache_ttl(message, kind, settings)
+    if ttl <= 0 or not cacheable(message, kind):
+        return "", ttl
+    name = tuple(label.decode("latin-1").lower() for label in message.q.qname.label)
+    if kind in SUCCESS_TYPES and settings.success.keeps(name):
+        return "success", ttl
+    if kind in DENIAL_TYPES and settings.denial.keeps(name):
+        return "denial", ttl
+    return "", ttl
 
 
 def classify(message: dnslib.DNSRecord, now: float) -> ReplyType:
