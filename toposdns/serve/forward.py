@@ -53,6 +53,7 @@ from toposdns.resolve.answer import (
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
 from toposdns.serve.loop import LoopGuard
 from toposdns.serve.upstream import (
+    HEADER_SIZE,
     MISMATCHES,
     LocalError,
     Upstream,
@@ -70,7 +71,6 @@ log = logging.getLogger("toposdns")
 BUDGET = 5.0
 PASSES = 2
 MAX_CONCURRENT = 1000
-HEADER_SIZE = 12
 
 #: What forwarding gives: the reply, or the rcode to answer with.
 Outcome = bytes | int
@@ -231,10 +231,12 @@ class Forwarder:
             message = check_reply(query, reply)
             if tcp or not reply[2] & 0x02:
                 return reply, message
-            # Truncated: the whole answer needs TCP. If that fails, the truncated reply is
-            # relayed and the client retries over TCP itself.
+            # Truncated: the whole answer needs TCP. If that fails, or there is no time left,
+            # the truncated reply is relayed and the client retries over TCP itself.
+            timeout = min(self.timeout, deadline - loop.time())
+            if timeout <= 0:
+                return reply, message
             try:
-                timeout = max(0.0, min(self.timeout, deadline - loop.time()))
                 whole = await send_tcp(upstream, query, timeout)
                 whole_message = check_reply(query, whole)
             except LocalError:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import secrets
 from struct import pack
 
@@ -57,7 +56,7 @@ class LoopGuard:
         """A new random ID for a query to `upstream`, remembered with its question (the bytes
         after the header, type and class included) until `answered`."""
         while True:
-            qid = random.getrandbits(16).to_bytes(2, "big")
+            qid = secrets.randbits(16).to_bytes(2, "big")
             if qid + question not in self.outgoing:
                 self.outgoing[qid + question] = upstream
                 return qid
@@ -99,7 +98,7 @@ class LoopGuard:
         try:
             # Until the upstream answers: a loop shows before that, as the probe comes back.
             while question not in self.looped:
-                query = pack("!6H", random.getrandbits(16), 0x0100, 1, 0, 0, 0) + question
+                query = pack("!6H", secrets.randbits(16), 0x0100, 1, 0, 0, 0) + question
                 try:
                     await send_udp(upstream, query, CHECK_TIMEOUT)
                     break
