@@ -1,6 +1,6 @@
 """Measure the PodLocator controller on a large cluster served by the stand-in API server.
 
-Three phases, for issue 5:
+Four phases:
 
 1. cold start: 5,000 Nodes and 100,000 running Pods in the API and no PodLocator; start
    `python -m toposdns controller` and time, from the process start: /ready 200, the first

@@ -1,6 +1,6 @@
 """Measure toposdns serving a large cluster from the (stand-in) Kubernetes API.
 
-Three numbers, for issue 4:
+Three numbers:
 
 1. time to ready: from starting `python -m toposdns serve --kubeconfig ...` to the first 200 from
    /ready, with ~100,000 PodLocators, 10,000 Services and 10,000 EndpointSlices in the API;
@@ -595,8 +595,8 @@ def profile_child(kubeconfig: Path, mode: str, out: Path) -> None:
     import tracemalloc
 
     rss0 = rss_mb()
+    from toposdns.kube.client import apis_of, connect
     from toposdns.source.kube import KubeSource
-    from toposdns.source.watch import apis_of, connect
     from toposdns.store.snapshot import Snapshot
 
     report: list[str] = [f"RSS bare interpreter {rss0:.0f} MB, after imports {rss_mb():.0f} MB"]
@@ -622,7 +622,7 @@ def profile_child(kubeconfig: Path, mode: str, out: Path) -> None:
         api_client = await connect(kubeconfig)
         report.append(f"RSS after connect {rss_mb():.0f} MB")
         try:
-            source = KubeSource(apis_of(api_client), publish)
+            source = KubeSource(apis_of(api_client), publish, on_page=gc.freeze)  # as `serve`
             start = time.perf_counter()
             if mode == "plain":
                 gc.callbacks.append(on_gc)

@@ -44,7 +44,7 @@ QTYPE_SOA = 6
 #: Every dnsperf query comes from this loopback address; the topology variant places it.
 CLIENT = "127.0.0.2"
 TOPOLOGY_KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
-#: toposdns variants measured against the plain one in the same run (issues 3 and 6).
+#: toposdns variants measured against the plain one in the same run.
 VARIANTS = {"toposdns-topology": "topology filtering on", "toposdns-metrics": "metrics on"}
 
 

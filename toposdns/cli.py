@@ -326,9 +326,9 @@ def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from toposdns.kube.client import ConnectError
     from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
-    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -383,8 +383,8 @@ def _controller(args: argparse.Namespace) -> int:
         parse_label_keys,
         parse_label_prefixes,
     )
+    from toposdns.kube.client import ConnectError
     from toposdns.server import run
-    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:

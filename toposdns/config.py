@@ -6,10 +6,10 @@ import ipaddress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from toposdns.resolve.answer import Name
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
 from toposdns.serve.forward import Upstream
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
+from toposdns.wire.codes import Name
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
 POD_MODES = ("disabled", "insecure", "verified")

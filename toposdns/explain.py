@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposdns.resolve.answer import RCODE_NAMES, Answer, Name, name_text, type_name
+from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Policy
+from toposdns.wire.codes import RCODE_NAMES, Name
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,7 @@
-"""Prometheus metrics, each defined once here (exposed over HTTP by a later version)."""
+"""Prometheus metrics, each defined once here; `/metrics` serves them (serve/http.py).
+
+Per-query metrics are counted apart, in serve/query_metrics.py.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import resource
@@ -17,6 +18,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from toposdns.config import ServeConfig
+from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
@@ -28,7 +30,6 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
-from toposdns.source.watch import apis_of, connect
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -111,7 +112,9 @@ async def serve(config: ServeConfig) -> None:
         else:
             api_client = await connect(config.kubeconfig)
             stack.push_async_callback(api_client.close)
-            background = KubeSource(apis_of(api_client), publish).run()
+            # Listed objects live as long as the data: freeze what survives each page, so the
+            # cyclic collector does not scan it again and again in a big sync.
+            background = KubeSource(apis_of(api_client), publish, on_page=gc.freeze).run()
         task = asyncio.create_task(background, name="source")
         stack.callback(task.cancel)
         if live:
@@ -122,11 +125,16 @@ async def serve(config: ServeConfig) -> None:
             port = await http.start(*config.http)
             stack.push_async_callback(http.stop)
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
+        # Signals are ours before the port is announced, so that a signal sent right after
+        # the "serving" line is never Python's default KeyboardInterrupt.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
         port = await _serve_dns(config, resolver_config, responder, stack)
         server = f"dns://:{port}"  # the label CoreDNS gives its server block
         if metrics is not None:
             metrics.server = server
-        stop = asyncio.Event()
         checks: set[asyncio.Task[None]] = set()
         if forwarder is not None:
             forwarder.set_server(server)
@@ -135,17 +143,14 @@ async def serve(config: ServeConfig) -> None:
             checking = asyncio.create_task(check)
             stack.callback(checking.cancel)
             checks.add(checking)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         await _until_stopped({task, asyncio.create_task(stop.wait())}, checks)
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
         stopping = True
-        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
         again = asyncio.Event()  # a second signal (Ctrl-C twice) ends the wait at once
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, again.set)
+        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(again.wait(), config.lameduck)
         log.info("stopped")

@@ -314,9 +314,12 @@ def framed(query: dns.message.Message) -> bytes:
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:
-    """GET http://127.0.0.1:PORT/PATH: (status, body), error statuses included."""
+    """GET http://127.0.0.1:PORT/PATH: (status, body), error statuses included; (0, "") when
+    nothing answers (not listening yet)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+    except OSError:
+        return 0, ""

@@ -12,10 +12,10 @@ from typing import Any
 import dnslib
 import pytest
 
-from toposdns.resolve.answer import FORMERR, REFUSED, SERVFAIL
 from toposdns.serve import forward
 from toposdns.serve.forward import Forwarder, cache_key, question_end
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, check_reply
+from toposdns.wire.codes import FORMERR, REFUSED, SERVFAIL
 
 QUERY = dnslib.DNSRecord.question("www.example.test.", "A")
 QUERY.header.id = 0x4242

@@ -1,7 +1,8 @@
 """The topology module: kube-proxy's FilterTopologyEndpoint, the API server's topologyKeys
 validation, policy precedence, zone hints, answer-cache signatures and endpoint topology.
 
-Expectations are upstream's (shared/spec/topology.md §3, §4, §7; SPEC.md §4), not the module's.
+Expectations are upstream's (kube-proxy, the API server, the KEPs; see docs/topology.md), not the
+module's.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_kube_names import NAME_64, NAME_MSG, PREFIX_254, QUALIFIED_MSG, SUBDOMAIN_MSG
 from toposdns.store.model import HEADLESS, Endpoint, EndpointSlice, PodLocator, Service
 from toposdns.store.topology import (
     NO_POLICY,
     Policy,
     endpoint_labels,
     policy_for,
-    qualified_name_errors,
     select,
     validate_keys,
 )
@@ -188,7 +189,7 @@ def test_filter_topology_endpoint(
 
 
 # --------------------------------------------------------------------------------------------
-# 2. Properties of selection by keys (topology.md §3).
+# 2. Properties of selection by keys (docs/topology.md, "Choosing endpoints by tiers").
 # --------------------------------------------------------------------------------------------
 
 # Five endpoints: two on n1 (zone a), one on n2 (zone a), one on n3 (zone b), one with no zone.
@@ -282,7 +283,7 @@ def _same(labels: Mapping[str, str], client: Mapping[str, str], key: str) -> boo
 
 
 # --------------------------------------------------------------------------------------------
-# 3. Zone hints and the policy a service asks for (topology.md §7; SPEC.md §4).
+# 3. Zone hints and the policy a service asks for (docs/topology.md, "Where a policy comes from").
 # --------------------------------------------------------------------------------------------
 
 HINTED: Candidates = [
@@ -427,60 +428,9 @@ def test_no_policy_without_any_source() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 4. Validation (topology.md §4): the API server's ValidateService topologyKeys block, with
+# 4. Validation (docs/topology.md): the API server's ValidateService topologyKeys block, with
 # apimachinery's IsQualifiedName and field.Error rendering. Errors accumulate.
 # --------------------------------------------------------------------------------------------
-
-NAME_MSG = (
-    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
-    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
-)
-SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
-QUALIFIED_MSG = (
-    f"a qualified name {NAME_MSG} with an optional DNS subdomain prefix and '/' "
-    "(e.g. 'example.com/MyName')"
-)
-NAME_64 = "a" * 64
-PREFIX_254 = "a" * 254
-
-# IsQualifiedName: every message, in order. It checks the name part even after a bad prefix,
-# and an empty name part fails both the emptiness and the regex check.
-QUALIFIED_NAME_CASES = [
-    ("kubernetes.io/hostname", []),
-    ("topology.kubernetes.io/zone", []),
-    ("example.com/My_Name.1", []),
-    ("plain", []),
-    ("a" * 63, []),
-    ("a" * 253 + "/x", []),
-    ("", ["name part must be non-empty", f"name part {NAME_MSG}"]),
-    ("a/b/c", [QUALIFIED_MSG]),
-    ("-bad", [f"name part {NAME_MSG}"]),
-    ("Example.com/x", [f"prefix part {SUBDOMAIN_MSG}"]),
-    (NAME_64, ["name part must be no more than 63 characters"]),
-    ("-" + "a" * 63, ["name part must be no more than 63 characters", f"name part {NAME_MSG}"]),
-    (PREFIX_254 + "/x", ["prefix part must be no more than 253 characters"]),
-    ("/x", ["prefix part must be non-empty"]),
-    ("example.com/", ["name part must be non-empty", f"name part {NAME_MSG}"]),
-    ("Example.com/-bad", [f"prefix part {SUBDOMAIN_MSG}", f"name part {NAME_MSG}"]),
-    (
-        "/",
-        ["prefix part must be non-empty", "name part must be non-empty", f"name part {NAME_MSG}"],
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "key, expected",
-    QUALIFIED_NAME_CASES,
-    ids=[k[:40] or "<empty>" for k, _ in QUALIFIED_NAME_CASES],
-)
-def test_qualified_name_errors(key: str, expected: list[str]) -> None:
-    assert qualified_name_errors(key) == expected
 
 
 def go_strings(keys: Sequence[str]) -> str:

@@ -9,9 +9,9 @@ import dnslib
 import pytest
 
 from tests.helpers import config_of, snapshot_of
-from toposdns.resolve.answer import AAAA, NOERROR, NXDOMAIN, PTR, SRV, A
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
+from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, A
 
 NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
 NODE_B = {"kubernetes.io/hostname": "node-b", "topology.kubernetes.io/zone": "z1"}
@@ -174,8 +174,8 @@ def ask(responder: Responder, name: str, source: str, ecs: str | None = None) ->
         value = bytes((0, 1 if network.version == 4 else 2, prefix, 0)) + raw
         q.add_ar(dnslib.EDNS0(opts=[dnslib.EDNSOption(8, value)]))
     data = bytes(q.pack())
-    reply = responder.cached(data, UDP4, source) or responder.respond(data, UDP4, source)
-    assert reply is not None
+    reply = responder.respond(data, UDP4, source)
+    assert isinstance(reply, bytes)
     return dnslib.DNSRecord.parse(reply)
 
 
@@ -193,7 +193,7 @@ def test_clients_get_their_own_answers_from_the_wire_cache() -> None:
         ]
         assert len(addresses(ask(responder, "web.shop.svc.cluster.local", "127.0.0.9"))) == 3
     # One wire entry for the name, one reply per signature; never one per address.
-    (entry,) = responder.wire[UDP4].values()
+    (entry,) = responder.caches[UDP4].table.values()
     assert not isinstance(entry, bytes) and len(entry.replies) == 3
 
 
@@ -207,7 +207,8 @@ def test_clients_of_one_zone_share_a_cached_answer() -> None:
         assert addresses(ask(responder, "zonal.shop.svc.cluster.local", f"10.9.0.{i}")) == [
             "10.1.0.1"
         ]
-    assert len(responder.topology_answers) == 1
+    (entry,) = responder.caches[UDP4].table.values()  # one reply for the zone's signature
+    assert not isinstance(entry, bytes) and len(entry.replies) == 1
 
 
 def test_ecs_is_believed_only_from_trusted_sources() -> None:

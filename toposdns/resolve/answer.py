@@ -6,30 +6,13 @@ dotted string and a query's letter case is kept exactly as it was asked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dnslib import QTYPE
 
+from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Policy
-
-Name = tuple[str, ...]
-
-# RR types and rcodes used by the resolver (RFC 1035, 3596, 2782, 6891).
-A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
-    1, 2, 5, 6, 12, 15, 16, 28, 33, 41, 251, 252, 255,
-)  # fmt: skip
-NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 1, 2, 3, 4, 5
-BADVERS = 16
-
-RCODE_NAMES = {
-    NOERROR: "NOERROR",
-    FORMERR: "FORMERR",
-    SERVFAIL: "SERVFAIL",
-    NXDOMAIN: "NXDOMAIN",
-    NOTIMP: "NOTIMP",
-    REFUSED: "REFUSED",
-    BADVERS: "BADVERS",
-}
+from toposdns.wire.codes import TXT, Name
 
 
 def type_name(rtype: int) -> str:
@@ -152,3 +135,5 @@ class Answer:
     policy: Policy | None = None
     #: Set when the answer ends in a CNAME to a name outside the zones.
     chase: Chase | None = None
+    #: What of the snapshot the answer read: a cached reply is dropped when one changes.
+    depends: frozenset[Dependency] = field(default=frozenset(), compare=False)

@@ -38,18 +38,7 @@ from toposdns.metrics import (
     FORWARD_MAX_CONCURRENT_REJECTS,
     PROXY_DURATION,
 )
-from toposdns.resolve.answer import (
-    AAAA,
-    CNAME,
-    FORMERR,
-    RCODE_NAMES,
-    REFUSED,
-    RR,
-    SERVFAIL,
-    A,
-    Name,
-    name_text,
-)
+from toposdns.resolve.answer import RR, name_text
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
 from toposdns.serve.loop import LoopGuard
 from toposdns.serve.upstream import (
@@ -62,6 +51,7 @@ from toposdns.serve.upstream import (
     send_tcp,
     send_udp,
 )
+from toposdns.wire.codes import AAAA, CNAME, FORMERR, RCODE_NAMES, REFUSED, SERVFAIL, A, Name
 from toposdns.wire.decode import record_spans
 
 __all__ = ["Forwarder", "Upstream", "answer_records", "build_query", "resolv_conf_upstreams"]

@@ -26,7 +26,7 @@ from struct import pack, unpack_from
 import dnslib
 from cachetools import TLRUCache
 
-from toposdns.resolve.answer import (
+from toposdns.wire.codes import (
     ANY,
     AXFR,
     CNAME,

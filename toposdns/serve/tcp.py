@@ -12,7 +12,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from toposdns.serve.query_metrics import count_hit
 from toposdns.serve.responder import Responder, Transport
 
 log = logging.getLogger("toposdns")
@@ -38,8 +37,6 @@ class TcpProtocol(asyncio.Protocol):
         self.responder = responder
         self.limits = limits
         self.kind = kind
-        self.metrics = responder.metrics
-        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
@@ -75,19 +72,13 @@ class TcpProtocol(asyncio.Protocol):
                 break
             message = bytes(buffer[2 : 2 + length])
             del buffer[: 2 + length]
-            started = time.perf_counter()
-            reply = responder.cached(message, self.kind, source)
-            if reply is not None and self.metrics is not None:
-                count_hit(self.metrics, self.hits, message[2:], started)
+            reply = responder.respond(message, self.kind, source, time.perf_counter())
             if reply is None:
-                answer = responder.respond(message, self.kind, source, started)
-                if answer is None:
-                    continue
-                if not isinstance(answer, bytes):
-                    # Answered when the upstream is; RFC 7766 lets replies overtake each other.
-                    self.later(answer)
-                    continue
-                reply = answer
+                continue
+            if not isinstance(reply, bytes):
+                # Answered when the upstream is; RFC 7766 lets replies overtake each other.
+                self.later(reply)
+                continue
             self.transport.write(len(reply).to_bytes(2, "big") + reply)
 
     def later(self, answer: Coroutine[Any, Any, bytes | None]) -> None:

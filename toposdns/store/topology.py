@@ -1,7 +1,7 @@
 """Topology policies of headless services: which one applies, whether it is valid, what it picks.
 
 A headless service answers a client with the endpoints of the client's topology domain. The
-policy comes from the first of these that the service sets (SPEC.md §4):
+policy comes from the first of these that the service sets (docs/topology.md):
 
 1. `spec.topologyKeys` (Service Topology, Kubernetes 1.17-1.21);
 2. the `toposdns.io/topology-keys` annotation (the same list, for clusters without the field);
@@ -13,18 +13,18 @@ policy comes from the first of these that the service sets (SPEC.md §4):
 Key lists are validated as the API server validated `topologyKeys`; an invalid policy is
 ignored (every endpoint is returned) and its errors are kept for logs and `explain`.
 
-Selection by keys is kube-proxy's `FilterTopologyEndpoint` (shared/spec/topology.md §3): the
-first tier with any endpoint wins whole, tiers never mix, and a client whose labels are unknown
-gets everything only if the last key is "*".
+Selection by keys is kube-proxy's `FilterTopologyEndpoint` (kubernetes/kubernetes
+pkg/proxy/topology.go, 1.17-1.21): the first tier with any endpoint wins whole, tiers never mix,
+and a client whose labels are unknown gets everything only if the last key is "*".
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from toposdns.kube.names import qualified_name_errors
 from toposdns.store.convert import TOPOLOGY_KEYS_ANNOTATION
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service, canonical_ip
 
@@ -39,19 +39,6 @@ TRAFFIC_DISTRIBUTIONS = {
     "PreferSameZone": (ZONE, ANY),
     "PreferClose": (ZONE, ANY),
 }
-
-_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_NAME_MESSAGE = (
-    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
-    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
-)
-_SUBDOMAIN_MESSAGE = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
 
 Labels = Mapping[str, str]
 
@@ -164,34 +151,6 @@ def validate_keys(keys: Sequence[str], field: str, service: Service) -> list[str
 
 def _go_strings(values: Sequence[str]) -> str:
     return "[]string{" + ", ".join(json.dumps(v) for v in values) + "}"
-
-
-def qualified_name_errors(value: str) -> list[str]:
-    """apimachinery's IsQualifiedName: `[prefix/]name`, as label keys are. Errors accumulate."""
-    parts = value.split("/")
-    if len(parts) > 2:
-        return [
-            f"a qualified name {_NAME_MESSAGE} with an optional DNS subdomain prefix and '/' "
-            "(e.g. 'example.com/MyName')"
-        ]
-    errors = []
-    name = parts[-1]
-    if len(parts) == 2:
-        prefix = parts[0]
-        if not prefix:
-            errors.append("prefix part must be non-empty")
-        else:
-            if len(prefix) > 253:
-                errors.append("prefix part must be no more than 253 characters")
-            if not _DNS1123_SUBDOMAIN.fullmatch(prefix):
-                errors.append(f"prefix part {_SUBDOMAIN_MESSAGE}")
-    if not name:
-        errors.append("name part must be non-empty")
-    elif len(name) > 63:
-        errors.append("name part must be no more than 63 characters")
-    if not _NAME_PART.fullmatch(name):
-        errors.append(f"name part {_NAME_MESSAGE}")
-    return errors
 
 
 def endpoint_labels(

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from struct import error as StructError
 from struct import unpack_from
 
-from toposdns.resolve.answer import FORMERR, NOTIMP, OPT, Name
+from toposdns.wire.codes import CLIENT_SUBNET, FORMERR, NOTIMP, OPCODE, OPT, QR, SOA, Name
 
 HEADER_SIZE = 12
 MAX_NAME_WIRE = 255
-ECS_OPTION = 8
+ECS_OPTION = CLIENT_SUBNET
 
 
 class Dropped(Exception):
@@ -77,9 +77,9 @@ def decode_query(data: bytes) -> Query:
     if len(data) < HEADER_SIZE:
         raise Dropped("shorter than a DNS header")
     qid, flags, qdcount, ancount, nscount, arcount = unpack_from("!6H", data)
-    if flags & 0x8000:
+    if flags & QR:
         raise Dropped("a response, not a query")
-    if (flags >> 11) & 0xF != 0:
+    if flags & OPCODE:
         raise Rejected(data, NOTIMP, "opcode is not QUERY")
     if qdcount != 1 or ancount > 1 or nscount > 1 or arcount > 2:
         raise Rejected(data, FORMERR, "section counts no query can have")
@@ -195,3 +195,14 @@ def record_spans(message: bytes) -> list[tuple[int, int, int, int, int]]:
     if offset > len(message):
         raise ValueError("records run past the end of the message")
     return spans
+
+
+def serial_offset(message: bytes) -> int:
+    """Where the serial of a message's SOA record is, so that a cached reply can be given a
+    new serial in place; ValueError without one."""
+    for _start, ttl_at, _end, rtype, _section in record_spans(message):
+        if rtype == SOA:
+            offset = ttl_at + 6  # past TTL and data length: the MNAME
+            offset = read_name(message, offset)[1]
+            return read_name(message, offset)[1]  # past the RNAME
+    raise ValueError("no SOA record in the message")
