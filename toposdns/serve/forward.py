@@ -51,7 +51,18 @@ from toposdns.serve.upstream import (
     send_tcp,
     send_udp,
 )
-from toposdns.wire.codes import AAAA, CNAME, FORMERR, RCODE_NAMES, REFUSED, SERVFAIL, A, Name
+from toposdns.wire.codes import (
+    AAAA,
+    AD,
+    CNAME,
+    FORMERR,
+    RCODE_NAMES,
+    REFUSED,
+    SERVFAIL,
+    TC,
+    A,
+    Name,
+)
 from toposdns.wire.decode import record_spans
 
 __all__ = ["Forwarder", "Upstream", "answer_records", "build_query", "resolv_conf_upstreams"]
@@ -114,7 +125,7 @@ class Forwarder:
         if self.loops.came_back(data[:2], data[HEADER_SIZE:end]):
             return SERVFAIL
         key = cache_key(data, end, tcp, limit, bool(opt))
-        ad = bool(key[2] or data[3] & 0x20)  # the client asked for DNSSEC or for AD
+        ad = bool(key[2] or data[3] & AD)  # the client asked for DNSSEC or for AD
         cached = self.cache.get(key)
         if cached is not None and cached.fits(limit, opt):
             CACHE_HITS.labels(self.server, cached.kind).inc()
@@ -219,7 +230,7 @@ class Forwarder:
             timeout = min(self.timeout, deadline - loop.time())
             reply = await (send_tcp if tcp else send_udp)(upstream, query, timeout)
             message = check_reply(query, reply)
-            if tcp or not reply[2] & 0x02:
+            if tcp or not reply[2] & TC >> 8:
                 return reply, message
             # Truncated: the whole answer needs TCP. If that fails, or there is no time left,
             # the truncated reply is relayed and the client retries over TCP itself.
@@ -273,7 +284,9 @@ def truncated(reply: bytes, end: int, opt: bytes) -> bytes:
     """A reply too large for the client's buffer cut to its header with TC set, its question and
     the client's OPT: the client retries over TCP. (Rare: upstreams size replies for the buffer
     the client announced, and only the OPT record changes here.)"""
-    header = reply[:2] + bytes((reply[2] | 0x02, reply[3])) + pack("!4H", 1, 0, 0, 1 if opt else 0)
+    header = (
+        reply[:2] + bytes((reply[2] | TC >> 8, reply[3])) + pack("!4H", 1, 0, 0, 1 if opt else 0)
+    )
     return header + reply[HEADER_SIZE:end] + opt
 
 

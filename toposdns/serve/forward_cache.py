@@ -27,9 +27,12 @@ import dnslib
 from cachetools import TLRUCache
 
 from toposdns.wire.codes import (
+    AA,
+    AD,
     ANY,
     AXFR,
     CNAME,
+    DO,
     IXFR,
     NOERROR,
     NOTIMP,
@@ -116,9 +119,9 @@ class Entry:
             for offset in self.ttl_offsets:
                 out[offset : offset + 4] = remaining
         if hit:
-            out[2] |= 0x04
+            out[2] |= AA >> 8
         if not ad:
-            out[3] &= ~0x20
+            out[3] &= ~AD
         if opt:
             out[10:12] = pack("!H", unpack_from("!H", out, 10)[0] + 1)
             out += opt
@@ -188,7 +191,7 @@ def classify(message: dnslib.DNSRecord, now: float) -> ReplyType:
         return ReplyType.UPDATE
     if header.opcode == NOTIFY or any(q.qtype in (AXFR, IXFR) for q in message.questions):
         return ReplyType.META
-    do = any(rr.rtype == OPT and rr.ttl & 0x8000 for rr in message.ar)
+    do = any(rr.rtype == OPT and rr.ttl & DO for rr in message.ar)
     if do and any(_expired(rr, now) for rr in _records(message)):
         return ReplyType.OTHER_ERROR
     rcode = header.rcode

@@ -27,6 +27,7 @@ from struct import pack
 
 from toposdns.metrics import FORWARD_LOOPS
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, send_udp
+from toposdns.wire.codes import RD
 
 log = logging.getLogger("toposdns")
 
@@ -98,7 +99,7 @@ class LoopGuard:
         try:
             # Until the upstream answers: a loop shows before that, as the probe comes back.
             while question not in self.looped:
-                query = pack("!6H", secrets.randbits(16), 0x0100, 1, 0, 0, 0) + question
+                query = pack("!6H", secrets.randbits(16), RD, 1, 0, 0, 0) + question
                 try:
                     await send_udp(upstream, query, CHECK_TIMEOUT)
                     break

@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import random
+import secrets
 from dataclasses import dataclass, field
 from struct import pack
 
 import dnslib
 
 from toposdns.metrics import PROXY_HEALTHCHECK_FAILURES, UPSTREAM_ERRORS
+from toposdns.wire.codes import QR, RD
 from toposdns.wire.decode import read_name, record_spans
 
 log = logging.getLogger("toposdns")
@@ -137,7 +138,7 @@ class Upstream:
         health = self.health(tcp)
         try:
             while health.fails:
-                query = pack("!6H", random.getrandbits(16), 0x0100, 1, 0, 0, 0) + HEALTH_QUESTION
+                query = pack("!6H", secrets.randbits(16), RD, 1, 0, 0, 0) + HEALTH_QUESTION
                 try:
                     check_reply(
                         query, await (send_tcp if tcp else send_udp)(self, query, HEALTH_TIMEOUT)
@@ -232,7 +233,7 @@ class _OneReply(asyncio.DatagramProtocol):
 def check_reply(query: bytes, reply: bytes) -> dnslib.DNSRecord:
     """The parsed reply if it is a response to the query's question (name compared without
     regard to case, type and class); UpstreamError if not."""
-    if not reply[2] & 0x80:
+    if not reply[2] & QR >> 8:
         raise UpstreamError("not_response", "a message that is not a response")
     try:
         message = dnslib.DNSRecord.parse(reply)
