@@ -14,7 +14,9 @@ from toposdns.config import (
     POD_MODES,
     ConfigError,
     ServeConfig,
+    check_max_concurrent,
     check_ttl,
+    parse_cache,
     parse_duration,
     parse_listen,
     parse_networks,
@@ -84,6 +86,36 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IP[:PORT],...",
         help="forward names outside the zones here ('none': refuse them). Default: the "
         "nameservers of /etc/resolv.conf when watching a cluster, none with --snapshot",
+    )
+    serve.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="forward at most N queries at once; more get REFUSED, as CoreDNS's forward "
+        "max_concurrent (default %(default)s, as kubeadm's Corefile)",
+    )
+    serve.add_argument(
+        "--cache-max-ttl",
+        type=int,
+        metavar="SECONDS",
+        help="keep forwarded answers and denials at most this long, as CoreDNS's `cache SECONDS` "
+        "(kubeadm: 30; default 3600 for answers, 1800 for denials)",
+    )
+    for kind, what in (("success", "answers"), ("denial", "NXDOMAIN/NODATA/SERVFAIL")):
+        serve.add_argument(
+            f"--cache-{kind}",
+            metavar="CAPACITY[,TTL[,MINTTL]]",
+            help=f"the cache of forwarded {what}, as CoreDNS cache's `{kind} CAPACITY TTL "
+            "MINTTL` (default 10000 entries, minimum TTL 5)",
+        )
+    serve.add_argument(
+        "--cache-disable",
+        action="append",
+        default=[],
+        metavar="success|denial[:ZONE,...]",
+        help="do not cache forwarded answers (success) or denials in these zones (default: "
+        "everywhere), as CoreDNS cache's `disable`; repeatable",
     )
     serve.add_argument(
         "--lameduck",
@@ -291,6 +323,7 @@ def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
 
 def _serve(args: argparse.Namespace) -> int:
     from toposdns.kube.client import ConnectError
+    from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
 
     configure_logging(args.log_level, args.log_format)
@@ -309,6 +342,10 @@ def _serve(args: argparse.Namespace) -> int:
             startup_timeout=args.startup_timeout,
             upstreams=_upstreams(args),
             lameduck=parse_duration(args.lameduck, "--lameduck"),
+            max_concurrent=check_max_concurrent(args.max_concurrent),
+            cache=parse_cache(
+                args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
+            ),
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
@@ -320,6 +357,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except ConnectError as exc:
         log.error("cannot start: %s; or serve from a file with --snapshot FILE", exc)
+        return 1
+    except LoopError as exc:
+        log.error("%s", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", args.listen, exc)

@@ -314,7 +314,8 @@ class Responder:
             reply = await self.forwarder.forward(data, transport.tcp, limit, opt)
         except Exception:
             return self.failed(query)
-        return reply if reply is not None else encode_bare(query, SERVFAIL)
+        # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
+        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
     async def chased(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """An answer ending in an out-of-zone CNAME, completed with the upstream's answer."""
@@ -324,7 +325,7 @@ class Responder:
         try:
             lookup = build_query(chase.target, chase.qtype)
             reply = await self.forwarder.forward(lookup, tcp=False, limit=MAX_TCP_SIZE)
-            if reply is None:
+            if isinstance(reply, int):
                 # No message at all: CoreDNS drops the CNAME, which leaves NODATA.
                 answer = Answer(NOERROR, authority=(chase.soa,), policy=answer.policy)
             else:

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from toposdns.wire.codes import AAAA, SRV, A
 from toposdns.store.topology import Policy
+from toposdns.wire.codes import AAAA, SRV, A
 
 #: The slots of a row.
 ANSWERS, UNPLACED = 0, 1
