@@ -196,12 +196,12 @@ class TableUpstream:
         self.silent = silent
         self.asked: list[str] = []
 
-    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes | None:
+    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes | int:
         query = dnslib.DNSRecord.parse(data)
         name = str(query.q.qname).rstrip(".")
         self.asked.append(name)
         if self.silent:
-            return None
+            return SERVFAIL  # what the forwarder says when no upstream answered
         reply = query.reply()
         reply.header.aa, reply.header.ra = 0, 1
         if name.lower() in UPSTREAM:

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from celpy import celtypes
 
+from toposdns.cli import build_parser
 from toposdns.config import parse_fallthrough, parse_zones
 from toposdns.kube.resources import POD_LOCATOR
 
@@ -872,6 +873,8 @@ def test_dns_container() -> None:
     assert options["--cache-max-ttl"] == "30"
     assert options["--loadbalance"] == ""
     assert "--autopath" not in options, "opt-in: kubeadm's Corefile has no autopath"
+    parsed = build_parser().parse_args(item["args"])  # every argument is one the server takes
+    assert parsed.loadbalance and parsed.cache_max_ttl == 30
     assert "--snapshot" not in options, "in a cluster it watches the API"
     lameduck = duration_seconds(options["--lameduck"])
     assert lameduck == 5

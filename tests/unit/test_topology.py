@@ -747,3 +747,91 @@ ENDPOINT_LABEL_CASES = [
 )
 def test_endpoint_labels(endpoint: Endpoint, expected: dict[str, str]) -> None:
     assert dict(endpoint_labels(endpoint, LOCATORS, NODE_LOCATORS)) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Selection.tier, the `tier` of toposdns_topology_answers_total: the key that matched, "*"
+# when every endpoint is chosen, "none" when no tier matched (the answer is NODATA).
+# --------------------------------------------------------------------------------------------
+
+RACKS: Candidates = [
+    (Endpoint(addresses=("10.2.0.1",)), {HOSTNAME: "n1", "example.com/rack": "r1"}),
+    (Endpoint(addresses=("10.2.0.2",)), {HOSTNAME: "n2", "example.com/rack": "r2"}),
+]
+ZONE_STAR = keys_policy(HOSTNAME, ZONE, "*")
+HINTS = Policy("hints", hints=True)
+INVALID = Policy("annotation", (HOSTNAME, HOSTNAME), errors=("duplicate",))
+
+TIER_CASES = [
+    # (id, policy, client labels, candidates, expected ips, expected tier)
+    ("same node", ZONE_STAR, N1, PROPERTY_CANDIDATES, ["10.0.0.1", "10.0.0.2"], HOSTNAME),
+    (
+        "none on the node: same zone",
+        ZONE_STAR,
+        {HOSTNAME: "n9", ZONE: "a"},
+        PROPERTY_CANDIDATES,
+        ["10.0.0.1", "10.0.0.3", "10.0.0.2"],
+        ZONE,
+    ),
+    ("none in the zone: the catch-all", ZONE_STAR, {ZONE: "z"}, PROPERTY_CANDIDATES, ALL, "*"),
+    ("* alone", keys_policy("*"), N1, PROPERTY_CANDIDATES, ALL, "*"),
+    ("none in the zone, no *", keys_policy(ZONE), {ZONE: "z"}, PROPERTY_CANDIDATES, [], "none"),
+    ("client unknown, last key *", ZONE_STAR, {}, PROPERTY_CANDIDATES, ALL, "*"),
+    ("client unknown, no *", keys_policy(ZONE), {}, PROPERTY_CANDIDATES, [], "none"),
+    (
+        "client lacks every key, no *",
+        keys_policy(ZONE),
+        {"x": "y"},
+        PROPERTY_CANDIDATES,
+        [],
+        "none",
+    ),
+    (
+        "any other label key",
+        keys_policy("example.com/rack", "*"),
+        {HOSTNAME: "n3", "example.com/rack": "r2"},
+        RACKS,
+        ["10.2.0.2"],
+        "example.com/rack",
+    ),
+    ("hinted for the client's zone", HINTS, {ZONE: "a"}, HINTED, ["10.1.0.1", "10.1.0.3"], ZONE),
+    ("no endpoint hinted for the zone", HINTS, {ZONE: "z"}, HINTED, HINTED_ALL, "*"),
+    ("hints, client unknown", HINTS, {}, HINTED, HINTED_ALL, "*"),
+    ("invalid policy: every endpoint", INVALID, N1, PROPERTY_CANDIDATES, ALL, "*"),
+    ("no policy: every endpoint", NO_POLICY, N1, PROPERTY_CANDIDATES, ALL, "*"),
+]
+
+
+@pytest.mark.parametrize(
+    "policy, client, candidates, expected, tier",
+    [c[1:] for c in TIER_CASES],
+    ids=[c[0] for c in TIER_CASES],
+)
+def test_selection_tier(
+    policy: Policy,
+    client: dict[str, str],
+    candidates: Candidates,
+    expected: list[str],
+    tier: str,
+) -> None:
+    selection = select(policy, client, candidates)
+    assert [candidates[i][0].addresses[0] for i in selection.chosen] == expected
+    assert selection.tier == tier
+
+
+@pytest.mark.parametrize("client", TIER_CLIENTS, ids=[str(c) for c in TIER_CLIENTS])
+@pytest.mark.parametrize("star", [False, True], ids=["no-star", "star"])
+def test_tier_names_what_was_chosen(client: dict[str, str], star: bool) -> None:
+    """A key tier holds exactly the endpoints sharing the client's value; "*" holds all; "none"
+    holds nothing."""
+    selection = select(
+        keys_policy(HOSTNAME, ZONE, *(["*"] if star else [])), client, PROPERTY_CANDIDATES
+    )
+    chosen = [PROPERTY_CANDIDATES[i] for i in selection.chosen]
+    if selection.tier == "none":
+        assert not chosen
+    elif selection.tier == "*":
+        assert star and len(chosen) == len(PROPERTY_CANDIDATES)
+    else:
+        key = selection.tier
+        assert chosen == [c for c in PROPERTY_CANDIDATES if _same(c[1], client, key)] != []

@@ -120,6 +120,29 @@ def test_headless_a(service: str, client: dict[str, str], want: list[str]) -> No
     assert ips(f"{service}.shop.svc.cluster.local", client) == want
 
 
+@pytest.mark.parametrize(
+    ("name", "qtype", "client", "tier"),
+    [
+        ("web", A, NODE_A, "kubernetes.io/hostname"),
+        ("web", A, NODE_B, "topology.kubernetes.io/zone"),
+        ("web", A, NODE_D, "*"),
+        ("web", A, {}, "*"),
+        ("web", AAAA, NODE_A, "kubernetes.io/hostname"),  # the tier matched; it has no AAAA
+        ("_http._tcp.web", SRV, NODE_C, "kubernetes.io/hostname"),
+        ("zonal", A, NODE_D, "none"),
+        ("near", A, NODE_B, "topology.kubernetes.io/zone"),
+        ("alias", A, NODE_A, "kubernetes.io/hostname"),  # the CNAME's target was filtered
+        ("bad", A, NODE_A, ""),  # invalid: no policy applied, no tier
+        ("web-1.web", A, NODE_A, ""),  # endpoint names are not filtered
+    ],
+)
+def test_answer_names_the_tier(name: str, qtype: int, client: dict[str, str], tier: str) -> None:
+    qname = tuple(f"{name}.shop.svc.cluster.local".split("."))
+    answer = resolve(qname, qtype, SNAPSHOT, CONFIG, client)
+    assert answer.tier == tier
+    assert (answer.policy is not None) == bool(tier)
+
+
 def test_no_tier_is_nodata_with_soa_and_depends_on_the_client() -> None:
     answer = resolve(("zonal", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_D)
     assert answer.rcode == NOERROR and not answer.answer and answer.authority
@@ -195,6 +218,22 @@ def test_clients_get_their_own_answers_from_the_wire_cache() -> None:
     # One wire entry for the name, one reply per signature; never one per address.
     (entry,) = responder.caches[UDP4].table.values()
     assert not isinstance(entry, bytes) and len(entry.replies) == 3
+
+
+def test_answers_are_counted_per_policy_and_tier_cached_or_not() -> None:
+    responder = Responder(CONFIG, SNAPSHOT, (ipaddress.ip_network("127.0.0.100/32"),))
+    for _ in range(3):  # the first answer is resolved, the next two come from the wire cache
+        ask(responder, "web.shop.svc.cluster.local", "127.0.0.2")  # node-a
+        ask(responder, "web.shop.svc.cluster.local", "127.0.0.9")  # nobody's: "*"
+        ask(responder, "zonal.shop.svc.cluster.local", "127.0.0.5")  # node-d, zone z3: none
+        ask(responder, "web.shop.svc.cluster.local", "127.0.0.100", ecs="127.0.0.8/32")
+        ask(responder, "web-0.web.shop.svc.cluster.local", "127.0.0.9")  # not filtered
+    rows = responder.topology_counts.rows
+    assert rows == {
+        ("topologyKeys", "kubernetes.io/hostname"): [3, 0],
+        ("topologyKeys", "*"): [6, 6],  # unplaced: by source, then by trusted ECS
+        ("annotation", "none"): [3, 0],
+    }
 
 
 def test_clients_of_one_zone_share_a_cached_answer() -> None:

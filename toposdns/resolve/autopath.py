@@ -16,7 +16,6 @@ is NXDOMAIN, the client gets the reply to the first one and walks the path itsel
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 from toposdns.resolve.answer import RR, Answer
 from toposdns.resolve.qname import SVC
@@ -82,7 +81,7 @@ def completed(answer: Answer, original: Name) -> Answer:
     if at is None:
         return answer
     target = answer.answer[at]
-    return replace(answer, answer=(RR(original, CNAME, target.ttl, target.name),) + answer.answer)
+    return answer._replace(answer=(RR(original, CNAME, target.ttl, target.name),) + answer.answer)
 
 
 def answered_alike(name: Name, first: Name, answer: Answer) -> bool:

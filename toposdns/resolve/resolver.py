@@ -105,8 +105,8 @@ def resolve(
     """Answer one question. `name` is the query name's labels exactly as asked.
 
     `client` is the asking client's node labels (empty or None when unknown). When the answer
-    depends on them, `Answer.policy` says which policy it followed; `trace`, when given,
-    collects each topology decision.
+    depends on them, `Answer.policy` says which policy it followed and `Answer.tier` which of
+    its tiers matched; `trace`, when given, collects each topology decision.
     """
     lower = tuple(map(str.lower, name))
     zone_len = match_zone(lower, config.zones)
@@ -130,7 +130,9 @@ def resolve(
         return Answer(rcode, authority=(soa,), depends=depends)
     depends = frozenset(lookup.depends)
     if not records:
-        return Answer(NOERROR, authority=(soa,), policy=lookup.policy, depends=depends)
+        return Answer(
+            NOERROR, authority=(soa,), policy=lookup.policy, tier=lookup.tier, depends=depends
+        )
     chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
     return Answer(
         NOERROR,
@@ -138,6 +140,7 @@ def resolve(
         (),
         _dedup(extra),
         policy=lookup.policy,
+        tier=lookup.tier,
         chase=chase,
         depends=depends,
     )
@@ -234,6 +237,8 @@ class _Lookup:
         self.trace = trace
         #: The topology policy the answer followed, if it depends on the client.
         self.policy: Policy | None = None
+        #: The tier of that policy that matched (Selection.tier).
+        self.tier = ""
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
         #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
@@ -396,6 +401,7 @@ class _Lookup:
         if not policy.active:
             return entries
         self.policy = policy
+        self.tier = selection.tier
         chosen = {id(candidates[i][0]) for i in selection.chosen}
         return [entry for entry in entries if id(entry.endpoint) in chosen]
 

@@ -11,7 +11,7 @@ zones) ends it with SERVFAIL, as a plugin error ends CoreDNS's.
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from struct import error as StructError
 from struct import pack
 from typing import TYPE_CHECKING, Any
@@ -119,7 +119,7 @@ class AutoPath:
             if not goes_on(answer):
                 return self.found(walk, name, answer)
             if first is None:
-                first = self.encode(replace(walk.query, name=name), answer, walk)
+                first = self.encode(walk.query._replace(name=name), answer, walk)
         assert first is not None  # the first name is the one asked: never skipped
         return first
 
@@ -132,14 +132,14 @@ class AutoPath:
 
     async def chased(self, walk: _Walk, name: Name, answer: Answer) -> bytes:
         """An ExternalName found on the way, completed upstream, then led by the CNAME."""
-        asked = replace(walk.query, name=name)
+        asked = walk.query._replace(name=name)
         reply = await self.responder.chased(asked, answer, walk.transport, walk.scope)
         return self.renamed(reply, walk)
 
     async def upstream(self, walk: _Walk, index: int, first: bytes | None) -> bytes:
         """Ask the upstreams for one name, then go on with the walk if it does not exist."""
         name = walk.names[index]
-        asked = replace(walk.query, name=name)
+        asked = walk.query._replace(name=name)
         reply = await self.responder.forwarded(
             renamed_query(walk.data, name), asked, walk.transport
         )

@@ -59,6 +59,10 @@ class SerialReply:
 Reply = bytes | SerialReply
 
 
+#: A topology-filtered reply and the `TopologyCounts` row its answers count in.
+TopologyReply = tuple[Reply, list[int]]
+
+
 class TopologyReplies:
     """Replies to one query whose answer depends on the client, by client signature."""
 
@@ -69,23 +73,26 @@ class TopologyReplies:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.replies: dict[tuple[object, ...], Reply] = {}
+        self.replies: dict[tuple[object, ...], TopologyReply] = {}
         #: id(labels) -> reply. Equal label sets are one interned object (store/convert.py);
         #: `held` keeps each remembered one alive, so its id cannot pass to another object.
-        self.by_labels: dict[int, Reply] = {}
+        self.by_labels: dict[int, TopologyReply] = {}
         self.held: list[Labels] = []
 
-    def get(self, labels: Labels, serial: int) -> bytes | None:
-        """The reply for a client with these labels, if one is cached."""
-        reply = self.by_labels.get(id(labels))
-        if reply is None:
-            reply = self.replies.get(self.policy.signature(labels))
-            if reply is None:
+    def get(self, labels: Labels, serial: int) -> tuple[bytes, list[int]] | None:
+        """The reply for a client with these labels, if one is cached, and its counts row."""
+        found = self.by_labels.get(id(labels))
+        if found is None:
+            found = self.replies.get(self.policy.signature(labels))
+            if found is None:
                 return None
             if len(self.held) < self.REMEMBERED:
-                self.by_labels[id(labels)] = reply
+                self.by_labels[id(labels)] = found
                 self.held.append(labels)
-        return reply if reply.__class__ is bytes else reply.current(serial)  # type: ignore[union-attr]
+        reply, row = found
+        if reply.__class__ is bytes:
+            return found  # type: ignore[return-value]
+        return reply.current(serial), row  # type: ignore[union-attr]
 
 
 Entry = bytes | SerialReply | TopologyReplies
@@ -107,8 +114,10 @@ class ReplyCache:
         policy: Policy | None,
         labels: Labels,
         depends: Iterable[Dependency],
+        row: list[int] | None = None,
     ) -> bool:
-        """Keep a reply (after its ID). Returns True if the table had to be emptied first."""
+        """Keep a reply (after its ID); a topology-filtered one (`policy`) with the counts `row`
+        its hits count in. Returns True if the table had to be emptied first."""
         table = self.table
         emptied = len(table) >= self.size
         if emptied:
@@ -119,7 +128,7 @@ class ReplyCache:
             entry = table.get(key)
             if not isinstance(entry, TopologyReplies):
                 entry = table[key] = TopologyReplies(policy)
-            entry.replies[policy.signature(labels)] = reply
+            entry.replies[policy.signature(labels)] = (reply, row or [0, 0])
         dependents = self.dependents
         for word in depends:
             keys = dependents.get(word)

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from toposdns.resolve.answer import Answer, name_text, type_name
-from toposdns.resolve.client import Network
+from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import ReplyCache, SerialReply, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
+from toposdns.serve.topology_metrics import TopologyCounts
+from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import AA, CLASS_IN, NOERROR, REFUSED, SERVFAIL, SOA, TC, Name
@@ -96,6 +98,8 @@ class Responder:
         self.loadbalance = loadbalance
         self.autopath = AutoPath(self) if config.autopath else None
         self.caches = {kind: ReplyCache() for kind in TRANSPORTS}
+        #: Topology-filtered answers by policy and tier (counted with or without --http).
+        self.topology_counts = TopologyCounts()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
@@ -156,7 +160,11 @@ class Responder:
             assert isinstance(entry, TopologyReplies)
             subnet = echo.subnet[0] if echo.subnet is not None else None
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
-            reply = entry.get(labels, self.snapshot.serial)
+            found = entry.get(labels, self.snapshot.serial)
+            if found is None:
+                return None
+            reply, row = found
+            count_topology(row, labels is NO_LABELS)
         if reply is None:
             return None
         if not options:
@@ -213,6 +221,10 @@ class Responder:
                 chased = self.chased(query, answer, transport, scope)
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
             reply = self.encoded(query, answer, transport, scope)
+            row = None
+            if answer.policy is not None:
+                row = self.topology_counts.row(qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
             if self.loadbalance:
                 shuffled = shuffle_reply(reply)
                 if shuffled is not None:  # its order varies: not for the cache
@@ -221,7 +233,7 @@ class Responder:
                 key = None  # a pod of the namespace the name names gets another reply
             if key is not None:
                 plain = reply if not query.edns or not query.edns.options else None
-                self.remember(key, query, answer, transport, labels, plain)
+                self.remember(key, query, answer, transport, labels, plain, row)
         except Exception:
             return self.counted(data, self.failed(query), transport, started, qtype)
         # A reply cached under the query's own bytes counts its later hits on its own.
@@ -241,18 +253,19 @@ class Responder:
         transport: Transport,
         labels: Labels,
         plain: bytes | None,
+        row: list[int] | None,
     ) -> None:
         """Cache the reply the query would get without EDNS options (`plain`, when that is the
         reply just built), under the query's key."""
         if plain is None:
             assert query.edns is not None
-            bare = replace(query, edns=replace(query.edns, options=()), ecs=None)
+            bare = query._replace(edns=query.edns._replace(options=()), ecs=None)
             plain = self.encoded(bare, answer, transport, 0)
         reply: bytes | SerialReply = plain[2:]
         if _carries_soa(answer):
             reply = SerialReply(plain[2:], self.snapshot.serial)
         cache = self.caches[transport]
-        if cache.store(key, reply, answer.policy, labels, answer.depends) and self.metrics:
+        if cache.store(key, reply, answer.policy, labels, answer.depends, row) and self.metrics:
             self.metrics.retire(transport)
 
     def remember_options(self, options: bytes) -> EchoedOptions:
@@ -335,7 +348,8 @@ class Responder:
             reply = await self.forwarder.forward(data, transport.tcp, limit, opt)
         except Exception:
             return self.failed(query)
-        return reply if reply is not None else encode_bare(query, SERVFAIL)
+        # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
+        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
     async def chased(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """An answer ending in an out-of-zone CNAME, completed with the upstream's answer."""
@@ -345,12 +359,12 @@ class Responder:
         try:
             lookup = build_query(chase.target, chase.qtype)
             reply = await self.forwarder.forward(lookup, tcp=False, limit=MAX_TCP_SIZE)
-            if reply is None:
+            if isinstance(reply, int):
                 # No message at all: CoreDNS drops the CNAME, which leaves NODATA.
                 answer = Answer(NOERROR, authority=(chase.soa,), policy=answer.policy)
             else:
                 records, truncated = answer_records(reply)
-                answer = replace(answer, answer=answer.answer + records, chase=None)
+                answer = answer._replace(answer=answer.answer + records, chase=None)
             encoded = self.encoded(query, answer, transport, scope)
         except Exception:
             return self.failed(query)

@@ -16,6 +16,10 @@ from toposdns.serve.responder import Responder, Transport
 
 log = logging.getLogger("toposdns")
 
+#: Queries one connection may have waiting for an upstream; past that its queries are read only
+#: as those are answered, so one pipelining client cannot hold every forwarding slot.
+MAX_PENDING = 32
+
 
 class TcpLimits:
     """Shared by all connections of one listener."""
@@ -39,6 +43,7 @@ class TcpProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.counted = False
         self.pending: set[asyncio.Task[None]] = set()
+        self.writing_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
@@ -61,7 +66,7 @@ class TcpProtocol(asyncio.Protocol):
         buffer += data
         responder = self.responder
         source = self.transport.get_extra_info("peername")[0]
-        while len(buffer) >= 2:
+        while len(buffer) >= 2 and len(self.pending) < MAX_PENDING:
             length = (buffer[0] << 8) | buffer[1]
             if len(buffer) < 2 + length:
                 break
@@ -87,15 +92,28 @@ class TcpProtocol(asyncio.Protocol):
 
         task = asyncio.create_task(send())
         self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        task.add_done_callback(self.answered)
+        if len(self.pending) == MAX_PENDING and self.transport is not None:
+            self.transport.pause_reading()
+
+    def answered(self, task: asyncio.Task[None]) -> None:
+        """An upstream lookup is done: read on if the connection had reached MAX_PENDING."""
+        full = len(self.pending) == MAX_PENDING
+        self.pending.discard(task)
+        if full and self.transport is not None and not self.transport.is_closing():
+            if not self.writing_paused:
+                self.transport.resume_reading()
+            self.data_received(b"")  # the queries already read and left in the buffer
 
     def pause_writing(self) -> None:
         # The client is not reading its answers: stop reading its queries too.
+        self.writing_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None:
+        self.writing_paused = False
+        if self.transport is not None and len(self.pending) < MAX_PENDING:
             self.transport.resume_reading()
 
     def check_idle(self) -> None:

@@ -63,7 +63,12 @@ class UdpProtocol(asyncio.DatagramProtocol):
             labels = NO_LABELS if locator is None else locator.node_labels
             cached = hit.get(labels, responder.snapshot.serial)
             if cached is not None:
-                transport.sendto(data[:2] + cached, addr)
+                reply, counts = cached
+                transport.sendto(data[:2] + reply, addr)
+                # topology_metrics.count written out: the call would cost as much as the count.
+                counts[0] += 1
+                if labels is NO_LABELS:  # no locator holds the client's address
+                    counts[1] += 1
                 if metrics is not None:
                     count_hit(metrics, self.hits, key, started)
                 return

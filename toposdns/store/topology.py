@@ -32,6 +32,8 @@ HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 REGION = "topology.kubernetes.io/region"
 ANY = "*"
+#: The tier of a selection that chose nothing.
+NO_TIER = "none"
 MAX_KEYS = 16
 
 TRAFFIC_DISTRIBUTIONS = {
@@ -178,6 +180,10 @@ class Selection:
 
     chosen: tuple[int, ...]
     rule: str
+    #: The tier that matched: a label key, "*" for every endpoint (the catch-all, hints falling
+    #: back, or no policy to apply), or "none" when no tier matched (the answer is NODATA).
+    #: Zone hints that matched count as the zone key's tier.
+    tier: str
 
 
 def select(
@@ -186,29 +192,31 @@ def select(
     """Choose among candidates (endpoint, its topology labels); returns indexes into them."""
     everyone = tuple(range(len(candidates)))
     if policy.errors:
-        return Selection(everyone, "policy ignored (invalid): every endpoint")
+        return Selection(everyone, "policy ignored (invalid): every endpoint", ANY)
     if policy.hints:
         zone = client.get(ZONE)
         hinted = tuple(
             i for i, (ep, _) in enumerate(candidates) if zone and zone in (ep.hint_zones or ())
         )
         if hinted:
-            return Selection(hinted, f"hinted for zone {zone}")
-        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint")
+            return Selection(hinted, f"hinted for zone {zone}", ZONE)
+        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint", ANY)
     keys = policy.keys
     if not keys:
-        return Selection(everyone, "no policy: every endpoint")
+        return Selection(everyone, "no policy: every endpoint", ANY)
     if not client:
         if keys[-1] == ANY:
-            return Selection(everyone, 'client labels unknown, last key is "*": every endpoint')
-        return Selection((), 'client labels unknown and no "*": no endpoint')
+            return Selection(
+                everyone, 'client labels unknown, last key is "*": every endpoint', ANY
+            )
+        return Selection((), 'client labels unknown and no "*": no endpoint', NO_TIER)
     for key in keys:
         if key == ANY:
-            return Selection(everyone, '"*": every endpoint')
+            return Selection(everyone, '"*": every endpoint', ANY)
         value = client.get(key)
         if value is None:
             continue
         tier = tuple(i for i, (_, labels) in enumerate(candidates) if labels.get(key) == value)
         if tier:
-            return Selection(tier, f"{key}={value}")
-    return Selection((), "no tier matched: no endpoint")
+            return Selection(tier, f"{key}={value}", key)
+    return Selection((), "no tier matched: no endpoint", NO_TIER)

@@ -8,9 +8,9 @@ counts no query can have gets FORMERR.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from struct import error as StructError
 from struct import unpack_from
+from typing import NamedTuple
 
 from toposdns.wire.codes import CLIENT_SUBNET, FORMERR, NOTIMP, OPCODE, OPT, QR, SOA, Name
 
@@ -32,8 +32,7 @@ class Rejected(Exception):
         self.rcode = rcode
 
 
-@dataclass(frozen=True, slots=True)
-class Edns:
+class Edns(NamedTuple):
     """The query's OPT record."""
 
     udp_size: int
@@ -47,8 +46,7 @@ class Edns:
         return (self.ttl >> 16) & 0xFF
 
 
-@dataclass(frozen=True, slots=True)
-class ClientSubnet:
+class ClientSubnet(NamedTuple):
     """An EDNS Client Subnet option (RFC 7871)."""
 
     family: int  # 1 IPv4, 2 IPv6
@@ -59,8 +57,7 @@ class ClientSubnet:
     raw_address: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Query:
+class Query(NamedTuple):
     """A decoded query: its header fields, its one question and its OPT record."""
 
     id: int
@@ -70,6 +67,9 @@ class Query:
     qclass: int
     edns: Edns | None = None
     ecs: ClientSubnet | None = None
+    #: The question section as sent (name, type, class), when its name was not compressed:
+    #: a reply repeats it byte for byte.
+    question: bytes = b""
 
 
 def decode_query(data: bytes) -> Query:
@@ -87,6 +87,9 @@ def decode_query(data: bytes) -> Query:
         name, offset = read_name(data, HEADER_SIZE)
         qtype, qclass = unpack_from("!HH", data, offset)
         offset += 4
+        question = data[HEADER_SIZE:offset]
+        if data[offset - 6] != 0:  # the name ended in a compression pointer
+            question = b""
         edns = None
         for index in range(ancount + nscount + arcount):
             _, offset = read_name(data, offset)
@@ -107,11 +110,26 @@ def decode_query(data: bytes) -> Query:
                     ecs = read_client_subnet(value)
     except (ValueError, IndexError, StructError) as exc:
         raise Rejected(data, FORMERR, f"malformed query: {exc}") from None
-    return Query(qid, flags, name, qtype, qclass, edns, ecs)
+    return Query(qid, flags, name, qtype, qclass, edns, ecs, question)
 
 
 def read_name(data: bytes, offset: int) -> tuple[Name, int]:
     """Read a possibly compressed name; return its labels (latin-1) and the offset after it."""
+    # Most names are not compressed: read them with as few steps as a label allows.
+    start = offset
+    labels: list[str] = []
+    length = data[offset]
+    while 0 < length < 64:
+        end = offset + 1 + length
+        labels.append(data[offset + 1 : end].decode("latin-1"))
+        offset = end
+        length = data[offset]  # IndexError past the end of the data
+    if length == 0 and offset - start < MAX_NAME_WIRE:
+        return tuple(labels), offset + 1
+    return _read_compressed_name(data, start)
+
+
+def _read_compressed_name(data: bytes, offset: int) -> tuple[Name, int]:
     labels: list[str] = []
     end = -1
     wire_length = 1

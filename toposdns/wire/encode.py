@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from socket import AF_INET, AF_INET6, inet_pton
 from struct import pack
+from typing import cast
 
 from toposdns.resolve.answer import RR, Answer, Soa, Srv
 from toposdns.wire.codes import AAAA, CNAME, NS, OPT, PTR, TXT, A, Name
@@ -88,7 +89,8 @@ def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
         len(answer.authority),
         len(answer.additional) + (1 if opt else 0),
     )
-    parts = [header, name_wire(query.name), pack("!HH", query.qtype, query.qclass)]
+    question = query.question or name_wire(query.name) + pack("!HH", query.qtype, query.qclass)
+    parts = [header, question]
     for section in (answer.answer, answer.authority, answer.additional):
         for rr in section:
             wire = _records.get(rr)
@@ -128,11 +130,11 @@ def _record_wire(rr: RR) -> bytes:
     elif isinstance(data, Soa):
         numbers = pack("!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum)
         rdata = name_wire(data.mname) + name_wire(data.rname) + numbers
-    elif rr.rtype == TXT and isinstance(data, tuple):
-        texts = [text.encode() for text in data]
+    elif rr.rtype == TXT:
+        texts = [text.encode() for text in cast(tuple[str, ...], data)]
         rdata = b"".join(bytes((len(text),)) + text for text in texts)
-    elif rr.rtype in _COMPRESSIBLE and isinstance(data, tuple):
-        rdata = name_wire(data)
+    elif rr.rtype in _COMPRESSIBLE:
+        rdata = name_wire(cast(Name, data))
     else:
         raise TypeError(f"cannot encode {rr}")
     wire = name_wire(rr.name) + pack("!HHIH", rr.rtype, 1, rr.ttl, len(rdata)) + rdata
@@ -231,12 +233,12 @@ class _Writer:
             self.buf += pack(
                 "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
             )
-        elif rr.rtype == TXT and isinstance(data, tuple):
-            for text in data:
+        elif rr.rtype == TXT:
+            for text in cast(tuple[str, ...], data):
                 raw = text.encode()
                 self.buf += bytes((len(raw),)) + raw
-        elif rr.rtype in _COMPRESSIBLE and isinstance(data, tuple):
-            self.name(data)
+        elif rr.rtype in _COMPRESSIBLE:
+            self.name(cast(Name, data))
         else:
             raise TypeError(f"cannot encode {rr}")
 
