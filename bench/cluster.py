@@ -107,15 +107,15 @@ def ecs_clients(cluster: Cluster) -> dict[str, Node]:
     return {str(ECS_BASE + i): node for i, node in enumerate(cluster.nodes)}
 
 
-def topology_answer(service: Service, node: Node) -> set[str]:
+def topology_answer(service: Service, node: Node) -> frozenset[str]:
     """What [hostname, zone, "*"] gives a client on `node`: the first tier with endpoints."""
     for tier in (
         [ep.ip for ep in service.endpoints if ep.node == node],
         [ep.ip for ep in service.endpoints if ep.node.zone == node.zone],
     ):
         if tier:
-            return set(tier)
-    return {ep.ip for ep in service.endpoints}
+            return frozenset(tier)
+    return frozenset(ep.ip for ep in service.endpoints)
 
 
 # --------------------------------------------------------------------------- the snapshot

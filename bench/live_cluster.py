@@ -189,7 +189,8 @@ def slice_object(
     """A slice of 3-10 ready endpoints of `svc`, pods numbered from `first_pod`, and a
     PodLocator for each of its pods while `room` (None: no limit) allows."""
     ns, name = namespace(svc), svc["metadata"]["name"]
-    endpoints, locators = [], []
+    endpoints: list[JSON] = []
+    locators: list[JSON] = []
     for k in range(rng.randint(3, 10)):
         node = nodes[rng.randrange(len(nodes))]
         pod = f"{name}-{_suffix(rng, 10)}-{_suffix(rng)}"

@@ -22,7 +22,7 @@ from bench.cluster import ZONE, ZONES, Cluster, Node, dashed
 #: (name without the final dot, query type), as a line of a dnsperf text file says it.
 Query = tuple[str, str]
 
-COOKIE = 10  # EDNS option code (RFC 7873)
+COOKIE = dns.edns.OptionType.COOKIE  # 10, RFC 7873
 EDNS_PAYLOAD = 1232  # what dig and most stub resolvers offer today
 
 WORDS = ("api", "auth", "cdn", "db", "events", "login", "metrics", "queue", "search", "static")
@@ -144,11 +144,11 @@ def ecs_messages(cluster: Cluster, clients: Mapping[str, Node], seed: int) -> li
     return messages
 
 
-def ecs_query(name: str, address: str, qtype: str = "A") -> dns.message.Message:
+def ecs_query(name: str, address: str, qtype: str = "A") -> dns.message.QueryMessage:
     option = dns.edns.ECSOption(address, 32)
     return dns.message.make_query(name, qtype, use_edns=0, payload=EDNS_PAYLOAD, options=[option])
 
 
-def cookie_query(name: str, cookie: bytes, qtype: str = "A") -> dns.message.Message:
+def cookie_query(name: str, cookie: bytes, qtype: str = "A") -> dns.message.QueryMessage:
     option = dns.edns.GenericOption(COOKIE, cookie)
     return dns.message.make_query(name, qtype, use_edns=0, payload=EDNS_PAYLOAD, options=[option])

@@ -99,10 +99,11 @@ class Scenario:
 
 
 def ask(port: int, query: dns.message.Message, source: str = CLIENT) -> tuple[str, frozenset[str]]:
-    """(rcode, the rdata of the answer's records of the asked type); ("TIMEOUT", {}) if none."""
+    """(rcode, the rdata of the answer's records of the asked type); ("TIMEOUT", {}) if none.
+    Over UDP, and again over TCP when the reply is truncated (as dig does)."""
     try:
-        reply = dns.query.udp(query, HOST, port=port, timeout=2, source=source)
-    except dns.exception.Timeout:
+        reply, _ = dns.query.udp_with_fallback(query, HOST, port=port, timeout=2, source=source)
+    except (dns.exception.Timeout, OSError):
         return "TIMEOUT", frozenset()
     rdtype = query.question[0].rdtype
     found = frozenset(
@@ -170,7 +171,7 @@ def verify_repeated(
                 bad += mismatch(f"{name} {svc.fqdn} A", got, want)
             if srv and not topology:
                 weight = srv_weight(len(svc.endpoints))
-                srvs = {f"0 {weight} 80 {svc.endpoint_name(ep)}" for ep in svc.endpoints}
+                srvs = frozenset(f"0 {weight} 80 {svc.endpoint_name(ep)}" for ep in svc.endpoints)
                 got = ask(port, dns.message.make_query(f"_http._tcp.{svc.fqdn}", "SRV"))
                 if got != ("NOERROR", srvs):
                     bad += mismatch(f"{name} _http._tcp.{svc.fqdn} SRV", got, srvs)
@@ -296,7 +297,7 @@ def write_scenarios(
             title = "trusted ECS, clients in 3 zones"
             scenarios.append(Scenario(name, title, "toposdns-ecs", [ecs], ["-B"]))
         elif name == "cookie":
-            extra = ["-E", f"{COOKIE}:{cookie.hex()}"]
+            extra = ["-E", f"{int(COOKIE)}:{cookie.hex()}"]
             scenarios.append(Scenario(name, "client COOKIE", "toposdns", [repeated], extra))
     return scenarios
 
