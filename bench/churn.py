@@ -26,7 +26,6 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -37,15 +36,7 @@ from typing import Any
 from bench import dnsperf
 from bench.harness import FakeApiServer, ServerProcess, log, machine
 from bench.live_cluster import Cluster, Sizes, fqdn, generate, load
-from bench.live_server import (
-    CHANGE_TIMEOUT,
-    Asker,
-    Delays,
-    free_ports,
-    holds,
-    start_toposdns,
-    wait_ready,
-)
+from bench.live_server import CHANGE_TIMEOUT, Asker, Delays, holds, live, wait_ready
 
 READY_TIMEOUT = 300.0
 SETTLE = 1.0  # seconds between runs, so a backlog of changes does not spill into the next
@@ -230,35 +221,23 @@ def measure_size(services: int, args: argparse.Namespace) -> JSON:
         "locators": len(cluster.locators),
     }
     log(f"{services:,} headless services, {len(cluster.locators):,} locators")
-    server = FakeApiServer()
-    proc: ServerProcess | None = None
-    workdir = Path(tempfile.mkdtemp(prefix="toposdns-churn-"))
-    try:
-        load(server, cluster)
-        server.start()
-        dns_port, http_port = free_ports()
-        kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
-        proc = start_toposdns(kubeconfig, dns_port, http_port, args.toposdns_arg)
-        result["ready_s"] = wait_ready(proc, http_port, READY_TIMEOUT)
-        changer = Changer(server, cluster, args.seed)
+    with live(args.show_log) as setup:
+        load(setup.server, cluster)
+        setup.server.start()
+        proc = setup.start(args.toposdns_arg)
+        result["ready_s"] = wait_ready(proc, setup.http_port, READY_TIMEOUT)
+        changer = Changer(setup.server, cluster, args.seed)
         if services in args.cost_sizes:
             result["apply_cost"] = apply_cost(
-                proc, dns_port, changer, args.cost_changes, args.cost_rate
+                proc, setup.dns_port, changer, args.cost_changes, args.cost_rate
             )
         if services in args.sizes:
-            qfile = workdir / "queries.txt"
+            qfile = setup.workdir / "queries.txt"
             names = [fqdn(svc).rstrip(".") for svc in cluster.services]
             random.Random(args.seed).shuffle(names)
             qfile.write_text("".join(f"{name} A\n" for name in names))
-            result["rates"] = measure_qps(proc, dns_port, changer, qfile, args)
-        return result
-    finally:
-        if proc is not None:
-            proc.stop()
-            if args.show_log:
-                log("toposdns log:\n" + proc.tail(40))
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+            result["rates"] = measure_qps(proc, setup.dns_port, changer, qfile, args)
+    return result
 
 
 # --------------------------------------------------------------------------- report

@@ -23,10 +23,8 @@ import json
 import random
 import re
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -36,15 +34,7 @@ from typing import Any
 
 from bench.harness import FakeApiServer, ServerProcess, log, machine
 from bench.live_cluster import Cluster, Sizes, fqdn, generate, load
-from bench.live_server import (
-    Asker,
-    Delays,
-    equals,
-    free_ports,
-    holds,
-    start_toposdns,
-    wait_ready,
-)
+from bench.live_server import Asker, Delays, equals, holds, live, wait_ready
 
 READY_TIMEOUT = 120.0
 PAGE = 500
@@ -277,28 +267,15 @@ def run(args: argparse.Namespace) -> JSON:
         "endpoint_pods": coredns_mb(cluster.endpoint_pods, services),
         "pod_locators": coredns_mb(cluster.pod_locators, services),
     }
-    server = FakeApiServer()
-    proc: ServerProcess | None = None
-    workdir = Path(tempfile.mkdtemp(prefix="toposdns-live-"))
-    try:
-        result["standin"] = asdict(load_standin(server, cluster))
-        kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
-        dns_port, http_port = free_ports()
-        log("starting toposdns")
-        proc = start_toposdns(kubeconfig, dns_port, http_port, args.toposdns_arg)
-        result["toposdns"] = time_to_ready(proc, http_port)
-        result["events"] = events(server, cluster, dns_port, args)
+    with live(args.show_log) as setup:
+        result["standin"] = asdict(load_standin(setup.server, cluster))
+        proc = setup.start(args.toposdns_arg)
+        result["toposdns"] = time_to_ready(proc, setup.http_port)
+        result["events"] = events(setup.server, cluster, setup.dns_port, args)
         hwm, rss = proc.memory()
         result["toposdns"]["vmhwm_after_events_mb"] = hwm
         result["toposdns"]["vmrss_after_events_mb"] = rss
-        return result
-    finally:
-        if proc is not None:
-            proc.stop()
-            if args.show_log:
-                log("toposdns log:\n" + proc.tail(40))
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    return result
 
 
 def events(

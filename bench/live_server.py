@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import shutil
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,15 @@ import dns.exception
 import dns.message
 import dns.rdatatype
 
-from bench.harness import HOST, ServerProcess, free_port, percentile, toposdns_command
+from bench.harness import (
+    HOST,
+    FakeApiServer,
+    ServerProcess,
+    free_port,
+    log,
+    percentile,
+    toposdns_command,
+)
 
 READY_POLL = 0.05
 CHANGE_TIMEOUT = 2.0  # seconds a change may take to show before it counts as missed
@@ -38,14 +48,43 @@ def free_ports() -> tuple[int, int]:
     raise RuntimeError("no free ports on loopback")
 
 
-def start_toposdns(
-    kubeconfig: Path, dns_port: int, http_port: int, extra: Sequence[str]
-) -> ServerProcess:
-    """`toposdns serve` against the stand-in."""
-    return ServerProcess(
-        toposdns_command("serve", "--kubeconfig", str(kubeconfig), "--listen",
-                         f"{HOST}:{dns_port}", "--http", f"{HOST}:{http_port}", *extra)
-    )  # fmt: skip
+@dataclass
+class Live:
+    """The stand-in API server, and the toposdns process serving from it once started."""
+
+    server: FakeApiServer
+    workdir: Path
+    proc: ServerProcess | None = None
+    dns_port: int = 0
+    http_port: int = 0
+
+    def start(self, extra: Sequence[str]) -> ServerProcess:
+        """`toposdns serve` against the (started) stand-in, on free ports; `extra` flags."""
+        kubeconfig = self.server.write_kubeconfig(self.workdir / "kubeconfig")
+        self.dns_port, self.http_port = free_ports()
+        log("starting toposdns")
+        self.proc = ServerProcess(
+            toposdns_command("serve", "--kubeconfig", str(kubeconfig),
+                             "--listen", f"{HOST}:{self.dns_port}",
+                             "--http", f"{HOST}:{self.http_port}", *extra)
+        )  # fmt: skip
+        return self.proc
+
+
+@contextlib.contextmanager
+def live(show_log: bool = False) -> Iterator[Live]:
+    """A stand-in API server (not started yet) and a work directory; on exit the toposdns
+    process, if any, is stopped (its log shown with `show_log`), then the stand-in."""
+    setup = Live(FakeApiServer(), Path(tempfile.mkdtemp(prefix="toposdns-live-")))
+    try:
+        yield setup
+    finally:
+        if setup.proc is not None:
+            setup.proc.stop()
+            if show_log:
+                log("toposdns log:\n" + setup.proc.tail(40))
+        setup.server.stop()
+        shutil.rmtree(setup.workdir, ignore_errors=True)
 
 
 def ready(http_port: int) -> bool:
