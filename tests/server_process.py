@@ -110,12 +110,15 @@ class ServerProcess:
                     )
                 self._changed.wait(min(remaining, 0.2))
 
+    @property
+    def name(self) -> str:
+        """The start of its command line, e.g. `python -m toposdns serve`."""
+        return " ".join([Path(self.command[0]).name, *self.command[1:4]])
+
     def check_alive(self) -> None:
         """RuntimeError, with the end of the log, if the process has exited."""
         if self.proc.poll() is not None:
-            raise RuntimeError(
-                f"{self.command[0]} exited with {self.proc.returncode}:\n{self.tail()}"
-            )
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
 
     def wait_until(self, check: Callable[[], bool], timeout: float, interval: float) -> float:
         """Poll `check` until true; the seconds since the start. RuntimeError if the process
@@ -126,7 +129,7 @@ class ServerProcess:
             if check():
                 return time.monotonic() - self.started
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"not ready after {timeout:.0f} s:\n{self.tail()}")
+                raise TimeoutError(f"{self.name}: not ready after {timeout:.0f} s:\n{self.tail()}")
             time.sleep(interval)
 
     def memory(self) -> tuple[float, float]:
@@ -147,7 +150,7 @@ class ServerProcess:
         fields = stat.rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def signal(self, sig: signal.Signals) -> None:
+    def send_signal(self, sig: signal.Signals) -> None:
         """Send `sig` to the process group, if the process still runs."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -155,7 +158,7 @@ class ServerProcess:
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
         """SIGTERM, then the exit code; None (after SIGKILL) if it did not exit in time."""
-        self.signal(signal.SIGTERM)
+        self.send_signal(signal.SIGTERM)
         try:
             code: int | None = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -168,6 +171,6 @@ class ServerProcess:
 
     def kill(self) -> None:
         """SIGKILL to the process group, and wait for the process."""
-        self.signal(signal.SIGKILL)
+        self.send_signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5.0)
