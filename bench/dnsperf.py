@@ -98,8 +98,9 @@ def run(
     return out
 
 
-def parse(lines: Iterable[str], before: CpuMark, after: CpuMark, verbose: bool) -> PerfResult:
-    """dnsperf's report (and with `-v` its per-response lines) as a PerfResult."""
+def read_output(lines: Iterable[str]) -> tuple[dict[str, str], list[float], int]:
+    """dnsperf's statistics ("Queries sent" -> "1000"), and with `-v` the latency in ms of
+    each response and the number of timeouts."""
     stats: dict[str, str] = {}
     latencies: list[float] = []
     timeouts = 0
@@ -116,6 +117,12 @@ def parse(lines: Iterable[str], before: CpuMark, after: CpuMark, verbose: bool) 
         elif ":" in line and line.startswith("  "):
             key, _, val = line.strip().partition(":")
             stats[key] = val.strip()
+    return stats, latencies, timeouts
+
+
+def parse(lines: Iterable[str], before: CpuMark, after: CpuMark, verbose: bool) -> PerfResult:
+    """dnsperf's report (and with `-v` its per-response lines) as a PerfResult."""
+    stats, latencies, timeouts = read_output(lines)
 
     def num(key: str) -> float:
         return float(stats[key].split()[0])
