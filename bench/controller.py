@@ -238,6 +238,11 @@ class Controller(ServerProcess):
 # --------------------------------------------------------------------------- measuring
 
 
+def mean_json_bytes(objs: Sequence[JSON]) -> int:
+    """The mean size of the objects as compact JSON."""
+    return round(sum(len(json.dumps(o, separators=(",", ":"))) for o in objs) / len(objs))
+
+
 def count_writes(server: FakeApiServer, since: int = 0) -> dict[str, int]:
     counts = {"POST": 0, "PUT": 0, "DELETE": 0, "GET": 0}
     for r in server.requests[since:]:
@@ -275,9 +280,8 @@ def run(args: argparse.Namespace) -> JSON:
     }
     log(f"generating {args.nodes:,} nodes and {args.pods:,} pods")
     nodes, pods = generate(args.nodes, args.pods, args.namespaces, args.seed)
-    pod_bytes = sum(len(json.dumps(p, separators=(",", ":"))) for p in pods[:1000]) / 1000
-    node_bytes = sum(len(json.dumps(n, separators=(",", ":"))) for n in nodes[:100]) / 100
-    result["object_bytes"] = {"pod": round(pod_bytes), "node": round(node_bytes)}
+    sizes = {"pod": mean_json_bytes(pods[:1000]), "node": mean_json_bytes(nodes[:100])}
+    result["object_bytes"] = sizes
     server = FakeApiServer(leases=True)
     proc: Controller | None = None
     workdir = Path(tempfile.mkdtemp(prefix="toposdns-controller-bench-"))
