@@ -8,7 +8,7 @@ mount namespace. toposdns serves examples/topology.yaml plus a PodLocator that p
 names outside the cluster go to a stub upstream (tests/upstream.py). The count is the change
 of `coredns_dns_requests_total` over one lookup. Needs root (unshare, port 53).
 
-Run from the repository root:  python bench/autopath.py [--node-search corp.example] [--json]
+Run from the repository root:  python -m bench.autopath [--node-search corp.example] [--json]
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from bench.harness import REPO, ServerProcess, free_port, toposdns_command
+from bench.live_server import wait_ready
 
-from bench.process import ToposdnsProcess, free_port  # noqa: E402
-from tests import glibc  # noqa: E402
-from tests.integration.support import metric_total  # noqa: E402
-from tests.upstream import stub_upstream  # noqa: E402
+# glibc as the client, the stub upstream and the metrics reader are the test suite's own, as
+# the stand-in API server is for the other benchmarks.
+from tests import glibc
+from tests.integration.support import metric_total
+from tests.upstream import stub_upstream
 
-TOPOLOGY = REPO_ROOT / "examples" / "topology.yaml"
+TOPOLOGY = REPO / "examples" / "topology.yaml"
 UPSTREAM = {
     ("api.example.com", "A"): ["api.example.com. 60 IN A 192.0.2.80"],
     ("api.example.com", "AAAA"): [],
@@ -61,9 +61,9 @@ def measure(directory: Path, node_search: list[str], autopath: bool) -> list[int
         ]  # fmt: skip
         if autopath:
             args += ["--autopath", "--autopath-resolv-conf", str(node_conf)]
-        server = ToposdnsProcess(args, http)
+        server = ServerProcess(toposdns_command(*args))
         try:
-            server.wait_ready(timeout=20)
+            wait_ready(server, http, timeout=20)
             search = ["shop.svc.cluster.local", "svc.cluster.local", "cluster.local", *node_search]
             conf = glibc.resolv_conf(directory, address, search)
             for name, _ in LOOKUPS:
@@ -88,7 +88,7 @@ def main() -> int:
     args = parser.parse_args()
     reason = glibc.unavailable()
     if reason is not None:
-        print(f"bench/autopath.py: glibc as the client {reason}", file=sys.stderr)
+        print(f"bench.autopath: glibc as the client {reason}", file=sys.stderr)
         return 2
     node_search = [d for d in args.node_search.split(",") if d]
     directory = Path(tempfile.mkdtemp(prefix="toposdns-autopath-"))
