@@ -30,10 +30,9 @@ def test_unknown_reverse_names_fall_through_to_the_upstream(start_server: StartS
             out = dig(server, "-x", "8.8.8.8", *transport)
             assert out.status == "NOERROR" and out.rdata("PTR") == ["dns.google."]
             assert "aa" not in out.flags and "ra" in out.flags  # the upstream's reply
-        assert upstream.queries[-2:] == [
-            ("udp", "8.8.8.8.in-addr.arpa", "PTR"),
-            ("tcp", "8.8.8.8.in-addr.arpa", "PTR"),
-        ]
+        ptr = "8.8.8.8.in-addr.arpa"
+        asked = {(proto, qtype) for proto, name, qtype in upstream.queries if name == ptr}
+        assert asked == {("udp", "PTR"), ("tcp", "PTR")}  # as the client asked
         # The upstream's NXDOMAIN (its own SOA) for an address it does not know either.
         v6 = dig(server, "-x", UNKNOWN_V6)
         assert v6.status == "NXDOMAIN" and v6.authority[0][0] == "test."
