@@ -78,7 +78,7 @@ def test_loadbalance_varies_the_order_of_addresses(start_server: StartServer) ->
     srv = orders(server, "_grpc._tcp.workers.data.svc.cluster.local", "SRV")
     assert len({answer for answer, _ in srv}) == 1
     assert len({additional for _, additional in srv}) > 1
-    # One record: nothing to vary, and that reply still comes from the wire cache.
+    # One record: nothing to vary.
     assert len(orders(server, "frontend.shop.svc.cluster.local", count=5)) == 1
 
 

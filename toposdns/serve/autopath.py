@@ -58,7 +58,7 @@ class _Walk:
 
 
 class AutoPath:
-    """Completes search paths for one responder, with its caches and its upstreams."""
+    """Completes search paths for one responder, from its snapshot and its upstreams."""
 
     def __init__(self, responder: Responder) -> None:
         self.responder = responder
@@ -85,7 +85,7 @@ class AutoPath:
         labels = locator.node_labels
         first = self.local(names[0], query.qtype, labels)
         if first is not None and answered_alike(query.name, names[0], first):
-            return None  # the plain reply, which the wire cache may keep for everyone
+            return None  # the plain reply, which the reply cache may keep for everyone
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         scope = query.ecs.source_prefix if query.ecs is not None and via_ecs else 0
         return self.walk(_Walk(data, query, transport, names, labels, limit, scope), 0)
