@@ -57,7 +57,9 @@ def own_addresses(host: str) -> tuple[str, ...]:
 
 def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
     """Log and count each invalid topology policy once, when it appears or changes."""
-    for (namespace, name), policy in invalid_changes(old.policies, new.policies):
+    # A snapshot that follows the last one can only differ in the services it changed.
+    changed = [(w[1], w[2]) for w in new.changes if w[0] == "svc"] if new.follows(old) else None
+    for (namespace, name), policy in invalid_changes(old.policies, new.policies, changed):
         INVALID_POLICIES.inc()
         log.warning(
             "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",

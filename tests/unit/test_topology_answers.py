@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import config_of, snapshot_of
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
-from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, A
+from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
 
 NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
 NODE_B = {"kubernetes.io/hostname": "node-b", "topology.kubernetes.io/zone": "z1"}
@@ -147,6 +147,15 @@ def test_no_tier_is_nodata_with_soa_and_depends_on_the_client() -> None:
     answer = resolve(("zonal", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_D)
     assert answer.rcode == NOERROR and not answer.answer and answer.authority
     assert answer.policy is not None
+
+
+def test_txt_of_a_filtered_name_is_nodata_for_every_client() -> None:
+    # Whether the name exists does not depend on the client, even one no tier serves.
+    for client in (NODE_A, NODE_D, {}):
+        answer = resolve(
+            ("zonal", "shop", "svc", "cluster", "local"), TXT, SNAPSHOT, CONFIG, client
+        )
+        assert (answer.rcode, answer.answer, answer.policy) == (NOERROR, (), None)
 
 
 def test_no_endpoints_at_all_is_still_nxdomain() -> None:

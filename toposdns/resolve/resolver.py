@@ -298,8 +298,9 @@ class _Lookup:
             entries = [e for e in entries if e.is_ip]  # no SRV for ExternalName
         return entries
 
-    def records(self, lower: Name) -> list[_Entry]:
-        """kubernetes.go Records: parse, then find pods or services."""
+    def records(self, lower: Name, filtered: bool = True) -> list[_Entry]:
+        """kubernetes.go Records: parse, then find pods or services. `filtered`: a headless
+        service's entries are those its topology policy picks for the client."""
         request = parse_request(lower[: len(lower) - len(self.zone)])
         if not request.kind:
             return []
@@ -309,7 +310,7 @@ class _Lookup:
             raise NotFound
         if request.kind == POD:
             return self.find_pods(request)
-        return self.find_services(request)
+        return self.find_services(request, filtered)
 
     def exposed(self, namespace: str) -> bool:
         """A namespace is served if it exists and, with `namespaces` set, is listed."""
@@ -335,7 +336,7 @@ class _Lookup:
         key = (request.service, request.namespace, POD) + self.zone
         return [_Entry(ip, 0, key)]
 
-    def find_services(self, request: Request) -> list[_Entry]:
+    def find_services(self, request: Request, filtered: bool = True) -> list[_Entry]:
         if not request.service:
             return []
         self.depends.add(("svc", request.namespace, request.service))
@@ -364,7 +365,7 @@ class _Lookup:
                                 entries.append(_Entry(address, port.port, key, endpoint=ep))
             if not entries:
                 raise NotFound
-            if svc.kind == HEADLESS and not request.endpoint:
+            if svc.kind == HEADLESS and not request.endpoint and filtered:
                 return self.filter(svc, entries)
             return entries
         matched = False
@@ -468,7 +469,8 @@ class _Lookup:
         if lower[: len(lower) - len(self.zone)] == ("dns-version",):
             return [RR(name, TXT, DNS_VERSION_TTL, (DNS_SCHEMA_VERSION,))]
         try:
-            exists = bool(self.records(lower))
+            # Whether the name exists does not depend on who asks: look before filtering.
+            exists = bool(self.records(lower, filtered=False))
         except (NotFound, InvalidName):
             exists = False
         if not exists:

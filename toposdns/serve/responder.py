@@ -35,7 +35,7 @@ from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import AA, CLASS_IN, NOERROR, REFUSED, SERVFAIL, SOA, TC, Name
-from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
+from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions, read_options, splice_options, split_query
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
@@ -120,17 +120,17 @@ class Responder:
         when an upstream must be asked first. `started` (perf_counter) times it for metrics."""
         split = split_query(data)
         if split is None:  # not a plain query: decoded in full, never cached
-            return self.built(data, None, NO_OPTIONS, transport, source, started)
+            return self.decoded(data, transport, source, started)
         key, options = split
         echo = self.options.get(options)
         if echo is None:
             try:
                 echo = self.remember_options(options)
             except ValueError:  # malformed options: the decoder's FORMERR
-                return self.built(data, None, NO_OPTIONS, transport, source, started)
+                return self.decoded(data, transport, source, started)
         reply = self.found(data, key, options, echo, transport, source)
         if reply is None:
-            return self.built(data, key, echo, transport, source, started)
+            return self.built(data, key, options, echo, transport, source, started)
         if self.metrics is not None:
             if options:  # sizes differ from the cached reply's: counted in full
                 self.counted(data, reply, transport, started, _qtype(key))
@@ -153,7 +153,7 @@ class Responder:
             return None
         via_ecs = False
         if entry.__class__ is bytes:
-            reply: bytes | None = entry
+            reply: bytes = entry
         elif isinstance(entry, SerialReply):
             reply = entry.current(self.snapshot.serial)
         else:
@@ -165,27 +165,66 @@ class Responder:
                 return None
             reply, row = found
             count_topology(row, labels is NO_LABELS)
-        if reply is None:
-            return None
         if not options:
             return data[:2] + reply
         spliced = data[:2] + splice_options(reply, echo.scoped if via_ecs else echo.plain)
-        # Splicing is exact while the reply stays uncompressed and whole; else build it.
-        if len(spliced) > _limit(key, transport):
-            return None
-        return spliced
+        # Splicing is exact while the reply stays uncompressed and whole; else it is rebuilt.
+        return spliced if len(spliced) <= _limit(key, transport) else None
 
     def built(
         self,
         data: bytes,
-        key: bytes | None,
+        key: bytes,
+        options: bytes,
         echo: EchoedOptions,
         transport: Transport,
         source: str,
         started: float,
     ) -> Reply:
-        """Decode, place, resolve and encode a query that has no cached reply; cache the
-        reply under `key` (None: do not)."""
+        """The reply to a plain query with none cached. What is cached answers the query
+        without its EDNS options, and this query's own are spliced in, as on a hit. Anything
+        but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
+        decoder's path."""
+        try:
+            query = decode_plain(data)
+        except ValueError:
+            return self.decoded(data, transport, source, started)
+        if not self.zones_answer(query):
+            return self.decoded(data, transport, source, started)
+        try:
+            subnet = echo.subnet[0] if echo.subnet is not None else None
+            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            if self.forwarder is not None and (answer.chase is not None or answer.fallthrough):
+                return self.decoded(data, transport, source, started)
+            if self.autopath is not None and not self.autopath.shared(query, answer):
+                # A pod of the namespace the name names gets another reply: never cached.
+                return self.decoded(data, transport, source, started)
+            plain = self.encoded(query, answer, transport, 0)
+            row = None
+            if answer.policy is not None:
+                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
+            varied = shuffle_reply(plain) if self.loadbalance else None
+            if varied is None:
+                self.remember(key, answer, transport, labels, plain, row)
+            else:
+                plain, key = varied, b""  # its order varies: never cached
+        except Exception:
+            return self.decoded(data, transport, source, started)  # it says what failed
+        if not options:  # the reply is the cached one (if any): its later hits are counted there
+            return self.counted(data, plain, transport, started, query.qtype, key)
+        scoped = via_ecs and answer.policy is not None
+        reply = data[:2] + splice_options(plain[2:], echo.scoped if scoped else echo.plain)
+        if len(reply) > _limit(key, transport):  # compressed or truncated with its options
+            whole = decode_query(data)
+            scope = whole.ecs.source_prefix if whole.ecs is not None and scoped else 0
+            reply = self.balanced(self.encoded(whole, answer, transport, scope))
+        return self.counted(data, reply, transport, started, query.qtype)
+
+    def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
+        """Decode, place, resolve and encode a query in full; nothing is cached. Every query
+        that is not plain, or not answered by the zones, comes this way."""
         try:
             query = decode_query(data)
         except Dropped:
@@ -220,25 +259,22 @@ class Responder:
             if answer.chase is not None and self.forwarder is not None:
                 chased = self.chased(query, answer, transport, scope)
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
-            reply = self.encoded(query, answer, transport, scope)
-            row = None
+            reply = self.balanced(self.encoded(query, answer, transport, scope))
             if answer.policy is not None:
                 row = self.topology_counts.row(qtype, answer.policy, answer.tier)
                 count_topology(row, labels is NO_LABELS)
-            if self.loadbalance:
-                shuffled = shuffle_reply(reply)
-                if shuffled is not None:  # its order varies: not for the cache
-                    reply, key = shuffled, None
-            if self.autopath is not None and not self.autopath.shared(query, answer):
-                key = None  # a pod of the namespace the name names gets another reply
-            if key is not None:
-                plain = reply if not query.edns or not query.edns.options else None
-                self.remember(key, query, answer, transport, labels, plain, row)
         except Exception:
-            return self.counted(data, self.failed(query), transport, started, qtype)
-        # A reply cached under the query's own bytes counts its later hits on its own.
-        hits_key = key if key is not None and plain is reply else b""
-        return self.counted(data, reply, transport, started, qtype, hits_key)
+            reply = self.failed(query)
+        return self.counted(data, reply, transport, started, qtype)
+
+    def zones_answer(self, query: Query) -> bool:
+        """True if the zones answer a query that decoded: it is not for the server to refuse
+        (BADVERS, another class) nor for an upstream."""
+        return (
+            (query.edns is None or query.edns.version == 0)
+            and (query.qclass == CLASS_IN or self.forwarder is not None)
+            and (self.forwarder is None or self.in_zones(query.name))
+        )
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
@@ -248,21 +284,15 @@ class Responder:
     def remember(
         self,
         key: bytes,
-        query: Query,
         answer: Answer,
         transport: Transport,
         labels: Labels,
-        plain: bytes | None,
+        plain: bytes,
         row: list[int] | None,
     ) -> None:
-        """Cache the reply the query would get without EDNS options (`plain`, when that is the
-        reply just built), under the query's key."""
-        if plain is None:
-            assert query.edns is not None
-            bare = query._replace(edns=query.edns._replace(options=()), ecs=None)
-            plain = self.encoded(bare, answer, transport, 0)
+        """Cache a reply (`plain`: to the query without its EDNS options) under its key."""
         reply: bytes | SerialReply = plain[2:]
-        if _carries_soa(answer):
+        if answer.authority or any(rr.rtype == SOA for rr in answer.answer):
             reply = SerialReply(plain[2:], self.snapshot.serial)
         cache = self.caches[transport]
         if cache.store(key, reply, answer.policy, labels, answer.depends, row) and self.metrics:
@@ -381,12 +411,6 @@ def _limit(key: bytes, transport: Transport) -> int:
         return MAX_TCP_SIZE
     limit = max(MIN_UDP_SIZE, (key[-6] << 8) | key[-5])
     return min(limit, transport.fragment_limit)
-
-
-def _carries_soa(answer: Answer) -> bool:
-    return any(rr.rtype == SOA for rr in answer.authority) or any(
-        rr.rtype == SOA for rr in answer.answer
-    )
 
 
 def _qtype(key: bytes) -> int:

@@ -113,12 +113,18 @@ def policy_for(service: Service, slices: Iterable[EndpointSlice]) -> Policy:
 
 
 def invalid_changes(
-    old: Mapping[tuple[str, str], Policy], new: Mapping[tuple[str, str], Policy]
+    old: Mapping[tuple[str, str], Policy],
+    new: Mapping[tuple[str, str], Policy],
+    keys: Iterable[tuple[str, str]] | None = None,
 ) -> list[tuple[tuple[str, str], Policy]]:
-    """Invalid policies in `new` that `old` did not have in that form: each is reported once."""
-    return [
-        (key, policy) for key, policy in new.items() if policy.errors and old.get(key) != policy
-    ]
+    """Invalid policies in `new` that `old` did not have in that form: each is reported once.
+    `keys`: the only services that may differ (default: look at every one)."""
+    found = []
+    for key in new.keys() if keys is None else keys:
+        policy = new.get(key)
+        if policy is not None and policy.errors and old.get(key) != policy:
+            found.append((key, policy))
+    return found
 
 
 def _keys_policy(service: Service, source: str, keys: tuple[str, ...], field: str) -> Policy:

@@ -113,6 +113,26 @@ def decode_query(data: bytes) -> Query:
     return Query(qid, flags, name, qtype, qclass, edns, ecs, question)
 
 
+def decode_plain(data: bytes) -> Query:
+    """Decode a plain query (one that wire/edns.py `split_query` cut) as if it carried no EDNS
+    options: the query its cached reply answers. ValueError for a name over 255 octets."""
+    name, offset = read_name(data, HEADER_SIZE)
+    end = offset + 4  # the question's end; an OPT record may follow
+    edns = None
+    if end < len(data):  # root name, type, class (the buffer size), TTL (flags): 11 bytes in all
+        edns = Edns((data[end + 3] << 8) | data[end + 4], int.from_bytes(data[end + 5 : end + 9]))
+    return Query(
+        (data[0] << 8) | data[1],
+        (data[2] << 8) | data[3],
+        name,
+        (data[offset] << 8) | data[offset + 1],
+        (data[offset + 2] << 8) | data[offset + 3],
+        edns,
+        None,
+        data[HEADER_SIZE:end],
+    )
+
+
 def read_name(data: bytes, offset: int) -> tuple[Name, int]:
     """Read a possibly compressed name; return its labels (latin-1) and the offset after it."""
     # Most names are not compressed: read them with as few steps as a label allows.
