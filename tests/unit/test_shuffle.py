@@ -15,6 +15,8 @@ from typing import Any
 import dnslib
 import pytest
 
+from tests.helpers import config_of, snapshot_of
+from toposdns.serve.responder import UDP4, Responder
 from toposdns.wire.codes import AAAA, CNAME, MX, A
 from toposdns.wire.decode import record_spans
 from toposdns.wire.shuffle import order, shuffle_reply, varies
@@ -265,3 +267,48 @@ def test_the_input_is_left_as_it_was() -> None:
     for _ in range(50):
         assert sorted(order(types)) == [0, 1, 2, 3]
     assert types == before
+
+
+# Through the responder: replies whose order varies are sent reordered and never cached, with
+# or without EDNS options (a cookie makes the reply spliced from the plain one).
+HEADLESS = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
+    },
+    {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "web-1",
+            "namespace": "shop",
+            "labels": {"kubernetes.io/service-name": "web"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [f"10.244.0.{i}"]} for i in range(1, 4)],
+    },
+]
+
+
+@pytest.mark.parametrize("cookie", [False, True], ids=["plain", "cookie"])
+def test_the_responder_reorders_and_does_not_cache(cookie: bool) -> None:
+    responder = Responder(config_of(), snapshot_of(HEADLESS), loadbalance=True)
+    query = dnslib.DNSRecord.question("web.shop.svc.cluster.local")
+    options = [dnslib.EDNSOption(10, b"\x01" * 8)] if cookie else []
+    query.add_ar(dnslib.EDNS0(udp_len=1232, opts=options))
+    seen = set()
+    for _ in range(30):
+        reply = responder.respond(bytes(query.pack()), UDP4, "127.0.0.1")
+        assert isinstance(reply, bytes)
+        seen.add(tuple(str(rr.rdata) for rr in dnslib.DNSRecord.parse(reply).rr))
+    assert len(seen) > 1 and {tuple(sorted(order)) for order in seen} == {
+        ("10.244.0.1", "10.244.0.2", "10.244.0.3")
+    }
+    assert not responder.caches[UDP4].table
+    one = dnslib.DNSRecord.question("nothere.shop.svc.cluster.local")
+    responder.respond(bytes(one.pack()), UDP4, "127.0.0.1")
+    assert len(responder.caches[UDP4].table) == 1  # a reply that cannot vary is cached

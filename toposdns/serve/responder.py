@@ -209,11 +209,12 @@ class Responder:
             if varied is None:
                 self.remember(key, answer, transport, labels, plain, row)
             else:
-                plain, key = varied, b""  # its order varies: never cached
+                plain = varied  # its order varies: never cached
         except Exception:
             return self.decoded(data, transport, source, started)  # it says what failed
-        if not options:  # the reply is the cached one (if any): its later hits are counted there
-            return self.counted(data, plain, transport, started, query.qtype, key)
+        if not options:  # the reply is the cached one: its later hits are counted there
+            hits_key = key if varied is None else b""
+            return self.counted(data, plain, transport, started, query.qtype, hits_key)
         scoped = via_ecs and answer.policy is not None
         reply = data[:2] + splice_options(plain[2:], echo.scoped if scoped else echo.plain)
         if len(reply) > _limit(key, transport):  # compressed or truncated with its options
