@@ -14,13 +14,13 @@ from typing import Any
 
 import dnslib
 
-from toposdns.resolve.answer import REFUSED
 from toposdns.resolve.client import Network, client_address, identify
 from toposdns.resolve.resolver import ResolverConfig, resolve
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
+from toposdns.wire.codes import REFUSED
 from toposdns.wire.decode import Dropped, Rejected, decode_query
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,

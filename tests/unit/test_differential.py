@@ -29,7 +29,6 @@ import pytest
 from tests.differential import Frontends, frame, reference_reply, render
 from tests.helpers import config_of
 from toposdns.config import DEFAULT_ZONES
-from toposdns.resolve.answer import AAAA, ANY, AXFR, CNAME, MX, NS, PTR, SOA, SRV, TXT, A
 from toposdns.resolve.client import Network
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.store.builder import StoreBuilder
@@ -49,6 +48,7 @@ from toposdns.store.model import (
 )
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import HOSTNAME, REGION, ZONE
+from toposdns.wire.codes import AAAA, ANY, AXFR, CNAME, MX, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import Dropped, Rejected, decode_query
 
 ROUNDS = int(os.environ.get("TOPOSDNS_DIFF_ROUNDS", "20"))
