@@ -195,7 +195,9 @@ class Responder:
             subnet = echo.subnet[0] if echo.subnet is not None else None
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
-            if self.forwarder is not None and (answer.chase is not None or answer.fallthrough):
+            if self.forwarder is not None and (answer.chase or not answer.authoritative):
+                # Outside the zones, ending outside them, or falling through (--fallthrough):
+                # the upstream's to answer.
                 return self.decoded(data, transport, source, started)
             if self.autopath is not None and not self.autopath.shared(query, answer):
                 # A pod of the namespace the name names gets another reply: never cached.
@@ -269,12 +271,10 @@ class Responder:
         return self.counted(data, reply, transport, started, qtype)
 
     def zones_answer(self, query: Query) -> bool:
-        """True if the zones answer a query that decoded: it is not for the server to refuse
-        (BADVERS, another class) nor for an upstream."""
-        return (
-            (query.edns is None or query.edns.version == 0)
-            and (query.qclass == CLASS_IN or self.forwarder is not None)
-            and (self.forwarder is None or self.in_zones(query.name))
+        """False if the server answers a query before the zones do: BADVERS, another class.
+        (Names outside the zones are told by the resolver's bare REFUSED.)"""
+        return (query.edns is None or query.edns.version == 0) and (
+            query.qclass == CLASS_IN or self.forwarder is not None
         )
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:

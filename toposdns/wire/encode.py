@@ -50,6 +50,12 @@ def encode_opt(
     Unlike CoreDNS, a Client Subnet option is echoed (RFC 7871 §7.2.2) with SCOPE `scope`: the
     source prefix when the answer depended on it, else 0.
     """
+    if not edns.options and ecs is None:  # most queries: one of a few records, made once
+        key = (edns.udp_size, edns.ttl & 0xFF00, rcode >> 4)
+        opt = _bare_opts.get(key)
+        if opt is None:
+            opt = _bare_opts[key] = _opt(edns.udp_size, key[1] | (key[2] << 24), b"")
+        return opt
     options = b"".join(
         pack("!HH", code, len(value)) + value
         for code, value in edns.options
@@ -58,8 +64,15 @@ def encode_opt(
     if ecs is not None:
         value = pack("!HBB", ecs.family, ecs.source_prefix, scope) + ecs.raw_address
         options += pack("!HH", ECS_OPTION, len(value)) + value
-    ttl = ((rcode >> 4) << 24) | (edns.ttl & 0xFF00)
-    return b"\x00" + pack("!HHIH", OPT, edns.udp_size, ttl, len(options)) + options
+    return _opt(edns.udp_size, ((rcode >> 4) << 24) | (edns.ttl & 0xFF00), options)
+
+
+def _opt(udp_size: int, ttl: int, options: bytes) -> bytes:
+    return b"\x00" + pack("!HHIH", OPT, udp_size, ttl, len(options)) + options
+
+
+#: OPT records without options, by (buffer size, flags, extended rcode): 65536 x 2 x 2 at most.
+_bare_opts: dict[tuple[int, int, int], bytes] = {}
 
 
 def encode_reply(
