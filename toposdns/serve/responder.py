@@ -34,7 +34,7 @@ from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
-from toposdns.wire.codes import AA, CLASS_IN, NOERROR, REFUSED, SERVFAIL, SOA, TC, Name
+from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions, read_options, splice_options, split_query
 from toposdns.wire.encode import (
@@ -323,7 +323,7 @@ class Responder:
         if metrics is not None:
             # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
             plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
-            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & 0x0F, plugin)
+            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & RCODE, plugin)
             metrics.observe(transport, labels, started, len(data), len(reply), key)
         return reply
 

@@ -13,7 +13,22 @@ from struct import pack
 from typing import cast
 
 from toposdns.resolve.answer import RR, Answer, Soa, Srv
-from toposdns.wire.codes import AAAA, CNAME, NS, OPT, PTR, TXT, A, Name
+from toposdns.wire.codes import (
+    AA,
+    AAAA,
+    CNAME,
+    COPIED_FLAGS,
+    NS,
+    OPT,
+    POINTER,
+    PTR,
+    QR,
+    RCODE,
+    TC,
+    TXT,
+    A,
+    Name,
+)
 from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
 
 MIN_UDP_SIZE = 512
@@ -33,12 +48,11 @@ def udp_limit(edns: Edns | None) -> int:
 
 def reply_flags(query: Query, rcode: int, authoritative: bool, truncated: bool = False) -> int:
     """Header flags of a reply: QR, the query's opcode, RD and CD copied; RA and AD clear."""
-    flags = 0x8000 | (query.flags & 0x7900) | (query.flags & 0x0010) | (rcode & 0xF)
-    flags &= ~0x0600  # AA and TC are the reply's own
+    flags = QR | (query.flags & COPIED_FLAGS) | (rcode & RCODE)
     if authoritative:
-        flags |= 0x0400
+        flags |= AA
     if truncated:
-        flags |= 0x0200
+        flags |= TC
     return flags
 
 
@@ -175,7 +189,7 @@ def encode_badvers(query: Query) -> bytes:
 def encode_rejection(data: bytes, rcode: int) -> bytes:
     """miekg/dns's reply to a packet it rejects: the header alone, ID and RD/CD copied."""
     flags = (data[2] << 8) | data[3]
-    flags = 0x8000 | (flags & 0x7900) | (flags & 0x0010) | rcode
+    flags = QR | (flags & COPIED_FLAGS) | rcode
     return data[:2] + pack("!5H", flags, 0, 0, 0, 0)
 
 
@@ -263,7 +277,7 @@ class _Writer:
             if names is not None:
                 pointer = names.get(suffix)
                 if pointer is not None:
-                    self.buf += pack("!H", 0xC000 | pointer)
+                    self.buf += pack("!H", (POINTER << 8) | pointer)
                     return
                 if len(self.buf) < 0x4000:
                     names[suffix] = len(self.buf)
