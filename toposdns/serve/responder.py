@@ -353,8 +353,7 @@ class Responder:
         return self.counted_later(completion, data, transport, started, qtype, "autopath")
 
     def balanced(self, reply: bytes) -> bytes:
-        """The reply in a new order with `--loadbalance` (a reply built here that can vary is
-        never cached; the lead's pre-built orderings may replace this)."""
+        """The reply in a new order with `--loadbalance` (for replies that are never cached)."""
         return (shuffle_reply(reply) or reply) if self.loadbalance else reply
 
     def failed(self, query: Query) -> bytes:
