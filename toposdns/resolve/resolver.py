@@ -114,7 +114,8 @@ def resolve(
         # Not ours, or a zone transfer (CoreDNS needs its transfer plugin): a bare REFUSED.
         return Answer(REFUSED, authoritative=False)
     zone = name[len(name) - zone_len :]
-    lookup = _Lookup(snapshot, config, zone, client or {}, trace)
+    zone_lower = lower[len(name) - zone_len :]
+    lookup = _Lookup(snapshot, config, zone, zone_lower, client or {}, trace)
     soa = lookup.soa()
     try:
         records, extra = lookup.dispatch(name, lower, qtype)
@@ -220,18 +221,25 @@ _soas: dict[tuple[Name, int, int], RR] = {}
 class _Lookup:
     """One query's view of the snapshot: the matched zone, as cased in the query."""
 
+    # One is made per query that misses the cache.
+    __slots__ = (
+        "snap", "cfg", "zone", "zone_lower", "ttl", "client", "trace", "policy", "tier", "chase",
+        "depends",
+    )  # fmt: skip
+
     def __init__(
         self,
         snapshot: Snapshot,
         config: ResolverConfig,
         zone: Name,
+        zone_lower: Name,
         client: Labels,
         trace: list[Decision] | None,
     ) -> None:
         self.snap = snapshot
         self.cfg = config
         self.zone = zone
-        self.zone_lower = tuple(map(str.lower, zone))
+        self.zone_lower = zone_lower
         self.ttl = config.ttl
         self.client = client
         self.trace = trace
