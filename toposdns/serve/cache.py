@@ -6,6 +6,7 @@ one of:
 - `bytes`: the reply after its ID, the same for every client (the hot path's case);
 - `SerialReply`: a reply carrying the zone's SOA (negative answers, SOA queries); its serial is
   rewritten in place when the snapshot's serial moves on, so a change does not empty it;
+- `Orderings`: with `--loadbalance`, a reply whose address records are served in varying order;
 - `TopologyReplies`: one reply per client signature, for names whose answer depends on the
   client (a headless service with a topology policy).
 
@@ -23,6 +24,7 @@ from struct import pack
 from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import serial_offset
+from toposdns.wire.shuffle import shuffle_reply
 
 #: Entries per transport before the table is emptied.
 TABLE_SIZE = 100_000
@@ -56,7 +58,42 @@ class SerialReply:
         return self.reply
 
 
-Reply = bytes | SerialReply
+class Orderings:
+    """A reply whose records' order varies from reply to reply (`--loadbalance`).
+
+    A few orderings are made with CoreDNS's shuffle (wire/shuffle.py) and served in turn, and
+    every `REFRESH` replies one of them is made anew: a hit costs a counter, not a shuffle, and
+    over time the orders are spread as CoreDNS's shuffle spreads them.
+    """
+
+    __slots__ = ("base", "variants", "turn")
+
+    COUNT = 4
+    REFRESH = 64
+
+    def __init__(self, base: bytes) -> None:
+        self.base = base
+        self.variants = [self.shuffled() for _ in range(self.COUNT)]
+        self.turn = 0
+
+    @classmethod
+    def of(cls, reply: bytes) -> Orderings | None:
+        """Orderings of a reply (after its ID), or None if its order never varies."""
+        return cls(reply) if shuffle_reply(b"\x00\x00" + reply) is not None else None
+
+    def shuffled(self) -> bytes:
+        varied = shuffle_reply(b"\x00\x00" + self.base)
+        return self.base if varied is None else varied[2:]
+
+    def current(self, serial: int = 0) -> bytes:
+        """The next ordering (`serial` is for the interface SerialReply shares)."""
+        turn = self.turn = self.turn + 1
+        if turn % self.REFRESH == 0:
+            self.variants[turn // self.REFRESH % self.COUNT] = self.shuffled()
+        return self.variants[turn % self.COUNT]
+
+
+Reply = bytes | SerialReply | Orderings
 
 
 #: A topology-filtered reply and the `TopologyCounts` row its answers count in.
@@ -95,7 +132,7 @@ class TopologyReplies:
         return reply.current(serial), row  # type: ignore[union-attr]
 
 
-Entry = bytes | SerialReply | TopologyReplies
+Entry = bytes | SerialReply | Orderings | TopologyReplies
 
 
 class ReplyCache:

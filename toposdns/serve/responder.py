@@ -26,7 +26,7 @@ from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
-from toposdns.serve.cache import ReplyCache, SerialReply, TopologyReplies
+from toposdns.serve.cache import Orderings, ReplyCache, SerialReply, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
@@ -154,10 +154,9 @@ class Responder:
         via_ecs = False
         if entry.__class__ is bytes:
             reply: bytes = entry
-        elif isinstance(entry, SerialReply):
-            reply = entry.current(self.snapshot.serial)
+        elif not isinstance(entry, TopologyReplies):
+            reply = entry.current(self.snapshot.serial)  # type: ignore[union-attr]
         else:
-            assert isinstance(entry, TopologyReplies)
             subnet = echo.subnet[0] if echo.subnet is not None else None
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
             found = entry.get(labels, self.snapshot.serial)
@@ -207,16 +206,12 @@ class Responder:
             if answer.policy is not None:
                 row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
                 count_topology(row, labels is NO_LABELS)
-            varied = shuffle_reply(plain) if self.loadbalance else None
-            if varied is None:
-                self.remember(key, answer, transport, labels, plain, row)
-            else:
-                plain = varied  # its order varies: never cached
+            first = self.remember(key, answer, transport, labels, plain, row)
+            plain = data[:2] + first
         except Exception:
             return self.decoded(data, transport, source, started)  # it says what failed
         if not options:  # the reply is the cached one: its later hits are counted there
-            hits_key = key if varied is None else b""
-            return self.counted(data, plain, transport, started, query.qtype, hits_key)
+            return self.counted(data, plain, transport, started, query.qtype, key)
         scoped = via_ecs and answer.policy is not None
         reply = data[:2] + splice_options(plain[2:], echo.scoped if scoped else echo.plain)
         if len(reply) > _limit(key, transport):  # compressed or truncated with its options
@@ -290,14 +285,21 @@ class Responder:
         labels: Labels,
         plain: bytes,
         row: list[int] | None,
-    ) -> None:
-        """Cache a reply (`plain`: to the query without its EDNS options) under its key."""
-        reply: bytes | SerialReply = plain[2:]
+    ) -> bytes:
+        """Cache a reply (`plain`: to the query without its EDNS options) under its key;
+        return what the query gets of it, after the ID (with `--loadbalance`, an ordering)."""
+        reply: bytes | SerialReply | Orderings = plain[2:]
+        first = plain[2:]
         if answer.authority or any(rr.rtype == SOA for rr in answer.answer):
-            reply = SerialReply(plain[2:], self.snapshot.serial)
+            reply = SerialReply(first, self.snapshot.serial)
+        elif self.loadbalance:
+            orderings = Orderings.of(first)
+            if orderings is not None:
+                reply, first = orderings, orderings.current()
         cache = self.caches[transport]
         if cache.store(key, reply, answer.policy, labels, answer.depends, row) and self.metrics:
             self.metrics.retire(transport)
+        return first
 
     def remember_options(self, options: bytes) -> EchoedOptions:
         """Read a query's EDNS options once; ValueError when malformed."""

@@ -9,7 +9,7 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
-from toposdns.serve.cache import TopologyReplies
+from toposdns.serve.cache import Orderings, TopologyReplies
 from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
 from toposdns.serve.responder import UDP4, Responder, Transport
 
@@ -42,6 +42,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
         started = perf_counter() if metrics is not None else 0.0
         key = data[2:]
         hit = self.cache.get(key)
+        if hit.__class__ is Orderings:  # --loadbalance: the same reply, its records in turn
+            hit = hit.current()
         if hit.__class__ is bytes:  # the hot path: a reply that is the same for every client
             transport.sendto(data[:2] + hit, addr)
             if metrics is not None:
