@@ -147,6 +147,41 @@ def resolve(
     )
 
 
+def absent(
+    tail: Name, count: int, reverse: bool, snapshot: Snapshot, config: ResolverConfig
+) -> frozenset[Dependency] | None:
+    """For an A or AAAA question: what tells that its name does not exist (its NXDOMAIN
+    answer's dependencies), or None when only `resolve` can tell.
+
+    `tail` is the last (up to three) of the name's lower-cased labels left of its zone, `count`
+    how many such labels there are, `reverse` whether the name is under in-addr.arpa or
+    ip6.arpa. These are the first steps `_Lookup.records`, `find_pods` and `find_services` take
+    for such a name, in their order; a name that gets past them has records, or NODATA, or is
+    the server's own `ns.dns` name. The differential test holds this to `resolve`.
+    """
+    kind = tail[-1] if tail else ""
+    if kind != SVC and kind != POD:
+        # parse.go: not a service or pod name (the apex and `ns.dns` have records).
+        return None if count == 0 or (count == 2 and tail == ("ns", "dns")) else _NOTHING
+    if count == 1:
+        return None  # `svc.<zone>`, `pod.<zone>`: NODATA
+    if count > 5 or reverse:
+        return _NOTHING  # more than two labels before the service; a reverse name
+    namespace = tail[-2]
+    listed = config.namespaces
+    in_namespace = frozenset({("ns", namespace)})
+    if namespace not in snapshot.namespaces or (listed and namespace not in listed):
+        return in_namespace
+    if kind == POD:
+        return in_namespace if config.pods == "disabled" else None
+    if count == 2 or (namespace, tail[-3]) in snapshot.services:
+        return None
+    return in_namespace | {("svc", namespace, tail[-3])}
+
+
+_NOTHING: frozenset[Dependency] = frozenset()
+
+
 def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
     """Length of the longest served zone that `lower` is in, or None."""
     best: int | None = None

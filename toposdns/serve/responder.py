@@ -28,12 +28,13 @@ from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import Orderings, ReplyCache, SerialReply, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
+from toposdns.serve.negative import Negatives
 from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
 from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
-from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels
+from toposdns.store.snapshot import Dependency, Snapshot
+from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions, read_options, splice_options, split_query
@@ -57,7 +58,7 @@ log = logging.getLogger("toposdns")
 REMEMBERED_OPTIONS = 16_384
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # one object per kind: hashed by identity
 class Transport:
     """How a query arrived, which decides the reply's size limits."""
 
@@ -97,6 +98,8 @@ class Responder:
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
         self.loadbalance = loadbalance
         self.autopath = AutoPath(self) if config.autopath else None
+        #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
+        self.negatives = None if config.autopath else Negatives(config)
         self.caches = {kind: ReplyCache() for kind in TRANSPORTS}
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
@@ -168,7 +171,7 @@ class Responder:
             return data[:2] + reply
         spliced = data[:2] + splice_options(reply, echo.scoped if via_ecs else echo.plain)
         # Splicing is exact while the reply stays uncompressed and whole; else it is rebuilt.
-        return spliced if len(spliced) <= _limit(key, transport) else None
+        return spliced if len(spliced) <= _limit(data, key, transport) else None
 
     def built(
         self,
@@ -184,12 +187,42 @@ class Responder:
         without its EDNS options, and this query's own are spliced in, as on a hit. Anything
         but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
         decoder's path."""
+        made = self.negative(data, key, transport) or self.made(data, key, echo, transport, source)
+        if made is None:
+            return self.decoded(data, transport, source, started)
+        reply, qtype, scoped = made
+        if not options:  # the reply is the cached one: its later hits are counted there
+            return self.counted(data, reply, transport, started, qtype, key)
+        spliced = data[:2] + splice_options(reply[2:], echo.scoped if scoped else echo.plain)
+        if len(spliced) > _limit(data, key, transport):  # would be compressed or truncated
+            return self.decoded(data, transport, source, started)
+        return self.counted(data, spliced, transport, started, qtype)
+
+    def negative(
+        self, data: bytes, key: bytes, transport: Transport
+    ) -> tuple[bytes, int, bool] | None:
+        """NXDOMAIN from templates, for names that certainly do not exist (serve/negative.py),
+        cached as any reply is; None when only the resolver can tell."""
+        if self.negatives is None:
+            return None
+        found = self.negatives.reply(data, self.snapshot, _limit(data, key, transport))
+        if found is None:
+            return None
+        reply, qtype, depends = found
+        self.remember(key, transport, reply, depends, serial=True)
+        return reply, qtype, False
+
+    def made(
+        self, data: bytes, key: bytes, echo: EchoedOptions, transport: Transport, source: str
+    ) -> tuple[bytes, int, bool] | None:
+        """(reply, qtype, whether it depends on the Client Subnet) for a plain query, made by
+        the resolver and cached; None for the decoder's path."""
         try:
             query = decode_plain(data)
         except ValueError:
-            return self.decoded(data, transport, source, started)
+            return None
         if not self.zones_answer(query):
-            return self.decoded(data, transport, source, started)
+            return None
         try:
             subnet = echo.subnet[0] if echo.subnet is not None else None
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
@@ -197,28 +230,22 @@ class Responder:
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
                 # the upstream's to answer.
-                return self.decoded(data, transport, source, started)
+                return None
             if self.autopath is not None and not self.autopath.shared(query, answer):
                 # A pod of the namespace the name names gets another reply: never cached.
-                return self.decoded(data, transport, source, started)
+                return None
             plain = self.encoded(query, answer, transport, 0)
             row = None
             if answer.policy is not None:
                 row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
                 count_topology(row, labels is NO_LABELS)
-            first = self.remember(key, answer, transport, labels, plain, row)
-            plain = data[:2] + first
+            serial = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
+            first = self.remember(
+                key, transport, plain, answer.depends, serial, answer.policy, labels, row
+            )
         except Exception:
-            return self.decoded(data, transport, source, started)  # it says what failed
-        if not options:  # the reply is the cached one: its later hits are counted there
-            return self.counted(data, plain, transport, started, query.qtype, key)
-        scoped = via_ecs and answer.policy is not None
-        reply = data[:2] + splice_options(plain[2:], echo.scoped if scoped else echo.plain)
-        if len(reply) > _limit(key, transport):  # compressed or truncated with its options
-            whole = decode_query(data)
-            scope = whole.ecs.source_prefix if whole.ecs is not None and scoped else 0
-            reply = self.balanced(self.encoded(whole, answer, transport, scope))
-        return self.counted(data, reply, transport, started, query.qtype)
+            return None  # the decoder's path says what failed
+        return data[:2] + first, query.qtype, via_ecs and answer.policy is not None
 
     def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
         """Decode, place, resolve and encode a query in full; nothing is cached. Every query
@@ -280,24 +307,26 @@ class Responder:
     def remember(
         self,
         key: bytes,
-        answer: Answer,
         transport: Transport,
-        labels: Labels,
         plain: bytes,
-        row: list[int] | None,
+        depends: frozenset[Dependency],
+        serial: bool = False,
+        policy: Policy | None = None,
+        labels: Labels = NO_LABELS,
+        row: list[int] | None = None,
     ) -> bytes:
-        """Cache a reply (`plain`: to the query without its EDNS options) under its key;
-        return what the query gets of it, after the ID (with `--loadbalance`, an ordering)."""
+        """Cache a reply (`plain`: to the query without its EDNS options, carrying the SOA
+        serial if `serial`) under its key; return what the query gets of it, after the ID
+        (with `--loadbalance`, an ordering)."""
         reply: bytes | SerialReply | Orderings = plain[2:]
         first = plain[2:]
-        if answer.authority or any(rr.rtype == SOA for rr in answer.answer):
+        if serial:
             reply = SerialReply(first, self.snapshot.serial)
         elif self.loadbalance:
             orderings = Orderings.of(first)
             if orderings is not None:
                 reply, first = orderings, orderings.current()
-        cache = self.caches[transport]
-        if cache.store(key, reply, answer.policy, labels, answer.depends, row) and self.metrics:
+        if self.caches[transport].store(key, reply, policy, labels, depends, row) and self.metrics:
             self.metrics.retire(transport)
         return first
 
@@ -405,14 +434,14 @@ class Responder:
         return encoded
 
 
-def _limit(key: bytes, transport: Transport) -> int:
-    """The largest reply a plain query with EDNS options may get without being rebuilt: its
-    buffer size (read from its key: the OPT record's class field) and, over UDP, the size past
-    which replies are compressed."""
+def _limit(data: bytes, key: bytes, transport: Transport) -> int:
+    """The largest uncompressed, whole reply a plain query may get: its buffer size (read from
+    its key, which ends with its OPT record's class and TTL fields, if it has one) and, over
+    UDP, the size past which replies are compressed."""
     if transport.tcp:
         return MAX_TCP_SIZE
-    limit = max(MIN_UDP_SIZE, (key[-6] << 8) | key[-5])
-    return min(limit, transport.fragment_limit)
+    size = max(MIN_UDP_SIZE, (key[-6] << 8) | key[-5]) if data[11] else MIN_UDP_SIZE
+    return min(size, transport.fragment_limit)
 
 
 def _qtype(key: bytes) -> int:

@@ -64,12 +64,8 @@ def encode_opt(
     Unlike CoreDNS, a Client Subnet option is echoed (RFC 7871 §7.2.2) with SCOPE `scope`: the
     source prefix when the answer depended on it, else 0.
     """
-    if not edns.options and ecs is None:  # most queries: one of a few records, made once
-        key = (edns.udp_size, edns.ttl & 0xFF00, rcode >> 4)
-        opt = _bare_opts.get(key)
-        if opt is None:
-            opt = _bare_opts[key] = _opt(edns.udp_size, key[1] | (key[2] << 24), b"")
-        return opt
+    if not edns.options and ecs is None:
+        return bare_opt(edns.udp_size, edns.ttl, rcode)
     options = b"".join(
         pack("!HH", code, len(value)) + value
         for code, value in edns.options
@@ -79,6 +75,16 @@ def encode_opt(
         value = pack("!HBB", ecs.family, ecs.source_prefix, scope) + ecs.raw_address
         options += pack("!HH", ECS_OPTION, len(value)) + value
     return _opt(edns.udp_size, ((rcode >> 4) << 24) | (edns.ttl & 0xFF00), options)
+
+
+def bare_opt(udp_size: int, flags: int, rcode: int = 0) -> bytes:
+    """The reply's OPT record for a query's OPT without options (`flags`: its TTL field); most
+    queries get one of a few, each made once."""
+    key = (udp_size, flags & 0xFF00, rcode >> 4)
+    opt = _bare_opts.get(key)
+    if opt is None:
+        opt = _bare_opts[key] = _opt(udp_size, key[1] | (key[2] << 24), b"")
+    return opt
 
 
 def _opt(udp_size: int, ttl: int, options: bytes) -> bytes:

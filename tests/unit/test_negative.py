@@ -1,0 +1,100 @@
+"""NXDOMAIN from templates says exactly what resolve + encode say, for every name it answers."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from struct import pack
+
+import pytest
+
+from tests.helpers import config_of, snapshot_of
+from toposdns.resolve.resolver import ResolverConfig, resolve
+from toposdns.serve.negative import Negatives
+from toposdns.store.snapshot import Snapshot
+from toposdns.wire.codes import AAAA, A
+from toposdns.wire.decode import decode_query
+from toposdns.wire.encode import encode_reply, udp_limit
+
+OBJECTS = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hidden"}},
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
+    },
+]
+SNAPSHOTS = [snapshot_of(OBJECTS), snapshot_of(OBJECTS, synced=False)]
+CONFIGS = [
+    config_of(),
+    config_of(zones=["Cluster.Local", "in-addr.arpa", "ip6.arpa", "svc.cluster.local"]),
+    config_of(pods="insecure", namespaces=["shop"]),
+    config_of(zones=["cluster.local", "."], ttl=600),
+]
+LABELS = ["web", "shop", "hidden", "svc", "pod", "ns", "dns", "api", "example", "com", "Shop"]
+LABELS += ["WEB", "SVC", "10-1-2-3", "cluster", "local", "in-addr", "arpa", "ip6", "x" * 63]
+
+
+def query(name: tuple[str, ...], qtype: int, opt: tuple[int, int] | None, flags: int) -> bytes:
+    """A plain query, as wire/edns.py `split_query` accepts them."""
+    wire = b"".join(bytes((len(label),)) + label.encode() for label in name) + b"\x00"
+    message = pack("!6H", 0x1234, flags, 1, 0, 0, 0 if opt is None else 1) + wire
+    message += pack("!HH", qtype, 1)
+    if opt is not None:
+        message += b"\x00" + pack("!HHIH", 41, opt[0], opt[1], 0)
+    return message
+
+
+def names(rng: random.Random, count: int) -> list[tuple[str, ...]]:
+    zones = [("cluster", "local"), ("CLUSTER", "local"), ("in-addr", "arpa"), ("ip6", "arpa")]
+    zones += [("svc", "cluster", "local"), (), ("example", "org")]
+    found = []
+    for _ in range(count):
+        left = tuple(rng.choice(LABELS) for _ in range(rng.randrange(0, 7)))
+        found.append(left + rng.choice(zones))
+    return found
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["default", "mixed-case", "listed", "root"])
+def test_templates_say_what_the_resolver_says(config: ResolverConfig) -> None:
+    rng = random.Random(7)
+    negatives = Negatives(config)
+    answered = 0
+    for name, snapshot in itertools.product(names(rng, 1500), SNAPSHOTS):
+        qtype = rng.choice((A, AAAA))
+        opt = rng.choice((None, (512, 0), (1232, 0x8000), (4096, 0x0010_8000)))
+        data = query(name, qtype, opt, rng.choice((0x0100, 0x0110, 0x0000, 0x0010)))
+        limit = min(udp_limit(decode_query(data).edns), 1480)
+        found = negatives.reply(data, snapshot, limit)
+        if found is None:
+            continue
+        answered += 1
+        decoded = decode_query(data)
+        answer = resolve(decoded.name, qtype, snapshot, config, {})
+        reply, reply_type, depends = found
+        assert reply == encode_reply(decoded, answer, limit, 1480), name
+        assert (reply_type, depends) == (qtype, answer.depends), name
+    assert answered > 500  # the templates answered a good share of what they were asked
+
+
+def check(snapshot: Snapshot, config: ResolverConfig, text: str, qtype: int = A) -> bool:
+    name = tuple(text.split("."))
+    return Negatives(config).reply(query(name, qtype, None, 0x0100), snapshot, 512) is not None
+
+
+def test_what_only_the_resolver_can_tell_is_left_to_it() -> None:
+    snapshot, config = SNAPSHOTS[0], config_of()
+    assert check(snapshot, config, "api.example.com.shop.svc.cluster.local")
+    assert check(snapshot, config, "nothing.shop.svc.cluster.local")
+    assert check(snapshot, config, "10-1-2-3.shop.pod.cluster.local")  # pods disabled
+    assert not check(snapshot, config, "web.shop.svc.cluster.local")  # exists
+    assert not check(snapshot, config, "shop.svc.cluster.local")  # NODATA
+    assert not check(snapshot, config, "ns.dns.cluster.local")  # the server's own name
+    assert not check(snapshot, config, "cluster.local")  # the apex
+    assert not check(snapshot, config, "example.org")  # outside the zones: REFUSED
+    assert not check(snapshot, config, "nothing.shop.svc.cluster.local", qtype=16)  # not A/AAAA
+    assert not check(snapshot, config_of(pods="insecure"), "10-1-2-3.shop.pod.cluster.local")
+    falling = ResolverConfig(zones=config.zones, fallthrough=(("cluster", "local"),))
+    assert not check(snapshot, falling, "nothing.shop.svc.cluster.local")  # goes upstream
