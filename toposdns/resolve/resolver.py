@@ -241,6 +241,11 @@ def _pod_address(label: str) -> str:
     return label.replace("-", ":")
 
 
+def _ip_family(ip: str) -> int:
+    """The record type of an address (a host that is known to be one)."""
+    return AAAA if ":" in ip else A
+
+
 def _family(host: str) -> int | None:
     try:
         return A if ipaddress.ip_address(host).version == 4 else AAAA
@@ -335,7 +340,7 @@ class _Lookup:
     def services(self, lower: Name, qtype: int) -> list[_Entry]:
         """kubernetes.go Services: the entries a name holds, for the A/AAAA/SRV/... paths."""
         if lower[:2] == ("ns", "dns") and lower[2:] == self.zone:
-            return [e for e in self.ns_entries() if _family(e.host) == qtype]
+            return [e for e in self.ns_entries() if _ip_family(e.host) == qtype]
         entries = self.records(lower)
         if qtype == SRV:
             entries = [e for e in entries if e.is_ip]  # no SRV for ExternalName
@@ -481,7 +486,7 @@ class _Lookup:
         seen: set[str] = set()
         for entry in self.services(lower, qtype):
             if entry.is_ip:
-                if _family(entry.host) == qtype and entry.host not in seen:
+                if _ip_family(entry.host) == qtype and entry.host not in seen:
                     seen.add(entry.host)
                     records.append(RR(name, qtype, self.ttl, entry.host))
                 continue
@@ -537,9 +542,7 @@ class _Lookup:
                 records.append(RR(name, SRV, self.ttl, Srv(0, weight, entry.port, entry.key)))
             if (entry.key, entry.host, 0) not in seen:
                 seen.add((entry.key, entry.host, 0))
-                family = _family(entry.host)
-                assert family is not None
-                extra.append(RR(entry.key, family, self.ttl, entry.host))
+                extra.append(RR(entry.key, _ip_family(entry.host), self.ttl, entry.host))
         return records, extra
 
     def ptr(self, name: Name, lower: Name) -> list[RR]:
@@ -575,9 +578,7 @@ class _Lookup:
         records: list[RR] = []
         extra: list[RR] = []
         for entry in self.ns_entries():
-            family = _family(entry.host)
-            assert family is not None
-            extra.append(RR(entry.key, family, self.ttl, entry.host))
+            extra.append(RR(entry.key, _ip_family(entry.host), self.ttl, entry.host))
             if all(r.rdata != entry.key for r in records):
                 records.append(RR(name, NS, self.ttl, entry.key))
         return records, extra
