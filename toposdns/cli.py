@@ -19,6 +19,7 @@ from toposdns.config import (
     parse_duration,
     parse_listen,
     parse_networks,
+    parse_size,
     parse_upstreams,
     parse_zones,
 )
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="serve the objects in this YAML/JSON file, reloaded when it changes "
         "(default: watch the cluster)",
+    )
+    serve.add_argument(
+        "--snapshot-max-bytes",
+        default="64Mi",
+        metavar="SIZE",
+        help="refuse a larger --snapshot file, e.g. 512Ki, 64Mi, 1Gi (default %(default)s)",
     )
     serve.add_argument(
         "--kubeconfig",
@@ -302,6 +309,7 @@ def _serve(args: argparse.Namespace) -> int:
         host, port = parse_listen(args.listen)
         config = ServeConfig(
             snapshot=args.snapshot,
+            snapshot_max_bytes=parse_size(args.snapshot_max_bytes, "--snapshot-max-bytes"),
             listen_host=host,
             listen_port=port,
             resolver=resolver_config(args),

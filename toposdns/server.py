@@ -97,7 +97,9 @@ async def serve(config: ServeConfig) -> None:
             stack.push_async_callback(forwarder.close)
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
         if config.snapshot is not None:
-            files = SnapshotFileSource(config.snapshot, publish)
+            files = SnapshotFileSource(
+                config.snapshot, publish, max_bytes=config.snapshot_max_bytes
+            )
             publish(files.load())
             background = files.watch()
         else:
