@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="close TCP connections idle this long (default %(default)s)",
     )
     serve.add_argument(
+        "--tcp-read-timeout",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="close a TCP connection when a query's bytes take longer than this to arrive "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
         "--tcp-max-connections",
         type=int,
         default=1024,
@@ -315,6 +323,7 @@ def _serve(args: argparse.Namespace) -> int:
             resolver=resolver_config(args),
             ecs_trust=parse_networks(args.ecs_trust),
             tcp_idle_timeout=args.tcp_idle_timeout,
+            tcp_read_timeout=args.tcp_read_timeout,
             tcp_max_connections=args.tcp_max_connections,
             http=parse_listen(args.http, "--http") if args.http else None,
             kubeconfig=args.kubeconfig,

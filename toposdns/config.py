@@ -31,6 +31,8 @@ class ServeConfig:
     #: Forwarders whose EDNS Client Subnet is believed (none by default).
     ecs_trust: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     tcp_idle_timeout: float = 10.0
+    #: Once a TCP message's first byte is in, the rest must follow within this many seconds.
+    tcp_read_timeout: float = 3.0
     tcp_max_connections: int = 1024
     #: /health, /ready and /metrics address; None for no HTTP server.
     http: tuple[str, int] | None = None

@@ -169,7 +169,7 @@ async def _serve_dns(
         lambda: UdpProtocol(responder, kind), sock=udp_sock
     )
     stack.callback(udp.close)
-    limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout)
+    limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout, config.tcp_read_timeout)
     tcp = await loop.create_server(
         lambda: TcpProtocol(responder, limits, stream), sock=tcp_sock, backlog=1024
     )
