@@ -111,6 +111,11 @@ async def serve(config: ServeConfig) -> None:
         if live:
             await _wait_for_sync(responder, task, config.startup_timeout)
 
+        # Before anything is announced: a signal right after "serving" must stop, not kill.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
         if config.http is not None:
             http = HttpServer(not_ready)
             port = await http.start(*config.http)
@@ -123,10 +128,6 @@ async def serve(config: ServeConfig) -> None:
         if forwarder is not None:
             forwarder.server = server
 
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         done, _ = await asyncio.wait(
             [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
         )

@@ -128,9 +128,9 @@ def _check_file(path: Path, st: os.stat_result, max_bytes: int) -> None:
 
 
 def _too_large(path: Path, max_bytes: int, size: int | None = None) -> SnapshotError:
-    what = f"{size} bytes" if size is not None else "growing"
+    known = f"{size} bytes, " if size is not None else ""  # /proc files say 0 and are not
     return SnapshotError(
-        f"{path}: {what}, over the limit of {max_bytes} bytes; "
+        f"{path}: {known}over the limit of {max_bytes} bytes; "
         "raise --snapshot-max-bytes if it is meant to be this big"
     )
 
