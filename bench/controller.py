@@ -1,6 +1,6 @@
 """Measure the PodLocator controller on a large cluster served by the stand-in API server.
 
-Three phases, for issue 5:
+Four phases:
 
 1. cold start: 5,000 Nodes and 100,000 running Pods in the API and no PodLocator; start
    `python -m toposdns controller` and time, from the process start: /ready 200, the first
@@ -14,20 +14,18 @@ Three phases, for issue 5:
 4. SIGTERM (exit code, lease released), then a restart: time until every key has been
    reconciled again, and the writes that took (expected: 0, all locators are right).
 
-The API is tests/kubeapi.py's FakeApiServer, in a thread of this process (it owns one core of
-the two this was measured on; the controller the other).
+The API is the test suite's stand-in (`FakeApiServer`), in a thread of this process (it owns one
+core of the two this was measured on; the controller the other).
 
-Run from the repository root:  python bench/controller.py  (see bench/README.md).
+Run from the repository root:  python -m bench.controller  (see bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import ipaddress
 import json
-import os
 import random
 import re
 import resource
@@ -40,16 +38,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from bench.harness import (
+    HOST,
+    FakeApiServer,
+    ServerProcess,
+    free_port,
+    log,
+    machine,
+    toposdns_command,
+)
+from bench.live_server import ready
+from toposdns.controller.config import ControllerConfig
+from toposdns.controller.desired import content_of, desired, node_locator
 
-from bench.process import ToposdnsProcess, free_port  # noqa: E402
-from tests.kubeapi import FakeApiServer  # noqa: E402
-from toposdns.controller.config import ControllerConfig  # noqa: E402
-from toposdns.controller.desired import content_of, desired, node_locator  # noqa: E402
-
-HOST = "127.0.0.1"
 NAMESPACE = "toposdns"
 ZONE = "topology.kubernetes.io/zone"
 ZONES = ("zone-a", "zone-b", "zone-c")
@@ -60,10 +61,6 @@ WRITES = ("POST", "PUT", "DELETE")
 RECONCILED_LINE = re.compile(r"every locator reconciled in ([\d.]+)s: (\d+) created")
 
 JSON = dict[str, Any]
-
-
-def log(msg: str) -> None:
-    print(f"[controller-bench] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -224,22 +221,26 @@ def generate(
 # --------------------------------------------------------------------------- the controller
 
 
-def start_controller(kubeconfig: Path, http_port: int, extra: Sequence[str]) -> ToposdnsProcess:
-    """`toposdns controller` against the stand-in."""
-    args = ["controller", f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
-            f"--http={HOST}:{http_port}", *extra]  # fmt: skip
-    return ToposdnsProcess(args, http_port)
+class Controller(ServerProcess):
+    """`toposdns controller` against the stand-in, its probes on `http_port`."""
+
+    def __init__(self, kubeconfig: Path, extra: Sequence[str]) -> None:
+        self.http_port = free_port()
+        super().__init__(
+            toposdns_command("controller", f"--kubeconfig={kubeconfig}",
+                             f"--namespace={NAMESPACE}", f"--http={HOST}:{self.http_port}", *extra)
+        )  # fmt: skip
+
+    def ready(self) -> bool:
+        return ready(self.http_port)
 
 
 # --------------------------------------------------------------------------- measuring
 
 
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "?"
+def mean_json_bytes(objs: Sequence[JSON]) -> int:
+    """The mean size of the objects as compact JSON."""
+    return round(sum(len(json.dumps(o, separators=(",", ":"))) for o in objs) / len(objs))
 
 
 def count_writes(server: FakeApiServer, since: int = 0) -> dict[str, int]:
@@ -272,21 +273,17 @@ def verify(
 
 def run(args: argparse.Namespace) -> JSON:
     result: JSON = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "nproc": os.cpu_count(),
-        "cpu": cpu_model(),
-        "python": sys.version.split()[0],
+        **machine(),
         "nodes": args.nodes,
         "pods": args.pods,
         "writes_per_second": args.writes_per_second,
     }
     log(f"generating {args.nodes:,} nodes and {args.pods:,} pods")
     nodes, pods = generate(args.nodes, args.pods, args.namespaces, args.seed)
-    pod_bytes = sum(len(json.dumps(p, separators=(",", ":"))) for p in pods[:1000]) / 1000
-    node_bytes = sum(len(json.dumps(n, separators=(",", ":"))) for n in nodes[:100]) / 100
-    result["object_bytes"] = {"pod": round(pod_bytes), "node": round(node_bytes)}
+    sizes = {"pod": mean_json_bytes(pods[:1000]), "node": mean_json_bytes(nodes[:100])}
+    result["object_bytes"] = sizes
     server = FakeApiServer(leases=True)
-    proc: ToposdnsProcess | None = None
+    proc: Controller | None = None
     workdir = Path(tempfile.mkdtemp(prefix="toposdns-controller-bench-"))
     try:
         start = time.perf_counter()
@@ -296,135 +293,23 @@ def run(args: argparse.Namespace) -> JSON:
         server.start()
         log(f"stand-in loaded in {time.perf_counter() - start:.1f} s")
         kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
-        expected = args.pods + args.nodes
-
-        # 1. Cold start.
         extra = [f"--writes-per-second={args.writes_per_second}", *args.controller_arg]
-        own_before = resource.getrusage(resource.RUSAGE_SELF)
-        proc = start_controller(kubeconfig, free_port(), extra)
-        deadline = proc.started + args.timeout
-        ready_at = first_at = None
-        while True:
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(
-                    f"{server.count('podlocators'):,} of {expected:,} locators after "
-                    f"{args.timeout:.0f} s:\n{proc.tail()}"
-                )
-            proc.check_alive()
-            count = server.count("podlocators")
-            if first_at is None and count:
-                first_at = now - proc.started
-            if ready_at is None and proc.ready():
-                ready_at = time.monotonic() - proc.started
-            if count >= expected and ready_at is not None:
-                all_at = now - proc.started
-                break
-            time.sleep(POLL)
-        cold = count_writes(server)
-        hwm, rss = proc.memory()
-        cpu = proc.cpu_seconds()
-        own_after = resource.getrusage(resource.RUSAGE_SELF)
-        standin_cpu = (own_after.ru_utime + own_after.ru_stime) - (
-            own_before.ru_utime + own_before.ru_stime
+        own_cpu = self_cpu_seconds()
+        proc = Controller(kubeconfig, extra)
+        result["cold"] = cold_start(server, proc, own_cpu, args)
+        result["cold"]["wrong_locators"] = verify(
+            server, nodes, pods, ControllerConfig(namespace=NAMESPACE)
         )
-        log(f"all {expected:,} locators after {all_at:.1f} s; settling")
-        settle_end = time.monotonic() + 60
-        while proc.find(RECONCILED_LINE) is None and time.monotonic() < settle_end:
-            time.sleep(POLL)
-        time.sleep(1.0)
-        reconciled = proc.find(RECONCILED_LINE)
-        settled = count_writes(server)
-        result["cold"] = {
-            "ready_s": ready_at,
-            "first_write_s": first_at,
-            "all_written_s": all_at,
-            "controller_reconciled_s": float(reconciled[1][1]) if reconciled else None,
-            "writes": cold,
-            "writes_after_settling": settled,
-            "controller_cpu_s": cpu,
-            "standin_cpu_s": standin_cpu,
-            "vmhwm_mb": hwm,
-            "vmrss_mb": rss,
-        }
-        log(f"cold start: {result['cold']}")
-        config = ControllerConfig(namespace=NAMESPACE)
-        wrong = verify(server, nodes, pods, config)
-        result["cold"]["wrong_locators"] = wrong
-        log(f"verified: {wrong} of {expected:,} locators wrong")
-
-        # 2. One node's zone changes.
-        node = copy.deepcopy(server.get("nodes", None, nodes[len(nodes) // 2]["metadata"]["name"]))
-        assert node is not None
-        name = node["metadata"]["name"]
-        keys = [(NAMESPACE, name)] + [
-            (p["metadata"]["namespace"], p["metadata"]["name"])
-            for p in pods
-            if p["spec"]["nodeName"] == name
-        ]
-        mark = len(server.requests)
-        node["metadata"]["labels"][ZONE] = "zone-moved"
-        changed_at = time.monotonic()
-        server.modify(node)
-        pending = set(keys)
-        while pending:
-            if time.monotonic() - changed_at > args.event_timeout:
-                raise TimeoutError(f"{len(pending)} locators of {name} not updated:\n{proc.tail()}")
-            for key in list(pending):
-                found = server.get("podlocators", *key)
-                if found and found["nodeLabels"].get(ZONE) == "zone-moved":
-                    pending.discard(key)
-            time.sleep(0.001)
-        took = time.monotonic() - changed_at
-        time.sleep(args.settle)
-        result["label_change"] = {
-            "node": name,
-            "locators_on_node": len(keys),
-            "seconds": took,
-            "writes": count_writes(server, mark),
-        }
-        log(f"label change: {result['label_change']}")
-
-        # 3. Every node's status changes (heartbeats): nothing to write.
-        mark = len(server.requests)
-        start = time.perf_counter()
-        for original in nodes:
-            current = server.get("nodes", None, original["metadata"]["name"])
-            assert current is not None
-            for condition in current["status"]["conditions"]:
-                condition["lastHeartbeatTime"] = "2026-11-22T00:00:10Z"
-            current["status"]["images"] = current["status"]["images"][::-1]
-            server.modify(current)
-        churn_s = time.perf_counter() - start
-        time.sleep(args.settle)
-        proc.check_alive()
-        result["status_churn"] = {
-            "node_updates": len(nodes),
-            "update_seconds": churn_s,
-            "settle_s": args.settle,
-            "writes": count_writes(server, mark),
-        }
-        log(f"status churn: {result['status_churn']}")
-        hwm2, rss2 = proc.memory()
-        result["cold"]["vmhwm_end_mb"] = hwm2
-        result["cold"]["vmrss_end_mb"] = rss2
-        code = proc.stop(STOP_TIMEOUT)
-        result["exit_code"] = code
+        log(f"verified: {result['cold']['wrong_locators']} locators wrong")
+        result["label_change"] = label_change(server, proc, nodes, pods, args)
+        result["status_churn"] = status_churn(server, proc, nodes, args)
+        result["cold"]["vmhwm_end_mb"], result["cold"]["vmrss_end_mb"] = proc.memory()
+        result["exit_code"] = proc.stop(STOP_TIMEOUT)
         lease = server.get("leases", NAMESPACE, "toposdns-controller")
         result["lease_released"] = bool(lease and lease["spec"].get("holderIdentity") == "")
-
-        # 4. A restart: every locator is reconciled again, and all are right already.
         mark = len(server.requests)
-        proc = start_controller(kubeconfig, free_port(), extra)
-        deadline = proc.started + args.timeout
-        while (found := proc.find(RECONCILED_LINE)) is None:
-            proc.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no full reconcile after a restart:\n{proc.tail()}")
-            time.sleep(POLL)
-        time.sleep(args.settle)
-        result["restart"] = {"reconciled_s": found[0], "writes": count_writes(server, mark)}
-        log(f"restart: {result['restart']}")
+        proc = Controller(kubeconfig, extra)
+        result["restart"] = restart(server, proc, mark, args)
         return result
     finally:
         if proc is not None:
@@ -433,6 +318,145 @@ def run(args: argparse.Namespace) -> JSON:
                 log("controller log:\n" + proc.tail(30))
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def self_cpu_seconds() -> float:
+    """CPU seconds of this process so far (the stand-in's threads run here)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cold_start(
+    server: FakeApiServer, proc: Controller, own_cpu: float, args: argparse.Namespace
+) -> JSON:
+    """1. From the process start: /ready, the first locator, all locators; then settle.
+    `own_cpu`: this process's CPU seconds just before the controller started."""
+    expected = args.pods + args.nodes
+    deadline = proc.started + args.timeout
+    ready_at = first_at = None
+    while True:
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(
+                f"{server.count('podlocators'):,} of {expected:,} locators after "
+                f"{args.timeout:.0f} s:\n{proc.tail()}"
+            )
+        proc.check_alive()
+        count = server.count("podlocators")
+        if first_at is None and count:
+            first_at = now - proc.started
+        if ready_at is None and proc.ready():
+            ready_at = time.monotonic() - proc.started
+        if count >= expected and ready_at is not None:
+            all_at = now - proc.started
+            break
+        time.sleep(POLL)
+    cold = count_writes(server)
+    hwm, rss = proc.memory()
+    cpu = proc.cpu_seconds()
+    standin_cpu = self_cpu_seconds() - own_cpu
+    log(f"all {expected:,} locators after {all_at:.1f} s; settling")
+    settle_end = time.monotonic() + 60
+    while proc.find(RECONCILED_LINE) is None and time.monotonic() < settle_end:
+        time.sleep(POLL)
+    time.sleep(1.0)
+    reconciled = proc.find(RECONCILED_LINE)
+    result = {
+        "ready_s": ready_at,
+        "first_write_s": first_at,
+        "all_written_s": all_at,
+        "controller_reconciled_s": float(reconciled[1][1]) if reconciled else None,
+        "writes": cold,
+        "writes_after_settling": count_writes(server),
+        "controller_cpu_s": cpu,
+        "standin_cpu_s": standin_cpu,
+        "vmhwm_mb": hwm,
+        "vmrss_mb": rss,
+    }
+    log(f"cold start: {result}")
+    return result
+
+
+def label_change(
+    server: FakeApiServer,
+    proc: Controller,
+    nodes: list[JSON],
+    pods: list[JSON],
+    args: argparse.Namespace,
+) -> JSON:
+    """2. One node's zone changes: time until all its locators carry it, and the writes."""
+    node = copy.deepcopy(server.get("nodes", None, nodes[len(nodes) // 2]["metadata"]["name"]))
+    assert node is not None
+    name = node["metadata"]["name"]
+    keys = [(NAMESPACE, name)] + [
+        (p["metadata"]["namespace"], p["metadata"]["name"])
+        for p in pods
+        if p["spec"]["nodeName"] == name
+    ]
+    mark = len(server.requests)
+    node["metadata"]["labels"][ZONE] = "zone-moved"
+    changed_at = time.monotonic()
+    server.modify(node)
+    pending = set(keys)
+    while pending:
+        if time.monotonic() - changed_at > args.event_timeout:
+            raise TimeoutError(f"{len(pending)} locators of {name} not updated:\n{proc.tail()}")
+        for key in list(pending):
+            found = server.get("podlocators", *key)
+            if found and found["nodeLabels"].get(ZONE) == "zone-moved":
+                pending.discard(key)
+        time.sleep(0.001)
+    took = time.monotonic() - changed_at
+    time.sleep(args.settle)
+    result = {
+        "node": name,
+        "locators_on_node": len(keys),
+        "seconds": took,
+        "writes": count_writes(server, mark),
+    }
+    log(f"label change: {result}")
+    return result
+
+
+def status_churn(
+    server: FakeApiServer, proc: Controller, nodes: list[JSON], args: argparse.Namespace
+) -> JSON:
+    """3. Every node's status changes (heartbeats): nothing to write."""
+    mark = len(server.requests)
+    start = time.perf_counter()
+    for original in nodes:
+        current = server.get("nodes", None, original["metadata"]["name"])
+        assert current is not None
+        for condition in current["status"]["conditions"]:
+            condition["lastHeartbeatTime"] = "2026-11-22T00:00:10Z"
+        current["status"]["images"] = current["status"]["images"][::-1]
+        server.modify(current)
+    churn_s = time.perf_counter() - start
+    time.sleep(args.settle)
+    proc.check_alive()
+    result = {
+        "node_updates": len(nodes),
+        "update_seconds": churn_s,
+        "settle_s": args.settle,
+        "writes": count_writes(server, mark),
+    }
+    log(f"status churn: {result}")
+    return result
+
+
+def restart(server: FakeApiServer, proc: Controller, mark: int, args: argparse.Namespace) -> JSON:
+    """4. After a restart every locator is reconciled again, and all are right already;
+    `mark`: the request log's length before it started."""
+    deadline = proc.started + args.timeout
+    while (found := proc.find(RECONCILED_LINE)) is None:
+        proc.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no full reconcile after a restart:\n{proc.tail()}")
+        time.sleep(POLL)
+    time.sleep(args.settle)
+    result = {"reconciled_s": found[0], "writes": count_writes(server, mark)}
+    log(f"restart: {result}")
+    return result
 
 
 def table(r: JSON) -> str:

@@ -13,7 +13,7 @@ bounded, so memory must level off). Between checks, each batch of packets ends w
 query whose answer shows that the batch has been read. Any failure, a reply that is not a DNS
 response, or an ERROR line or traceback in the server's log exits 1.
 
-Run from the repository root:  python bench/fuzz.py  (see bench/README.md).
+Run from the repository root:  python -m bench.fuzz  (see bench/README.md).
 `campaign()` is what tests/integration/test_fuzz.py runs, with a smaller count.
 """
 
@@ -32,14 +32,9 @@ from pathlib import Path
 
 import dnslib
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from bench.harness import HOST, REPO, ServerProcess, free_port, log, toposdns_command
 
-from bench.process import ToposdnsProcess, free_port  # noqa: E402
-
-HOST = "127.0.0.1"
-SNAPSHOT = REPO_ROOT / "examples" / "cluster.yaml"
+SNAPSHOT = REPO / "examples" / "cluster.yaml"
 #: A name of examples/cluster.yaml and its answer, asked at every check.
 PROBE = ("web.shop.svc.cluster.local", {"10.96.12.34"})
 SENTINEL = "fuzz-sentinel.shop.svc.cluster.local"
@@ -460,40 +455,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     dns_port, http_port = free_port(socket.SOCK_DGRAM), free_port()
-    server = ToposdnsProcess(
-        [
+    server = ServerProcess(
+        toposdns_command(
             "serve",
-            "--snapshot",
-            str(SNAPSHOT),
-            "--listen",
-            f"{HOST}:{dns_port}",
-            "--http",
-            f"{HOST}:{http_port}",
-            "--ecs-trust",
-            "127.0.0.0/8",
-            "--pods",
-            "insecure",
-            "--lameduck",
-            "0",
-        ],
-        http_port,
+            f"--snapshot={SNAPSHOT}",
+            f"--listen={HOST}:{dns_port}",
+            f"--http={HOST}:{http_port}",  # so that every query is counted, too
+            "--ecs-trust=127.0.0.0/8",
+            "--pods=insecure",
+            "--lameduck=0",
+        )
     )
     try:
-        server.wait_ready(30)
+        server.wait_for_log(r"serving DNS on", timeout=30)
 
         def show(check: Check) -> None:
-            print(
-                f"[fuzz] {check.packets:>9,} packets {check.seconds:7.1f}s  RSS "
-                f"{check.rss_mib:6.1f} MiB  {PROBE[0]}: {check.udp_probe} (udp) "
-                f"{check.tcp_probe} (tcp)",
-                file=sys.stderr,
-                flush=True,
+            log(
+                f"{check.packets:>9,} packets {check.seconds:7.1f}s  RSS {check.rss_mib:6.1f} MiB"
+                f"  {PROBE[0]}: {check.udp_probe} (udp) {check.tcp_probe} (tcp)"
             )
 
         try:
             report = campaign(
                 (HOST, dns_port),
-                server.proc.pid,
+                server.pid,
                 args.count,
                 args.seed,
                 args.check_every,
@@ -503,11 +488,10 @@ def main(argv: list[str] | None = None) -> int:
                 progress=show,
             )
         except FuzzFailure as exc:
-            print(f"[fuzz] FAILED: {exc}\n{server.tail(30)}", file=sys.stderr)
+            log(f"FAILED: {exc}\n{server.tail(30)}")
             return 1
-        log = "\n".join(line for _, line in server.lines)
-        if "Traceback" in log or " ERROR " in log:
-            print(f"[fuzz] FAILED: the server logged an error:\n{log}", file=sys.stderr)
+        if "Traceback" in server.log() or " ERROR " in server.log():
+            log(f"FAILED: the server logged an error:\n{server.log()}")
             return 1
     finally:
         server.stop()

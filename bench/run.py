@@ -1,302 +1,125 @@
-"""Benchmark toposdns against Knot DNS on the same set of headless-service records.
+"""Benchmark toposdns against Knot DNS on the same records, in four scenarios.
 
 The script generates a deterministic cluster (namespaces, headless services, EndpointSlices,
 PodLocators), writes it both as a toposdns snapshot (JSON) and as a Knot zone file, starts
-each server on 127.0.0.1, checks that both give the same answers, and measures them with
-dnsperf: maximum throughput (closed loop) and latency at a fixed query rate.
+each server on 127.0.0.1, checks that they give the same answers, and measures them with
+dnsperf, rounds alternating between the servers:
 
-Run from the repository root:  python bench/run.py  (see bench/README.md).
+- repeated: the service names over and over (max throughput, and latency at a fixed rate),
+  also with topology filtering on and with metrics on;
+- distinct: first-time names as pods send them, mostly NXDOMAIN search-path names;
+- ecs: every query with EDNS Client Subnet from a trusted source, clients in 3 zones;
+- cookie: every query with a client COOKIE option.
+
+Run from the repository root:  python -m bench.run  (see bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
-import os
 import random
-import resource
 import shutil
-import signal
 import socket
 import statistics
-import struct
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ZONE = "cluster.local"
-TTL = 5
-SOA_SERIAL = 1
-REGION = "region-1"
-ZONES = ("zone-a", "zone-b", "zone-c")
-HOST = "127.0.0.1"
-QTYPE_A = 1
-QTYPE_SOA = 6
+import dns.exception
+import dns.message
+import dns.query
+import dns.rcode
+import dns.rdatatype
 
+from bench import dnsperf
+from bench.cluster import (
+    TTL,
+    ZONE,
+    Cluster,
+    Node,
+    Service,
+    ecs_clients,
+    generate_cluster,
+    knot_conf,
+    snapshot_objects,
+    srv_weight,
+    topology_answer,
+    zone_text,
+)
+from bench.dnsperf import PerfResult
+from bench.harness import HOST, ServerProcess, log, machine, toposdns_command
+from bench.queries import (
+    COOKIE,
+    DistinctNames,
+    cookie_query,
+    distinct_queries,
+    ecs_messages,
+    ecs_query,
+    repeated_queries,
+    text_file,
+)
 
 #: Every dnsperf query comes from this loopback address; the topology variant places it.
 CLIENT = "127.0.0.2"
-TOPOLOGY_KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
-#: toposdns variants measured against the plain one in the same run (issues 3 and 6).
+ECS_TRUST = "127.0.0.0/8"
+SCENARIOS = ("repeated", "distinct", "ecs", "cookie")
+#: toposdns variants measured against the plain one in the repeated scenario.
 VARIANTS = {"toposdns-topology": "topology filtering on", "toposdns-metrics": "metrics on"}
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- cluster model
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    zone: str
-    ip: str
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {
-            "kubernetes.io/hostname": self.name,
-            "topology.kubernetes.io/zone": self.zone,
-            "topology.kubernetes.io/region": REGION,
-        }
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    ip: str
-    node: Node
-    pod: str
+SERVERS = ("knot", "toposdns", *VARIANTS, "toposdns-ecs")
 
 
 @dataclass
-class Service:
+class Scenario:
+    """One load: its query files (one per round, or one for all), the dnsperf options, and the
+    servers it runs against (Knot, the toposdns server it is compared with, variants)."""
+
     name: str
-    namespace: str
-    endpoints: list[Endpoint] = field(default_factory=list)
+    title: str
+    toposdns: str
+    files: list[Path]
+    extra: list[str] = field(default_factory=list)
+    fixed: bool = False  # also a fixed-rate latency run
+    variants: tuple[str, ...] = ()
+    target: float = 0.5  # the issue's target ratio to Knot
+    names_per_file: int = 0
 
-    @property
-    def fqdn(self) -> str:
-        return f"{self.name}.{self.namespace}.svc.{ZONE}."
+    def servers(self, running: Collection[str]) -> list[str]:
+        return [s for s in ("knot", self.toposdns, *self.variants) if s in running]
 
-
-@dataclass
-class Cluster:
-    nodes: list[Node]
-    namespaces: list[str]
-    services: list[Service]
-
-
-def generate_cluster(n_services: int, n_namespaces: int, n_nodes: int, seed: int) -> Cluster:
-    """Deterministic cluster: services round-robin over namespaces, 3-10 pods each."""
-    rng = random.Random(seed)
-    nodes = [
-        Node(name=f"node-{i:02d}", zone=ZONES[i % len(ZONES)], ip=f"172.18.0.{10 + i}")
-        for i in range(n_nodes)
-    ]
-    namespaces = [f"ns{i}" for i in range(n_namespaces)]
-    # Each node owns a /16 of pod addresses (10.(64+i).0.0/16), allocated sequentially.
-    pod_nets = [ipaddress.IPv4Network(f"10.{64 + i}.0.0/16") for i in range(n_nodes)]
-    next_host = [1] * n_nodes
-    services: list[Service] = []
-    for i in range(n_services):
-        svc = Service(name=f"svc{i}", namespace=namespaces[i % n_namespaces])
-        for k in range(rng.randint(3, 10)):
-            ni = rng.randrange(n_nodes)
-            ip = str(pod_nets[ni].network_address + next_host[ni])
-            next_host[ni] += 1
-            svc.endpoints.append(Endpoint(ip=ip, node=nodes[ni], pod=f"{svc.name}-pod-{k}"))
-        services.append(svc)
-    return Cluster(nodes=nodes, namespaces=namespaces, services=services)
+    def file(self, rnd: int) -> Path:
+        return self.files[rnd % len(self.files)]
 
 
-def snapshot_objects(cluster: Cluster, topology: bool = False) -> dict[str, object]:
-    """The cluster as a Kubernetes `kind: List` of the objects toposdns reads.
-
-    With `topology`, every service asks for [hostname, zone, "*"] and the benchmark's client
-    address (CLIENT) is placed on the first node, so every answer goes through the filter.
-    """
-    items: list[dict[str, object]] = []
-    for ns in cluster.namespaces:
-        items.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    for svc in cluster.services:
-        items.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": svc.name, "namespace": svc.namespace},
-                "spec": {
-                    "type": "ClusterIP",
-                    "clusterIP": "None",
-                    "clusterIPs": ["None"],
-                    "selector": {"app": svc.name},
-                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80}],
-                    **({"topologyKeys": TOPOLOGY_KEYS} if topology else {}),
-                },
-            }
-        )
-        items.append(
-            {
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": f"{svc.name}-abcde",
-                    "namespace": svc.namespace,
-                    "labels": {"kubernetes.io/service-name": svc.name},
-                },
-                "addressType": "IPv4",
-                "endpoints": [
-                    {
-                        "addresses": [ep.ip],
-                        "nodeName": ep.node.name,
-                        "zone": ep.node.zone,
-                        "conditions": {"ready": True},
-                        "targetRef": {"kind": "Pod", "namespace": svc.namespace, "name": ep.pod},
-                    }
-                    for ep in svc.endpoints
-                ],
-                "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
-            }
-        )
-        for ep in svc.endpoints:
-            items.append(
-                {
-                    "apiVersion": "toposdns.io/v1alpha1",
-                    "kind": "PodLocator",
-                    "metadata": {
-                        "name": ep.pod,
-                        "namespace": svc.namespace,
-                        "labels": {"toposdns.io/locator": "pod"},
-                    },
-                    "addresses": [ep.ip],
-                    "nodeName": ep.node.name,
-                    "nodeLabels": ep.node.labels,
-                }
-            )
-    for node in cluster.nodes:
-        items.append(
-            {
-                "apiVersion": "toposdns.io/v1alpha1",
-                "kind": "PodLocator",
-                "metadata": {
-                    "name": node.name,
-                    "namespace": "kube-system",
-                    "labels": {"toposdns.io/locator": "node"},
-                },
-                "addresses": [node.ip],
-                "nodeName": node.name,
-                "nodeLabels": node.labels,
-            }
-        )
-    if topology:
-        first = cluster.nodes[0]
-        items.append(
-            {
-                "apiVersion": "toposdns.io/v1alpha1",
-                "kind": "PodLocator",
-                "metadata": {"name": "bench-client", "namespace": cluster.namespaces[0]},
-                "addresses": [CLIENT],
-                "nodeName": first.name,
-                "nodeLabels": first.labels,
-            }
-        )
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+# --------------------------------------------------------------------------- asking
 
 
-def dashed(ip: str) -> str:
-    return ip.replace(".", "-")
+def ask(port: int, query: dns.message.Message, source: str = CLIENT) -> tuple[str, frozenset[str]]:
+    """(rcode, the rdata of the answer's records of the asked type); ("TIMEOUT", {}) if none.
+    Over UDP, and again over TCP when the reply is truncated (as dig does)."""
+    try:
+        reply, _ = dns.query.udp_with_fallback(query, HOST, port=port, timeout=2, source=source)
+    except (dns.exception.Timeout, OSError):
+        return "TIMEOUT", frozenset()
+    rdtype = query.question[0].rdtype
+    found = frozenset(
+        rd.to_text() for rrset in reply.answer if rrset.rdtype == rdtype for rd in rrset
+    )
+    return dns.rcode.to_text(reply.rcode()), found
 
 
-def srv_weight(n: int) -> int:
-    """CoreDNS gives each of n equal-priority SRV records weight floor(100 / n)."""
-    return 100 // n
-
-
-def zone_text(cluster: Cluster, with_srv: bool) -> str:
-    lines = [
-        f"$ORIGIN {ZONE}.",
-        f"$TTL {TTL}",
-        f"@ {TTL} IN SOA ns.dns.{ZONE}. hostmaster.{ZONE}. {SOA_SERIAL} 7200 1800 86400 {TTL}",
-        f"@ {TTL} IN NS ns.dns.{ZONE}.",
-        f"ns.dns {TTL} IN A 127.0.0.1",
-    ]
-    for svc in cluster.services:
-        for ep in svc.endpoints:
-            lines.append(f"{svc.fqdn} {TTL} IN A {ep.ip}")
-        if with_srv:
-            weight = srv_weight(len(svc.endpoints))
-            for ep in svc.endpoints:
-                target = f"{dashed(ep.ip)}.{svc.fqdn}"
-                lines.append(f"_http._tcp.{svc.fqdn} {TTL} IN SRV 0 {weight} 80 {target}")
-                lines.append(f"{target} {TTL} IN A {ep.ip}")
-    return "\n".join(lines) + "\n"
-
-
-def knot_conf(workdir: Path, port: int, zonefile: Path) -> str:
-    return f"""\
-server:
-    rundir: "{workdir / "knot-run"}"
-    listen: {HOST}@{port}
-    udp-workers: 1
-    tcp-workers: 1
-    background-workers: 1
-
-log:
-  - target: stderr
-    any: warning
-
-database:
-    storage: "{workdir / "knot-db"}"
-
-template:
-  - id: default
-    storage: "{workdir}"
-    semantic-checks: off
-    journal-content: none
-    zonefile-sync: -1
-
-zone:
-  - domain: {ZONE}.
-    file: "{zonefile}"
-"""
-
-
-def query_lines(cluster: Cluster, with_srv: bool, seed: int) -> list[str]:
-    lines = [f"{svc.fqdn.rstrip('.')} A" for svc in cluster.services]
-    if with_srv:
-        lines += [f"_http._tcp.{svc.fqdn.rstrip('.')} SRV" for svc in cluster.services]
-    random.Random(seed + 1).shuffle(lines)
-    return lines
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def dns_query(name: str, qtype: int, qid: int) -> bytes:
-    header = struct.pack("!HHHHHH", qid, 0x0000, 1, 0, 0, 0)
-    qname = b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split("."))
-    return header + qname + b"\x00" + struct.pack("!HH", qtype, 1)
-
-
-def answers(port: int, name: str = f"{ZONE}.", qtype: int = QTYPE_SOA) -> bool:
-    """True if something on 127.0.0.1:port sends a DNS response to a UDP query."""
-    qid = random.randrange(1 << 16)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(0.3)
-        try:
-            sock.sendto(dns_query(name, qtype, qid), (HOST, port))
-            data, _ = sock.recvfrom(4096)
-        except OSError:
-            return False
-    return len(data) >= 12 and struct.unpack("!H", data[:2])[0] == qid and bool(data[2] & 0x80)
+def answers(port: int) -> bool:
+    """True if something on 127.0.0.1:port answers a DNS query over UDP."""
+    probe = dns.message.make_query(f"{ZONE}.", "SOA")
+    try:
+        dns.query.udp(probe, HOST, port=port, timeout=0.3)
+    except (dns.exception.DNSException, OSError):
+        return False
+    return True
 
 
 def port_free(port: int) -> bool:
@@ -309,252 +132,338 @@ def port_free(port: int) -> bool:
     return True
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user+sys) of pid and its live descendants, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total, stack = 0.0, [pid]
-    while stack:
-        p = stack.pop()
-        total += cpu.get(p, 0.0)
-        stack.extend(c for c, pp in parents.items() if pp == p)
-    return total
-
-
-class Server:
-    """A server subprocess in its own session, always killed on exit."""
-
-    def __init__(self, name: str, argv: Sequence[str], port: int, logfile: Path, cwd: Path):
-        self.name, self.argv, self.port, self.logfile, self.cwd = name, argv, port, logfile, cwd
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, ready_timeout: float) -> None:
-        if not port_free(self.port):
-            raise RuntimeError(f"port {self.port} is already in use")
-        log(f"starting {self.name}: {' '.join(self.argv)}")
-        with open(self.logfile, "wb") as out:
-            self.proc = subprocess.Popen(
-                self.argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < ready_timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
-            if answers(self.port):
-                log(f"{self.name} answers after {time.monotonic() - t0:.1f}s")
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} did not answer within {ready_timeout}s:\n{self.tail()}")
-
-    def tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.proc.pid) if self.proc else 0.0
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = self.proc.pid  # start_new_session: the group id is our child's pid
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-
 @contextmanager
-def running(server: Server, ready_timeout: float) -> Iterator[Server]:
+def running(name: str, command: Sequence[str], port: int) -> Iterator[ServerProcess]:
+    """A server process answering on `port`, stopped (SIGTERM, then SIGKILL) on exit."""
+    if not port_free(port):
+        raise RuntimeError(f"port {port} is already in use")
+    log(f"starting {name}: {' '.join(command)}")
+    proc = ServerProcess(command)
     try:
-        server.start(ready_timeout)
-        yield server
+        took = proc.wait_until(lambda: answers(port), timeout=120, interval=0.2)
+        log(f"{name} answers after {took:.1f}s")
+        yield proc
     finally:
-        server.stop()
-
-
-# --------------------------------------------------------------------------- dnsperf
-
-
-@dataclass
-class PerfResult:
-    qps: float
-    mean_ms: float
-    min_ms: float
-    max_ms: float
-    stddev_ms: float
-    sent: int
-    completed: int
-    lost: int
-    rcodes: str
-    server_cpu_pct: float
-    dnsperf_cpu_pct: float
-    steal_pct: float
-    other_cpu_pct: float
-    p50_ms: float | None = None
-    p99_ms: float | None = None
-    p999_ms: float | None = None
-
-
-def cpu_ticks() -> tuple[int, int, int]:
-    """(steal, idle, total) jiffies summed over all CPUs since boot, from /proc/stat."""
-    vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    # user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice]
-    return (vals[7] if len(vals) > 7 else 0), vals[3] + vals[4], sum(vals[:8])
-
-
-def children_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def percentile(sorted_vals: Sequence[float], q: float) -> float:
-    idx = min(len(sorted_vals) - 1, max(0, int(q * len(sorted_vals) + 0.5) - 1))
-    return sorted_vals[idx]
-
-
-def dnsperf(
-    server: Server, qfile: Path, seconds: float, extra: Sequence[str], verbose: bool = False
-) -> PerfResult:
-    argv = ["dnsperf", "-s", HOST, "-p", str(server.port), "-d", str(qfile), "-l", str(seconds)]
-    argv += ["-a", CLIENT]
-    argv += [*extra, "-t", "2"] + (["-v"] if verbose else [])
-    log(f"{server.name}: {' '.join(argv)}")
-    cpu_srv0, cpu_perf0, t0 = server.cpu_seconds(), children_cpu(), time.monotonic()
-    steal0, idle0, total0 = cpu_ticks()
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30, check=False)
-    wall = time.monotonic() - t0
-    cpu_srv, cpu_perf = server.cpu_seconds() - cpu_srv0, children_cpu() - cpu_perf0
-    steal1, idle1, total1 = cpu_ticks()
-    ticks = max(1, total1 - total0)
-    busy_pct = 100 * (os.cpu_count() or 1) * (ticks - (idle1 - idle0) - (steal1 - steal0)) / ticks
-    if res.returncode != 0:
-        raise RuntimeError(f"dnsperf failed ({res.returncode}): {res.stderr}{res.stdout[-2000:]}")
-    stats: dict[str, str] = {}
-    latencies: list[float] = []
-    timeouts = 0
-    for line in res.stdout.splitlines():
-        if line.startswith("> "):
-            parts = line.split()
-            if parts[1] == "T":
-                timeouts += 1
-            else:
-                try:
-                    latencies.append(float(parts[-1]) * 1000)
-                except ValueError:
-                    pass
-        elif ":" in line and line.startswith("  "):
-            key, _, val = line.strip().partition(":")
-            stats[key] = val.strip()
-
-    def num(key: str) -> float:
-        return float(stats[key].split()[0])
-
-    lat = stats["Average Latency (s)"]  # "0.000225 (min 0.000137, max 0.000323)"
-    lat_parts = lat.replace("(", " ").replace(")", " ").replace(",", " ").split()
-    out = PerfResult(
-        qps=num("Queries per second"),
-        mean_ms=float(lat_parts[0]) * 1000,
-        min_ms=float(lat_parts[2]) * 1000,
-        max_ms=float(lat_parts[4]) * 1000,
-        stddev_ms=num("Latency StdDev (s)") * 1000,
-        sent=int(num("Queries sent")),
-        completed=int(num("Queries completed")),
-        lost=int(num("Queries lost")),
-        rcodes=stats.get("Response codes", ""),
-        server_cpu_pct=100 * cpu_srv / wall,
-        dnsperf_cpu_pct=100 * cpu_perf / wall,
-        steal_pct=100 * (steal1 - steal0) / ticks,
-        # Everything else that ran meanwhile (other jobs on the box): a noise indicator.
-        other_cpu_pct=max(0.0, busy_pct - 100 * (cpu_srv + cpu_perf) / wall),
-    )
-    if verbose and latencies:
-        # Lost queries count as infinitely slow, so a >1% loss shows up as p99 = inf.
-        vals = sorted(latencies) + [float("inf")] * max(timeouts, out.lost)
-        out.p50_ms = percentile(vals, 0.50)
-        out.p99_ms = percentile(vals, 0.99)
-        out.p999_ms = percentile(vals, 0.999)
-    log(
-        f"{server.name}: {out.qps:,.0f} qps, mean {out.mean_ms:.3f} ms, lost {out.lost}, "
-        f"cpu server {out.server_cpu_pct:.0f}% dnsperf {out.dnsperf_cpu_pct:.0f}% "
-        f"other {out.other_cpu_pct:.0f}% steal {out.steal_pct:.0f}%"
-        + (f", p99 {out.p99_ms:.3f} ms" if out.p99_ms is not None else "")
-    )
-    return out
-
-
-def warm(server: Server, qfile: Path) -> None:
-    argv = ["dnsperf", "-s", HOST, "-p", str(server.port), "-d", str(qfile), "-n", "1"]
-    subprocess.run(argv + ["-q", "20", "-t", "2"], capture_output=True, timeout=120, check=True)
+        proc.stop()
 
 
 # --------------------------------------------------------------------------- correctness
 
 
-def dig_set(port: int, name: str, qtype: str) -> set[str]:
-    argv = ["dig", f"@{HOST}", "-p", str(port), name, qtype, "+short", "+tries=2", "+time=2"]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
-    return {line.strip() for line in res.stdout.splitlines() if line.strip()}
+def mismatch(what: str, got: object, want: object) -> int:
+    log(f"MISMATCH {what}: got {got}, want {want}")
+    return 1
 
 
-def verify(cluster: Cluster, servers: Sequence[Server], count: int, srv: bool, seed: int) -> int:
-    """Compare answers of every server with the expected data; return number of mismatches."""
-    rng = random.Random(seed + 2)
-    sample = rng.sample(cluster.services, min(count, len(cluster.services)))
+def verify_repeated(
+    cluster: Cluster, ports: dict[str, int], count: int, srv: bool, seed: int
+) -> int:
+    """Every server answers the generated addresses (the topology variant: those of the tier of
+    CLIENT's node); with --srv the SRV records too. Returns the number of mismatches."""
+    sample = random.Random(seed + 2).sample(cluster.services, min(count, len(cluster.services)))
     bad = 0
     for svc in sample:
-        checks: list[tuple[str, str, set[str]]] = [(svc.fqdn, "A", {ep.ip for ep in svc.endpoints})]
-        if srv:
-            w = srv_weight(len(svc.endpoints))
-            want = {f"0 {w} 80 {dashed(ep.ip)}.{svc.fqdn}" for ep in svc.endpoints}
-            checks.append((f"_http._tcp.{svc.fqdn}", "SRV", want))
-        for name, qtype, want in checks:
-            for server in servers:
-                got = dig_set(server.port, name, qtype)
-                if got != want:
-                    bad += 1
-                    log(f"MISMATCH {server.name} {name} {qtype}: got {sorted(got)}")
-    log(f"verified {len(sample)} names on {', '.join(s.name for s in servers)}: {bad} mismatches")
+        for name, port in ports.items():
+            topology = name == "toposdns-topology"
+            want = topology_answer(svc, cluster.nodes[0]) if topology else svc_ips(svc)
+            got = ask(port, dns.message.make_query(svc.fqdn, "A"))
+            if got != ("NOERROR", want):
+                bad += mismatch(f"{name} {svc.fqdn} A", got, want)
+            if srv and not topology:
+                weight = srv_weight(len(svc.endpoints))
+                srvs = frozenset(f"0 {weight} 80 {svc.endpoint_name(ep)}" for ep in svc.endpoints)
+                got = ask(port, dns.message.make_query(f"_http._tcp.{svc.fqdn}", "SRV"))
+                if got != ("NOERROR", srvs):
+                    bad += mismatch(f"{name} _http._tcp.{svc.fqdn} SRV", got, srvs)
+    log(f"repeated: verified {len(sample)} names on {', '.join(ports)}: {bad} mismatches")
     return bad
+
+
+def svc_ips(svc: Service) -> frozenset[str]:
+    return frozenset(ep.ip for ep in svc.endpoints)
+
+
+def verify_same(what: str, ports: dict[str, int], queries: Sequence[dns.message.Message]) -> int:
+    """Every server gives the same rcode and answer as the first (Knot) to each query."""
+    bad = 0
+    reference, *others = ports.items()
+    for query in queries:
+        want = ask(reference[1], query)
+        for name, port in others:
+            got = ask(port, query)
+            if got != want:
+                bad += mismatch(f"{name} vs {reference[0]} {query.question[0]}", got, want)
+    log(f"{what}: compared {len(queries)} queries on {', '.join(ports)}: {bad} mismatches")
+    return bad
+
+
+def verify_ecs(
+    cluster: Cluster, clients: dict[str, Node], ports: dict[str, int], count: int, seed: int
+) -> int:
+    """toposdns answers the tier of the ECS address's node; Knot every address."""
+    rng = random.Random(seed + 5)
+    bad = 0
+    for svc in rng.sample(cluster.services, min(count, len(cluster.services))):
+        address = rng.choice(list(clients))
+        for name, port in ports.items():
+            want = svc_ips(svc) if name == "knot" else topology_answer(svc, clients[address])
+            got = ask(port, ecs_query(svc.fqdn, address))
+            if got != ("NOERROR", want):
+                bad += mismatch(f"{name} {svc.fqdn} A with ECS {address}/32", got, want)
+    log(f"ecs: verified {count} names on {', '.join(ports)}: {bad} mismatches")
+    return bad
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+@dataclass
+class Setup:
+    """Everything written to the work directory, and the servers to start."""
+
+    cluster: Cluster
+    clients: dict[str, Node]
+    distinct: DistinctNames | None
+    scenarios: list[Scenario]
+    commands: dict[str, tuple[list[str], int]]  # server -> (command, DNS port)
+    cookie: bytes
+
+
+def prepare(args: argparse.Namespace, workdir: Path) -> Setup:
+    """Generate the cluster, write its snapshots, zone, Knot config and query files."""
+    t0 = time.monotonic()
+    cluster = generate_cluster(args.services, args.namespaces, args.nodes, args.seed)
+    clients = ecs_clients(cluster)
+    distinct = None
+    if "distinct" in args.scenarios:
+        # The correctness check asks names of its own, so the measured ones stay first-time.
+        verify = 10 * args.verify
+        distinct = distinct_queries(cluster, args.distinct, args.rounds, verify, args.seed)
+    snapshots = {
+        "snapshot.json": snapshot_objects(cluster),
+        "snapshot-topology.json": snapshot_objects(cluster, True, {CLIENT: cluster.nodes[0]}),
+        "snapshot-ecs.json": snapshot_objects(cluster, True, clients),
+    }
+    for name, doc in snapshots.items():
+        (workdir / name).write_text(json.dumps(doc, separators=(",", ":")))
+    zonefile = workdir / f"{ZONE}.zone"
+    zonefile.write_text(zone_text(cluster, args.srv, distinct.pods if distinct else ()))
+    for sub in ("knot-run", "knot-db"):
+        (workdir / sub).mkdir()
+    conf = workdir / "knot.conf"
+    conf.write_text(knot_conf(str(workdir), HOST, args.port_base, str(zonefile)))
+    cookie = random.Random(args.seed + 6).randbytes(8)  # fixed per run, as dig's
+    scenarios = write_scenarios(args, workdir, cluster, clients, distinct, cookie)
+    log(
+        f"generated {len(cluster.services)} services, {cluster.endpoints} endpoints, "
+        f"{len(cluster.nodes)} nodes and the query files in {time.monotonic() - t0:.1f}s"
+    )
+    commands = server_commands(args, workdir, conf)
+    return Setup(cluster, clients, distinct, scenarios, commands, cookie)
+
+
+def write_scenarios(
+    args: argparse.Namespace,
+    workdir: Path,
+    cluster: Cluster,
+    clients: dict[str, Node],
+    distinct: DistinctNames | None,
+    cookie: bytes,
+) -> list[Scenario]:
+    repeated = workdir / "repeated.txt"
+    repeated.write_text(text_file(repeated_queries(cluster, args.srv, args.seed)))
+    scenarios = []
+    for name in args.scenarios:
+        if name == "repeated":
+            scenarios.append(
+                Scenario(name, "repeated names", "toposdns", [repeated], fixed=True,
+                         variants=tuple(VARIANTS), target=0.8)
+            )  # fmt: skip
+        elif name == "distinct" and distinct is not None:
+            files = []
+            for rnd, queries in enumerate(distinct.rounds):
+                files.append(workdir / f"distinct-{rnd + 1}.txt")
+                files[-1].write_text(text_file(queries))
+            # -n 1: one pass at most, so no name is asked twice; a fast server ends early.
+            title = f"{args.distinct:,} distinct names a round"
+            scenarios.append(
+                Scenario(name, title, "toposdns", files, ["-n", "1"], names_per_file=args.distinct)
+            )
+        elif name == "ecs":
+            ecs = workdir / "ecs.bin"
+            dnsperf.write_binary(ecs, ecs_messages(cluster, clients, args.seed))
+            title = "trusted ECS, clients in 3 zones"
+            scenarios.append(Scenario(name, title, "toposdns-ecs", [ecs], ["-B"]))
+        elif name == "cookie":
+            extra = ["-E", f"{int(COOKIE)}:{cookie.hex()}"]
+            scenarios.append(Scenario(name, "client COOKIE", "toposdns", [repeated], extra))
+    return scenarios
+
+
+def server_commands(
+    args: argparse.Namespace, workdir: Path, conf: Path
+) -> dict[str, tuple[list[str], int]]:
+    """Each server's command line and DNS port (Knot on --port-base, toposdns on the next)."""
+    base = args.port_base
+
+    def toposdns(snapshot: str, port: int, *extra: str) -> tuple[list[str], int]:
+        serve = ["serve", "--snapshot", str(workdir / snapshot), "--listen", f"{HOST}:{port}",
+                 "--zone", ZONE, "--ttl", str(TTL), "--pods", "insecure", *extra]  # fmt: skip
+        return toposdns_command(*serve), port
+
+    return {
+        "knot": (["knotd", "-c", str(conf)], base),
+        "toposdns": toposdns("snapshot.json", base + 1),
+        "toposdns-topology": toposdns("snapshot-topology.json", base + 2),
+        "toposdns-metrics": toposdns("snapshot.json", base + 3, "--http", f"{HOST}:{base + 4}"),
+        "toposdns-ecs": toposdns("snapshot-ecs.json", base + 5, "--ecs-trust", ECS_TRUST),
+    }
+
+
+# --------------------------------------------------------------------------- measuring
+
+#: scenario -> server -> "max" / "fixed" -> one result per round
+Runs = dict[str, dict[str, dict[str, list[PerfResult]]]]
+
+
+def verify(args: argparse.Namespace, setup: Setup, ports: dict[str, int]) -> int:
+    """The correctness checks of the chosen scenarios; the number of mismatches."""
+    cluster, bad = setup.cluster, 0
+    for scenario in setup.scenarios:
+        on = {s: ports[s] for s in scenario.servers(ports)}
+        if scenario.name == "repeated":
+            bad += verify_repeated(cluster, on, args.verify, args.srv, args.seed)
+        elif scenario.name == "distinct" and setup.distinct is not None and len(on) > 1:
+            queries = [dns.message.make_query(n, t) for n, t in setup.distinct.verify]
+            bad += verify_same("distinct", on, queries)
+        elif scenario.name == "ecs":
+            bad += verify_ecs(cluster, setup.clients, on, args.verify, args.seed)
+        elif scenario.name == "cookie" and len(on) > 1:
+            services = random.Random(args.seed + 7).sample(cluster.services, args.verify)
+            queries = [cookie_query(svc.fqdn, setup.cookie) for svc in services]
+            bad += verify_same("cookie", on, queries)
+    return bad
+
+
+def measure(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    procs: dict[str, ServerProcess],
+    ports: dict[str, int],
+) -> Runs:
+    """Warm every server, then the rounds: in each, every scenario runs on each of its servers
+    in turn (max throughput, then fixed rate where the scenario has it)."""
+    runs: Runs = {
+        s.name: {srv: {"max": [], "fixed": []} for srv in s.servers(ports)} for s in scenarios
+    }
+    for scenario in scenarios:
+        if scenario.name != "distinct":  # first-time names must stay first-time
+            for server in scenario.servers(ports):
+                dnsperf.warm(ports[server], scenario.file(0), ["-a", CLIENT, *scenario.extra])
+    closed = ["-c", str(args.clients), "-q", str(args.outstanding)]
+    fixed = ["-c", "1", "-q", "1000", "-Q", str(args.rate)]
+    for rnd in range(args.rounds):
+        log(f"round {rnd + 1}/{args.rounds}")
+        for scenario in scenarios:
+            kinds = [("max", closed, False)] + ([("fixed", fixed, True)] if scenario.fixed else [])
+            for kind, load, verbose in kinds:
+                for server in scenario.servers(ports):
+                    result = dnsperf.run(
+                        f"{scenario.name}/{server}", ports[server], scenario.file(rnd),
+                        args.seconds, ["-a", CLIENT, *scenario.extra, *load],
+                        procs[server].cpu_seconds, verbose,
+                    )  # fmt: skip
+                    runs[scenario.name][server][kind].append(result)
+    return runs
 
 
 # --------------------------------------------------------------------------- main
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of: "
+                    + ", ".join(SCENARIOS))  # fmt: skip
+    ap.add_argument("--services", type=int, default=2000)
+    ap.add_argument("--namespaces", type=int, default=20)
+    ap.add_argument("--nodes", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each dnsperf run")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (servers alternate); medians")
+    ap.add_argument("--distinct", type=int, default=200_000, help="distinct queries per round")
+    ap.add_argument("--port-base", type=int, default=15353, help="knot: base, toposdns: base+1..5")
+    ap.add_argument("--clients", type=int, default=1, help="dnsperf -c for the max-QPS run")
+    ap.add_argument("--outstanding", type=int, default=100, help="dnsperf -q for max-QPS run")
+    ap.add_argument("--rate", type=int, default=5000, help="fixed QPS for the latency run")
+    ap.add_argument("--srv", action="store_true", help="also query _http._tcp SRV names")
+    ap.add_argument("--verify", type=int, default=20, help="names to compare per scenario")
+    ap.add_argument("--servers", default=",".join(SERVERS), help="comma list of: "
+                    + ", ".join(SERVERS))  # fmt: skip
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--json", action="store_true", help="print results as JSON on stdout")
+    args = ap.parse_args(argv)
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    for value, known, flag in ((args.scenarios, SCENARIOS, "--scenarios"),
+                               (args.servers, SERVERS, "--servers")):  # fmt: skip
+        if unknown := set(value) - set(known):
+            ap.error(f"{flag}: unknown {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    if min(args.services, args.namespaces, args.nodes, args.rounds, args.distinct) < 1:
+        ap.error("sizes and --rounds must be positive")
+    args.verify = min(args.verify, args.services)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for tool in ("knotd", "dnsperf"):
+        if shutil.which(tool) is None:
+            log(f"{tool} not found (Debian packages: knot, dnsperf)")
+            return 2
+    workdir = Path(tempfile.mkdtemp(prefix="toposdns-bench-"))
+    log(f"work dir {workdir}")
+    try:
+        setup = prepare(args, workdir)
+        needed = {s for scenario in setup.scenarios for s in scenario.servers(SERVERS)}
+        names = [s for s in SERVERS if s in needed and s in args.servers]
+        ports = {name: setup.commands[name][1] for name in names}
+        with ExitStack() as stack:
+            # All servers run for the whole benchmark (idle ones cost nothing) so that rounds
+            # can alternate between them: on a VM with CPU steal this spreads the noise evenly.
+            procs = {
+                name: stack.enter_context(running(name, *setup.commands[name])) for name in names
+            }
+            mismatches = verify(args, setup, ports)
+            runs = measure(args, setup.scenarios, procs, ports)
+        report(args, setup, runs, mismatches)
+        return 1 if mismatches else 0
+    finally:
+        if args.keep:
+            log(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- report
+
+
 @dataclass
 class Summary:
-    """Medians over the rounds of one server."""
+    """Medians over the rounds of one server in one scenario."""
 
     qps: float
+    run_s: float
     mean_ms: float
     server_cpu_pct: float
     dnsperf_cpu_pct: float
     qps_per_core: float
-    fixed_qps: float
-    p50_ms: float | None
-    p99_ms: float | None
-    lost_fixed: int
+    lost: int
     steal_pct: float
     other_cpu_pct: float
+    fixed_qps: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    lost_fixed: int = 0
 
 
 def median_or_none(vals: Sequence[float | None]) -> float | None:
@@ -564,139 +473,63 @@ def median_or_none(vals: Sequence[float | None]) -> float | None:
 
 def summarize(runs: dict[str, list[PerfResult]]) -> Summary:
     mx, fx = runs["max"], runs["fixed"]
-    return Summary(
+    out = Summary(
         qps=statistics.median(r.qps for r in mx),
+        run_s=statistics.median(r.run_s for r in mx),
         mean_ms=statistics.median(r.mean_ms for r in mx),
         server_cpu_pct=statistics.median(r.server_cpu_pct for r in mx),
         dnsperf_cpu_pct=statistics.median(r.dnsperf_cpu_pct for r in mx),
         # Queries per second of server CPU time: comparable even when the box, not the
         # server, limits the max-QPS run (a server below ~95% CPU there is not saturated).
         qps_per_core=statistics.median(100 * r.qps / max(r.server_cpu_pct, 1e-9) for r in mx),
-        fixed_qps=statistics.median(r.qps for r in fx),
-        p50_ms=median_or_none([r.p50_ms for r in fx]),
-        p99_ms=median_or_none([r.p99_ms for r in fx]),
-        lost_fixed=sum(r.lost for r in fx),
+        lost=sum(r.lost for r in mx),
         steal_pct=statistics.mean(r.steal_pct for r in mx + fx),
         other_cpu_pct=statistics.mean(r.other_cpu_pct for r in mx + fx),
     )
+    if fx:
+        out.fixed_qps = statistics.median(r.qps for r in fx)
+        out.p50_ms = median_or_none([r.p50_ms for r in fx])
+        out.p99_ms = median_or_none([r.p99_ms for r in fx])
+        out.lost_fixed = sum(r.lost for r in fx)
+    return out
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--services", type=int, default=2000)
-    ap.add_argument("--namespaces", type=int, default=20)
-    ap.add_argument("--nodes", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--seconds", type=float, default=10.0, help="length of each dnsperf run")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds (servers alternate); medians")
-    ap.add_argument("--port-base", type=int, default=15353, help="knot: base, toposdns: base+1")
-    ap.add_argument("--clients", type=int, default=1, help="dnsperf -c for the max-QPS run")
-    ap.add_argument("--outstanding", type=int, default=100, help="dnsperf -q for max-QPS run")
-    ap.add_argument("--rate", type=int, default=5000, help="fixed QPS for the latency run")
-    ap.add_argument("--srv", action="store_true", help="also query _http._tcp SRV names")
-    ap.add_argument("--verify", type=int, default=20, help="names to compare with dig")
-    ap.add_argument(
-        "--servers",
-        default="knot,toposdns,toposdns-topology,toposdns-metrics",
-        help="comma list of: knot, toposdns, toposdns-topology, toposdns-metrics",
-    )
-    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    ap.add_argument("--json", action="store_true", help="print results as JSON on stdout")
-    return ap.parse_args(argv)
+@dataclass
+class Outcome:
+    """One scenario's summaries, and toposdns's ratio to Knot."""
 
+    scenario: Scenario
+    servers: dict[str, Summary]
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    for tool in ("knotd", "dnsperf", "dig"):
-        if shutil.which(tool) is None:
-            log(f"{tool} not found (Debian packages: knot, dnsperf, bind9-dnsutils)")
-            return 2
-    wanted = [s.strip() for s in args.servers.split(",") if s.strip()]
+    @property
+    def toposdns(self) -> Summary | None:
+        return self.servers.get(self.scenario.toposdns)
 
-    workdir = Path(tempfile.mkdtemp(prefix="toposdns-bench-"))
-    log(f"work dir {workdir}")
-    try:
-        t0 = time.monotonic()
-        cluster = generate_cluster(args.services, args.namespaces, args.nodes, args.seed)
-        snapshot = workdir / "snapshot.json"
-        snapshot.write_text(json.dumps(snapshot_objects(cluster), separators=(",", ":")))
-        topo_snapshot = workdir / "snapshot-topology.json"
-        topo_snapshot.write_text(
-            json.dumps(snapshot_objects(cluster, topology=True), separators=(",", ":"))
-        )
-        zonefile = workdir / "cluster.local.zone"
-        zonefile.write_text(zone_text(cluster, args.srv))
-        for sub in ("knot-run", "knot-db"):
-            (workdir / sub).mkdir()
-        conf = workdir / "knot.conf"
-        conf.write_text(knot_conf(workdir, args.port_base, zonefile))
-        qfile = workdir / "queries.txt"
-        qfile.write_text("\n".join(query_lines(cluster, args.srv, args.seed)) + "\n")
-        n_ep = sum(len(s.endpoints) for s in cluster.services)
-        log(
-            f"generated {len(cluster.services)} services, {n_ep} endpoints, "
-            f"{len(cluster.nodes)} nodes in {time.monotonic() - t0:.1f}s "
-            f"(snapshot {snapshot.stat().st_size / 1e6:.1f} MB)"
-        )
-        known = {
-            "knot": Server(
-                "knot", ["knotd", "-c", str(conf)], args.port_base, workdir / "knot.log", workdir
-            ),
-            "toposdns": toposdns_server("toposdns", snapshot, args.port_base + 1, workdir),
-            "toposdns-topology": toposdns_server(
-                "toposdns-topology", topo_snapshot, args.port_base + 2, workdir),
-            "toposdns-metrics": toposdns_server(
-                "toposdns-metrics", snapshot, args.port_base + 3, workdir,
-                "--http", f"{HOST}:{args.port_base + 4}"),
-        }  # fmt: skip
-        servers = [known[name] for name in wanted]
-        runs: dict[str, dict[str, list[PerfResult]]] = {
-            s.name: {"max": [], "fixed": []} for s in servers
+    @property
+    def knot(self) -> Summary | None:
+        return self.servers.get("knot")
+
+    def ratio(self) -> float | None:
+        return self.toposdns.qps / self.knot.qps if self.toposdns and self.knot else None
+
+    def variants(self) -> dict[str, float]:
+        """Each variant's QPS over the plain toposdns server's."""
+        base = self.toposdns
+        return {
+            v: self.servers[v].qps / base.qps
+            for v in self.scenario.variants
+            if base and v in self.servers
         }
-        with ExitStack() as stack:
-            # All servers run for the whole benchmark (idle ones cost nothing) so that rounds
-            # can alternate between them: on a VM with CPU steal this spreads the noise evenly.
-            for server in servers:
-                stack.enter_context(running(server, ready_timeout=120))
-            mismatches = verify(cluster, servers, args.verify, args.srv, args.seed)
-            for server in servers:
-                warm(server, qfile)
-            closed = ["-c", str(args.clients), "-q", str(args.outstanding)]
-            fixed = ["-c", "1", "-q", "1000", "-Q", str(args.rate)]
-            for rnd in range(args.rounds):
-                log(f"round {rnd + 1}/{args.rounds}")
-                for server in servers:
-                    runs[server.name]["max"].append(dnsperf(server, qfile, args.seconds, closed))
-                for server in servers:
-                    res = dnsperf(server, qfile, args.seconds, fixed, verbose=True)
-                    runs[server.name]["fixed"].append(res)
-        report(args, cluster, runs, mismatches, n_ep)
-        return 1 if mismatches else 0
-    finally:
-        if args.keep:
-            log(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
 
-
-def toposdns_server(name: str, snapshot: Path, port: int, workdir: Path, *extra: str) -> Server:
-    argv = [
-        sys.executable, "-m", "toposdns", "serve", "--snapshot", str(snapshot),
-        "--listen", f"{HOST}:{port}", "--zone", ZONE, "--ttl", str(TTL), *extra,
-    ]  # fmt: skip
-    return Server(name, argv, port, workdir / f"{name}.log", REPO_ROOT)
-
-
-def machine() -> dict[str, object]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": model}
+    def doc(self) -> dict[str, object]:
+        return {
+            "title": self.scenario.title,
+            "toposdns": self.scenario.toposdns,
+            "target": self.scenario.target,
+            "ratio_qps": self.ratio(),
+            "variants_over_plain": self.variants(),
+            "summary": {name: asdict(s) for name, s in self.servers.items()},
+        }
 
 
 def fmt(v: float | None, spec: str = ".3f") -> str:
@@ -705,84 +538,81 @@ def fmt(v: float | None, spec: str = ".3f") -> str:
     return "inf" if v == float("inf") else format(v, spec)
 
 
-def report(
-    args: argparse.Namespace,
-    cluster: Cluster,
-    runs: dict[str, dict[str, list[PerfResult]]],
-    mismatches: int,
-    n_endpoints: int,
-) -> None:
-    summary = {name: summarize(r) for name, r in runs.items()}
-    ratio: dict[str, float | None] = {}
-    if "knot" in summary and "toposdns" in summary:
-        k, t = summary["knot"], summary["toposdns"]
-        ratio = {
-            "qps": t.qps / k.qps,
-            "mean_ms": t.mean_ms / k.mean_ms,
-            "qps_per_core": t.qps_per_core / k.qps_per_core,
-            "p99_ms": None,
-        }
-        if t.p99_ms is not None and k.p99_ms:
-            ratio["p99_ms"] = t.p99_ms / k.p99_ms
-    variants = {
-        name: summary[name].qps / summary["toposdns"].qps
-        for name in VARIANTS
-        if name in summary and "toposdns" in summary
-    }
+def report(args: argparse.Namespace, setup: Setup, runs: Runs, mismatches: int) -> None:
+    outcomes = [
+        Outcome(s, {srv: summarize(r) for srv, r in runs[s.name].items()}) for s in setup.scenarios
+    ]
+    cluster = setup.cluster
     if args.json:
         doc = {
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": machine(),
-            "params": {
-                "services": len(cluster.services),
-                "endpoints": n_endpoints,
-                "namespaces": len(cluster.namespaces),
-                "nodes": len(cluster.nodes),
-                "seconds": args.seconds,
-                "rounds": args.rounds,
-                "clients": args.clients,
-                "outstanding": args.outstanding,
-                "rate": args.rate,
-                "srv": args.srv,
-            },
+            **machine(),
+            "params": {k: v for k, v in vars(args).items() if k not in ("json", "keep")},
+            "services": len(cluster.services),
+            "endpoints": cluster.endpoints,
             "mismatches": mismatches,
-            "summary": {n: asdict(s) for n, s in summary.items()},
-            "ratio_toposdns_over_knot": ratio,
-            "qps_ratio_over_plain_toposdns": variants,
-            "runs": {n: {k: [asdict(x) for x in v] for k, v in r.items()} for n, r in runs.items()},
-        }
-        print(json.dumps(doc, indent=2, default=str))
-    out = sys.stderr if args.json else sys.stdout  # with --json the table goes to stderr
+            "scenarios": {o.scenario.name: o.doc() for o in outcomes},
+            "runs": {
+                scenario: {srv: {k: [asdict(r) for r in v] for k, v in by.items()}
+                           for srv, by in servers.items()}
+                for scenario, servers in runs.items()
+            },
+        }  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    out = sys.stderr if args.json else sys.stdout  # with --json the tables go to stderr
     print(
-        f"\n{len(cluster.services)} headless services, {n_endpoints} endpoints; medians of "
-        f"{args.rounds} rounds of {args.seconds:g}s; max: dnsperf -c {args.clients} "
+        f"\n{len(cluster.services)} headless services, {cluster.endpoints} endpoints; medians "
+        f"of {args.rounds} rounds of {args.seconds:g}s; max: dnsperf -c {args.clients} "
         f"-q {args.outstanding}; latency: dnsperf -Q {args.rate}",
         file=out,
     )
+    print(detail_table(outcomes), file=out)
+    print(summary_table(outcomes), file=out)
+    print(f"correctness: {mismatches} mismatches", file=out)
+
+
+def detail_table(outcomes: Sequence[Outcome]) -> str:
     hdr = (
-        f"{'server':<17} {'max QPS':>9} {'mean ms':>8} {'cpu srv/perf':>13} {'QPS/core':>9} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'@QPS':>6} {'lost':>5} {'other':>6} {'steal':>6}"
+        f"{'scenario':<9} {'server':<17} {'max QPS':>9} {'run s':>6} {'mean ms':>8} "
+        f"{'cpu srv/perf':>13} {'QPS/core':>9} {'p50 ms':>7} {'p99 ms':>7} {'@QPS':>6} "
+        f"{'lost':>5} {'other':>6} {'steal':>6}"
     )
-    print(hdr, file=out)
-    print("-" * len(hdr), file=out)
-    for name, s in summary.items():
-        cpu = f"{s.server_cpu_pct:.0f}%/{s.dnsperf_cpu_pct:.0f}%"
-        print(
-            f"{name:<17} {s.qps:>9,.0f} {s.mean_ms:>8.3f} {cpu:>13} {s.qps_per_core:>9,.0f} "
-            f"{fmt(s.p50_ms):>7} "
-            f"{fmt(s.p99_ms):>7} {s.fixed_qps:>6,.0f} {s.lost_fixed:>5} "
-            f"{s.other_cpu_pct:>5.0f}% {s.steal_pct:>5.0f}%",
-            file=out,
+    lines = [hdr, "-" * len(hdr)]
+    for outcome in outcomes:
+        for name, s in outcome.servers.items():
+            cpu = f"{s.server_cpu_pct:.0f}%/{s.dnsperf_cpu_pct:.0f}%"
+            lines.append(
+                f"{outcome.scenario.name:<9} {name:<17} {s.qps:>9,.0f} {s.run_s:>6.1f} "
+                f"{s.mean_ms:>8.3f} {cpu:>13} {s.qps_per_core:>9,.0f} {fmt(s.p50_ms):>7} "
+                f"{fmt(s.p99_ms):>7} {fmt(s.fixed_qps, ',.0f'):>6} {s.lost + s.lost_fixed:>5} "
+                f"{s.other_cpu_pct:>5.0f}% {s.steal_pct:>5.0f}%"
+            )
+    return "\n".join(lines)
+
+
+def summary_table(outcomes: Sequence[Outcome]) -> str:
+    lines = ["", f"{'scenario':<36} {'toposdns':>9} {'Knot':>9} {'ratio':>6} {'target':>7}"]
+    notes = []
+    for o in outcomes:
+        topo, knot = o.toposdns, o.knot
+        lines.append(
+            f"{o.scenario.title:<36} {fmt(topo.qps if topo else None, ',.0f'):>9} "
+            f"{fmt(knot.qps if knot else None, ',.0f'):>9} {fmt(o.ratio(), '.2f'):>6} "
+            f"{'>= ' + format(o.scenario.target, '.1f'):>7}"
         )
-    if ratio:
-        print(
-            f"{'toposdns/knot':<17} {fmt(ratio['qps']):>9} {fmt(ratio['mean_ms'], '.2f'):>8} "
-            f"{'':>13} {fmt(ratio['qps_per_core']):>9} {'':>7} {fmt(ratio['p99_ms'], '.2f'):>7}",
-            file=out,
-        )
-    for name, value in variants.items():
-        print(f"{name}: {value:.3f} x the plain toposdns QPS ({VARIANTS[name]})", file=out)
-    print(f"correctness: {mismatches} mismatches over {args.verify} names per server", file=out)
+        for name, value in o.variants().items():
+            notes.append(f"{name}: {value:.3f} x the plain toposdns QPS ({VARIANTS[name]})")
+        if topo and topo.p99_ms is not None:
+            notes.append(
+                f"{o.scenario.title}: p99 at {fmt(topo.fixed_qps, ',.0f')} QPS: toposdns "
+                f"{fmt(topo.p99_ms)} ms, Knot {fmt(knot.p99_ms if knot else None)} ms"
+            )
+        if o.scenario.names_per_file and topo:
+            notes.append(
+                f"{o.scenario.title}: no name asked twice (dnsperf -n 1); a run lasted "
+                f"{topo.run_s:.1f} s on toposdns, {fmt(knot.run_s if knot else None, '.1f')} s "
+                "on Knot"
+            )
+    return "\n".join(lines + notes)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,57 @@
-"""A stub upstream DNS server on loopback for forwarding tests: it answers from a table, or
-misbehaves on purpose (stays silent, or truncates every UDP reply so the client must use TCP)."""
+"""Fake upstream DNS servers on loopback for forwarding tests: they answer from a table, or
+misbehave on purpose, one way per mode, over UDP and TCP (`tcp_mode` may differ):
+
+- `answer`: as a recursive resolver would; `truncate`: TC over UDP for names in the table, so
+  the client must use TCP; `slow`: answers after `delay` seconds;
+- `silent`: never answers; `close`: TCP closes on accept (UDP stays silent);
+- `midreply`: half a reply (TCP: then closes); `short`: a 3-byte reply; `garbage`: the right ID
+  and then bytes that parse as nothing; `wrong_id`: a good reply with another ID;
+- `wrong_question`: `evil.example. A 6.6.6.6`, whatever was asked;
+- `relay`: passes every query on to `relay_to` (host, port) over UDP and relays the reply back,
+  with the same ID or, with `new_ids`, a fresh one, as a resolver in a loop would.
+
+Health probes (`. NS`) get the same treatment as every other query. The stub records each query
+it gets, the TCP connections it accepted and the most it had open at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dnslib
 
+MODES = frozenset(
+    {"answer", "truncate", "slow", "silent", "close", "midreply", "short", "garbage", "wrong_id"}
+    | {"wrong_question", "relay"}
+)
+
 
 class StubUpstream:
     """UDP and TCP on 127.0.0.1:port, in a thread. `records` maps (name, type) to zone lines."""
 
-    def __init__(self, records: dict[tuple[str, str], list[str]], mode: str = "answer") -> None:
+    def __init__(
+        self,
+        records: dict[tuple[str, str], list[str]],
+        mode: str = "answer",
+        tcp_mode: str | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        assert mode in MODES and (tcp_mode is None or tcp_mode in MODES)
         self.records = records
-        self.mode = mode  # answer | silent | truncate
+        self.mode = mode
+        self.tcp_mode = tcp_mode or mode
+        self.delay = delay
+        self.relay_to: tuple[str, int] | None = None
+        self.new_ids = False
         self.queries: list[tuple[str, str, str]] = []  # (proto, name, type)
+        self.relayed = 0
+        self.tcp_accepted = 0
+        self.tcp_open = 0
+        self.tcp_most_open = 0
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -32,16 +66,30 @@ class StubUpstream:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
+    def names(self) -> list[str]:
+        """The names asked so far, health probes and loop checks left out."""
+        return [name for _, name, qtype in self.queries if qtype not in ("NS", "HINFO")]
+
     def answer(self, data: bytes, tcp: bool) -> bytes | None:
+        """The reply to one query as this stub's mode has it, or None for none."""
+        mode = self.tcp_mode if tcp else self.mode
         query = dnslib.DNSRecord.parse(data)
         name = str(query.q.qname).rstrip(".").lower()
         qtype = dnslib.QTYPE[query.q.qtype]
         self.queries.append(("tcp" if tcp else "udp", name, qtype))
-        if self.mode == "silent":
+        if mode in ("silent", "close"):
             return None
+        if mode == "short":
+            return data[:3]
+        if mode == "garbage":
+            return data[:2] + b"\x81\x80\x00\x01\x00\x07\x00\x00\x00\x00" + bytes(range(40))
         reply = query.reply()
         reply.header.aa = 0  # a recursive resolver's answer
         reply.header.ra = 1
+        if mode == "wrong_question":
+            reply.questions = [dnslib.DNSQuestion("evil.example.")]
+            reply.add_answer(*dnslib.RR.fromZone("evil.example. 300 IN A 6.6.6.6"))
+            return bytes(reply.pack())
         lines = self.records.get((name, qtype))
         if lines is None:
             reply.header.rcode = dnslib.RCODE.NXDOMAIN
@@ -50,62 +98,126 @@ class StubUpstream:
                     "test. 60 IN SOA ns.test. hostmaster.test. 1 7200 1800 86400 30"
                 )
             )
-        elif self.mode == "truncate" and not tcp:
+        elif mode == "truncate" and not tcp:
             reply.header.tc = 1
         else:
             for line in lines:
                 reply.add_answer(*dnslib.RR.fromZone(line))
-        return bytes(reply.pack())
+        packed = bytes(reply.pack())
+        if mode == "midreply":
+            return packed[: len(packed) // 2]
+        if mode == "wrong_id":
+            return ((int.from_bytes(packed[:2], "big") + 1) % 65536).to_bytes(2, "big") + packed[2:]
+        return packed
+
+    async def reply(self, data: bytes, tcp: bool) -> bytes | None:
+        """`answer`, after the delay of a slow stub, or from `relay_to` for a relay."""
+        mode = self.tcp_mode if tcp else self.mode
+        if mode == "relay" and self.relay_to is not None:
+            self.relayed += 1
+            return await self._relay(data)
+        reply = self.answer(data, tcp)
+        if mode == "slow":
+            await asyncio.sleep(self.delay)
+        return reply
+
+    async def _relay(self, data: bytes) -> bytes | None:
+        assert self.relay_to is not None
+        qid = random.getrandbits(16).to_bytes(2, "big") if self.new_ids else data[:2]
+        waiter: asyncio.Future[bytes] = self._loop.create_future()
+
+        class Once(asyncio.DatagramProtocol):
+            def datagram_received(self, reply: bytes, addr: object) -> None:
+                if not waiter.done():
+                    waiter.set_result(reply)
+
+        transport, _ = await self._loop.create_datagram_endpoint(Once, remote_addr=self.relay_to)
+        try:
+            transport.sendto(qid + data[2:])
+            reply = await asyncio.wait_for(waiter, 2.0)
+        except TimeoutError:
+            return None
+        finally:
+            transport.close()
+        return data[:2] + reply[2:]
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         stub = self
+        tasks: set[asyncio.Task[None]] = set()
 
         class Udp(asyncio.DatagramProtocol):
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 self.transport = transport
 
             def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-                reply = stub.answer(data, tcp=False)
-                if reply is not None:
-                    self.transport.sendto(reply, addr)  # type: ignore[attr-defined]
+                async def send() -> None:
+                    reply = await stub.reply(data, tcp=False)
+                    if reply is not None:
+                        self.transport.sendto(reply, addr)  # type: ignore[attr-defined]
+
+                task = stub._loop.create_task(send())
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
 
         async def tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            stub.tcp_accepted += 1
+            stub.tcp_open += 1
+            stub.tcp_most_open = max(stub.tcp_most_open, stub.tcp_open)
             try:
+                if stub.tcp_mode == "close":
+                    return
                 while True:
                     length = int.from_bytes(await reader.readexactly(2), "big")
-                    reply = stub.answer(await reader.readexactly(length), tcp=True)
-                    if reply is not None:
-                        writer.write(len(reply).to_bytes(2, "big") + reply)
-                        await writer.drain()
+                    reply = await stub.reply(await reader.readexactly(length), tcp=True)
+                    if reply is None:
+                        continue
+                    if stub.tcp_mode == "midreply":
+                        writer.write(len(reply * 2).to_bytes(2, "big") + reply)
+                        return
+                    writer.write(len(reply).to_bytes(2, "big") + reply)
+                    await writer.drain()
             except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                stub.tcp_open -= 1
                 writer.close()
 
         async def start() -> tuple[asyncio.BaseTransport, asyncio.Server]:
-            transport, _ = await self._loop.create_datagram_endpoint(
-                Udp, local_addr=("127.0.0.1", 0)
-            )
-            self.port = transport.get_extra_info("sockname")[1]
-            return transport, await asyncio.start_server(tcp, "127.0.0.1", self.port)
+            # The kernel picks a UDP port that TCP may use already: then try another.
+            for _ in range(20):
+                transport, _ = await self._loop.create_datagram_endpoint(
+                    Udp, local_addr=("127.0.0.1", 0)
+                )
+                self.port = transport.get_extra_info("sockname")[1]
+                try:
+                    return transport, await asyncio.start_server(tcp, "127.0.0.1", self.port)
+                except OSError:
+                    transport.close()
+            raise RuntimeError("no port free for both UDP and TCP")
 
         transport, server = self._loop.run_until_complete(start())
         self._ready.set()
         self._loop.run_forever()
         transport.close()
         server.close()
-        self._loop.run_until_complete(server.wait_closed())
-        for task in asyncio.all_tasks(self._loop):
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
             task.cancel()
-        self._loop.run_until_complete(asyncio.sleep(0))
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.run_until_complete(asyncio.sleep(0))  # transports close on the next round
         self._loop.close()
 
 
 @contextmanager
 def stub_upstream(
-    records: dict[tuple[str, str], list[str]], mode: str = "answer"
+    records: dict[tuple[str, str], list[str]],
+    mode: str = "answer",
+    tcp_mode: str | None = None,
+    delay: float = 0.0,
 ) -> Iterator[StubUpstream]:
     """A started StubUpstream, stopped afterwards."""
-    stub = StubUpstream(records, mode)
+    stub = StubUpstream(records, mode, tcp_mode, delay)
     stub.start()
     try:
         yield stub

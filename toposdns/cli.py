@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import sys
@@ -15,7 +14,9 @@ from toposdns.config import (
     POD_MODES,
     ConfigError,
     ServeConfig,
+    check_max_concurrent,
     check_ttl,
+    parse_cache,
     parse_duration,
     parse_listen,
     parse_networks,
@@ -92,6 +93,36 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IP[:PORT],...",
         help="forward names outside the zones here ('none': refuse them). Default: the "
         "nameservers of /etc/resolv.conf when watching a cluster, none with --snapshot",
+    )
+    serve.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="forward at most N queries at once; more get REFUSED, as CoreDNS's forward "
+        "max_concurrent (default %(default)s, as kubeadm's Corefile)",
+    )
+    serve.add_argument(
+        "--cache-max-ttl",
+        type=int,
+        metavar="SECONDS",
+        help="keep forwarded answers and denials at most this long, as CoreDNS's `cache SECONDS` "
+        "(kubeadm: 30; default 3600 for answers, 1800 for denials)",
+    )
+    for kind, what in (("success", "answers"), ("denial", "NXDOMAIN/NODATA/SERVFAIL")):
+        serve.add_argument(
+            f"--cache-{kind}",
+            metavar="CAPACITY[,TTL[,MINTTL]]",
+            help=f"the cache of forwarded {what}, as CoreDNS cache's `{kind} CAPACITY TTL "
+            "MINTTL` (default 10000 entries, minimum TTL 5)",
+        )
+    serve.add_argument(
+        "--cache-disable",
+        action="append",
+        default=[],
+        metavar="success|denial[:ZONE,...]",
+        help="do not cache forwarded answers (success) or denials in these zones (default: "
+        "everywhere), as CoreDNS cache's `disable`; repeatable",
     )
     serve.add_argument(
         "--lameduck",
@@ -275,14 +306,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from toposdns.explain import explain, render_json, render_text
-    from toposdns.resolve.answer import type_code
+    from toposdns.explain import explain, parse_question, render_json, render_text
     from toposdns.source.snapshot_file import load_snapshot
 
     try:
         config = resolver_config(args)
-        qtype = type_code(args.type)
-        ipaddress.ip_address(args.client)
+        address, name, qtype = parse_question(args.client, args.name, args.type)
     except (ConfigError, ValueError) as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 2
@@ -291,8 +320,7 @@ def _explain(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 1
-    name = tuple(label for label in args.name.rstrip(".").split(".") if label)
-    result = explain(snapshot, config, args.client, name, qtype)
+    result = explain(snapshot, config, address, name, qtype)
     if args.json:
         print(json.dumps(render_json(result), indent=2))
     else:
@@ -309,8 +337,9 @@ def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from toposdns.kube.client import ConnectError
+    from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
-    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -330,6 +359,10 @@ def _serve(args: argparse.Namespace) -> int:
             startup_timeout=args.startup_timeout,
             upstreams=_upstreams(args),
             lameduck=parse_duration(args.lameduck, "--lameduck"),
+            max_concurrent=check_max_concurrent(args.max_concurrent),
+            cache=parse_cache(
+                args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
+            ),
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
@@ -341,6 +374,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except ConnectError as exc:
         log.error("cannot start: %s; or serve from a file with --snapshot FILE", exc)
+        return 1
+    except LoopError as exc:
+        log.error("%s", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", args.listen, exc)
@@ -360,8 +396,8 @@ def _controller(args: argparse.Namespace) -> int:
         parse_label_keys,
         parse_label_prefixes,
     )
+    from toposdns.kube.client import ConnectError
     from toposdns.server import run
-    from toposdns.source.watch import ConnectError
 
     configure_logging(args.log_level, args.log_format)
     try:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from toposdns.resolve.answer import Name
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
 from toposdns.serve.forward import Upstream
+from toposdns.serve.forward_cache import CachePolicy, CacheSettings
+from toposdns.wire.codes import Name
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
 POD_MODES = ("disabled", "insecure", "verified")
@@ -44,6 +45,10 @@ class ServeConfig:
     upstreams: tuple[Upstream, ...] = ()
     #: After SIGTERM, how long to keep answering with /ready failing.
     lameduck: float = 5.0
+    #: Forwarded queries in flight at most; more get REFUSED (CoreDNS `max_concurrent`).
+    max_concurrent: int = 1000
+    #: The cache of forwarded answers (CoreDNS `cache`).
+    cache: CacheSettings = field(default_factory=CacheSettings)
 
 
 def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
@@ -151,3 +156,79 @@ def parse_upstreams(text: str) -> tuple[Upstream, ...]:
             raise ConfigError(f"--upstream {part!r}: expected IP[:PORT] or [IPv6]:PORT")
         upstreams.append(Upstream(host, number))
     return tuple(upstreams)
+
+
+MAX_TTL = 2**31 - 1  # RFC 2181 section 8
+MAX_CACHE_CAPACITY = 1_000_000
+
+
+def check_max_concurrent(value: int) -> int:
+    """`--max-concurrent`: at least 1."""
+    if value < 1:
+        raise ConfigError(
+            f"--max-concurrent {value}: must be at least 1 (kubeadm's Corefile: 1000)"
+        )
+    return value
+
+
+def parse_cache(
+    max_ttl: int | None, success: str | None, denial: str | None, disable: list[str]
+) -> CacheSettings:
+    """The cache settings from `--cache-max-ttl SECONDS` (both caches, as `cache SECONDS`),
+    `--cache-success` and `--cache-denial CAPACITY[,TTL[,MINTTL]]` (as `success CAPACITY TTL
+    MINTTL`, whose TTL wins over --cache-max-ttl) and repeatable `--cache-disable
+    success|denial[:ZONE,...]` (as `disable success|denial ZONES`; no zones: everywhere)."""
+    defaults = CacheSettings()
+    policies = {"success": defaults.success, "denial": defaults.denial}
+    if max_ttl is not None:
+        _check_number("--cache-max-ttl", str(max_ttl), max_ttl, 1, MAX_TTL)
+        policies = {kind: replace(p, max_ttl=max_ttl) for kind, p in policies.items()}
+    for kind, text in (("success", success), ("denial", denial)):
+        if text is not None:
+            policies[kind] = _cache_policy(f"--cache-{kind}", text, policies[kind])
+    for text in disable:
+        kind, _, zones = text.partition(":")
+        if kind not in policies:
+            raise ConfigError(
+                f"--cache-disable {text!r}: expected success or denial, then :ZONE[,ZONE], "
+                "e.g. success:cluster.local"
+            )
+        names = [parse_domain(z.strip(), "--cache-disable") for z in zones.split(",") if z.strip()]
+        disabled = policies[kind].disabled + tuple(names or [()])
+        policies[kind] = replace(policies[kind], disabled=disabled)
+    return CacheSettings(success=policies["success"], denial=policies["denial"])
+
+
+def _cache_policy(option: str, text: str, policy: CachePolicy) -> CachePolicy:
+    parts = [part.strip() for part in text.split(",")]
+    if not 1 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        raise ConfigError(
+            f"{option} {text!r}: expected CAPACITY[,TTL[,MINTTL]] in whole numbers, "
+            f"e.g. {option} 10000,30,5"
+        )
+    numbers = [int(part) for part in parts]
+    _check_number(option, text, numbers[0], 1, MAX_CACHE_CAPACITY, "CAPACITY")
+    policy = replace(policy, capacity=numbers[0])
+    if len(numbers) > 1:
+        _check_number(option, text, numbers[1], 1, MAX_TTL, "TTL")
+        policy = replace(policy, max_ttl=numbers[1])
+    if len(numbers) > 2:
+        _check_number(option, text, numbers[2], 0, MAX_TTL, "MINTTL")
+        policy = replace(policy, min_ttl=numbers[2])
+    return policy
+
+
+def _check_number(option: str, text: str, value: int, low: int, high: int, what: str = "") -> None:
+    if not low <= value <= high:
+        subject = f"{what} must be" if what else "must be"
+        raise ConfigError(f"{option} {text}: {subject} between {low} and {high}")
+
+
+def parse_domain(text: str, option: str) -> Name:
+    """A domain name as lower-case labels; `.` is the root, ()."""
+    if text == ".":
+        return ()
+    labels = tuple(text.rstrip(".").lower().split("."))
+    if any(not label or len(label) > 63 for label in labels):
+        raise ConfigError(f"{option}: {text!r} is not a domain name")
+    return labels

@@ -7,15 +7,22 @@ records returned.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposdns.resolve.answer import RCODE_NAMES, Answer, Name, name_text, type_name
+from toposdns.resolve.answer import Answer, name_text, type_code, type_name
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Policy
+from toposdns.wire.codes import RCODE_NAMES, Name
+
+# A label as typed: printable ASCII but a backslash (escapes are not read); spaces are not.
+_LABEL = re.compile(r"[!-\[\]-~]{1,63}")
+MAX_NAME_WIRE = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,45 @@ def explain(
     return Explanation(
         client, name, qtype, answer, decisions, _service_policy(snapshot, config, name)
     )
+
+
+def parse_question(address: str, name: str, qtype: str) -> tuple[str, Name, int]:
+    """The client address, name and type of an explain request (the command line's arguments,
+    or the parameters of /explain), checked; ValueError says what is wrong."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        shown = _shown(address)
+        raise ValueError(f"client {shown} does not appear to be an IPv4 or IPv6 address") from None
+    try:
+        code = type_code(qtype)
+    except ValueError:
+        raise ValueError(f"unknown record type {_shown(qtype)}") from None
+    return address, parse_name(name), code
+
+
+def parse_name(text: str) -> Name:
+    """A name as typed (a final dot is optional; "." is the root) as labels, or ValueError if
+    it could not be asked in DNS."""
+    if not text:
+        raise ValueError("the name is empty")
+    labels = tuple(text.removesuffix(".").split(".")) if text != "." else ()
+    for label in labels:
+        if not label:
+            raise ValueError(f"name {_shown(text)} has an empty label")
+        if not _LABEL.fullmatch(label):
+            raise ValueError(
+                f"name {_shown(text)}: label {_shown(label)} is not 1 to 63 printable ASCII "
+                "characters without spaces or backslashes"
+            )
+    if sum(len(label) + 1 for label in labels) + 1 > MAX_NAME_WIRE:
+        raise ValueError(f"name {_shown(text)} is longer than {MAX_NAME_WIRE} octets")
+    return labels
+
+
+def _shown(text: str) -> str:
+    """User input quoted in a message, cut short: it may be anything an HTTP client sent."""
+    return repr(text) if len(text) <= 64 else repr(text[:64]) + "..."
 
 
 def _service_policy(
@@ -150,6 +196,7 @@ def render_json(result: Explanation) -> dict[str, Any]:
                     for i, (ep, labels) in enumerate(d.candidates)
                 ],
                 "rule": d.selection.rule,
+                "tier": d.selection.tier,
             }
             for d in result.decisions
         ],

@@ -1,4 +1,7 @@
-"""Prometheus metrics, each defined once here (exposed over HTTP by a later version)."""
+"""Prometheus metrics, each defined once here; `/metrics` serves them (serve/http.py).
+
+Per-query metrics are counted apart, in serve/query_metrics.py.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +43,21 @@ PROXY_HEALTHCHECK_FAILURES = Counter(
 FORWARD_HEALTHCHECK_BROKEN = Counter(
     "coredns_forward_healthcheck_broken",
     "Times every upstream was unhealthy at once.",
+)
+FORWARD_MAX_CONCURRENT_REJECTS = Counter(
+    "coredns_forward_max_concurrent_rejects",
+    "Queries refused because --max-concurrent forwarded queries were in flight.",
+)
+UPSTREAM_ERRORS = Counter(
+    "toposdns_forward_upstream_errors",
+    "Failed exchanges with an upstream, by upstream, transport and reason (timeout, refused, "
+    "closed, network, short, wrong_id, not_response, malformed, wrong_question).",
+    ["to", "proto", "reason"],
+)
+FORWARD_LOOPS = Counter(
+    "toposdns_forward_loops",
+    "Queries this server sent upstream that came back to it, by upstream.",
+    ["to"],
 )
 CACHE_ENTRIES = Gauge("coredns_cache_entries", "Entries in the forward cache.", ["server", "type"])
 CACHE_HITS = Counter("coredns_cache_hits", "Forward cache hits.", ["server", "type"])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
+import resource
 import signal
 import socket
 import time
@@ -16,6 +18,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from toposdns.config import ServeConfig
+from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
@@ -27,7 +30,6 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
-from toposdns.source.watch import apis_of, connect
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -35,6 +37,8 @@ log = logging.getLogger("toposdns")
 
 # Large socket buffers absorb bursts instead of dropping queries while the loop is busy.
 UDP_BUFFER_BYTES = 4 * 1024 * 1024
+# Open files besides forwarded queries and TCP clients: listeners, HTTP, the API, logs.
+FILES_RESERVE = 64
 
 
 def own_addresses(host: str) -> tuple[str, ...]:
@@ -53,7 +57,9 @@ def own_addresses(host: str) -> tuple[str, ...]:
 
 def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
     """Log and count each invalid topology policy once, when it appears or changes."""
-    for (namespace, name), policy in invalid_changes(old.policies, new.policies):
+    # A snapshot that follows the last one can only differ in the services it changed.
+    changed = [(w[1], w[2]) for w in new.changes if w[0] == "svc"] if new.follows(old) else None
+    for (namespace, name), policy in invalid_changes(old.policies, new.policies, changed):
         INVALID_POLICIES.inc()
         log.warning(
             "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
@@ -75,7 +81,12 @@ async def serve(config: ServeConfig) -> None:
     if config.http is not None:
         metrics = QueryMetrics(f"dns://:{config.listen_port}")
         REGISTRY.register(metrics)
-    forwarder = Forwarder(list(config.upstreams)) if config.upstreams else None
+    forwarder = None
+    if config.upstreams:
+        forwarder = Forwarder(
+            list(config.upstreams), max_concurrent=config.max_concurrent, cache=config.cache
+        )
+    raise_open_files_limit(config.tcp_max_connections + (config.max_concurrent if forwarder else 0))
     responder = Responder(
         resolver_config, Snapshot(synced=not live), config.ecs_trust, forwarder, metrics
     )
@@ -93,6 +104,8 @@ async def serve(config: ServeConfig) -> None:
     async with contextlib.AsyncExitStack() as stack:
         if metrics is not None:
             stack.callback(REGISTRY.unregister, metrics)
+            REGISTRY.register(responder.topology_counts)
+            stack.callback(REGISTRY.unregister, responder.topology_counts)
         if forwarder is not None:
             stack.push_async_callback(forwarder.close)
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
@@ -105,44 +118,82 @@ async def serve(config: ServeConfig) -> None:
         else:
             api_client = await connect(config.kubeconfig)
             stack.push_async_callback(api_client.close)
-            background = KubeSource(apis_of(api_client), publish).run()
+            # Listed objects live as long as the data: freeze what survives each page, so the
+            # cyclic collector does not scan it again and again in a big sync.
+            background = KubeSource(apis_of(api_client), publish, on_page=gc.freeze).run()
         task = asyncio.create_task(background, name="source")
         stack.callback(task.cancel)
         if live:
             await _wait_for_sync(responder, task, config.startup_timeout)
 
-        # Before anything is announced: a signal right after "serving" must stop, not kill.
+        if config.http is not None:
+            http = HttpServer(not_ready, lambda: (responder.snapshot, responder.config))
+            port = await http.start(*config.http)
+            stack.push_async_callback(http.stop)
+            log.info(
+                "serving /health, /ready, /explain and /metrics on %s:%d", config.http[0], port
+            )
+        # Signals are ours before the port is announced, so that a signal sent right after
+        # the "serving" line is never Python's default KeyboardInterrupt.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        if config.http is not None:
-            http = HttpServer(not_ready)
-            port = await http.start(*config.http)
-            stack.push_async_callback(http.stop)
-            log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
         port = await _serve_dns(config, resolver_config, responder, stack)
         server = f"dns://:{port}"  # the label CoreDNS gives its server block
         if metrics is not None:
             metrics.server = server
+        checks: set[asyncio.Task[None]] = set()
         if forwarder is not None:
-            forwarder.server = server
-
-        done, _ = await asyncio.wait(
-            [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
-        )
-        if task in done and not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
+            forwarder.set_server(server)
+            # CoreDNS's `loop`: a probe through each upstream must not come back here.
+            check = forwarder.loops.check(config.upstreams, f"{config.listen_host}:{port}")
+            checking = asyncio.create_task(check)
+            stack.callback(checking.cancel)
+            checks.add(checking)
+        await _until_stopped({task, asyncio.create_task(stop.wait())}, checks)
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
         stopping = True
-        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
         again = asyncio.Event()  # a second signal (Ctrl-C twice) ends the wait at once
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, again.set)
+        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(again.wait(), config.lameduck)
         log.info("stopped")
+
+
+async def _until_stopped(ending: set[asyncio.Task[Any]], checks: set[asyncio.Task[None]]) -> None:
+    """Wait until one of the `ending` tasks (a signal, the source) ends; raise what any task
+    raised, a failed check included. A check that passes just ends."""
+    watched = ending | checks
+    while True:
+        done, watched = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        for finished in done:
+            if not finished.cancelled() and finished.exception() is not None:
+                raise finished.exception()  # type: ignore[misc]
+        if done & ending:
+            return
+
+
+def raise_open_files_limit(needed: int) -> None:
+    """Raise the soft limit on open files to the hard one, as Go programs (CoreDNS) do at start;
+    warn when even that leaves too few for the forwarded queries and TCP connections allowed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft != resource.RLIM_INFINITY and soft < needed + FILES_RESERVE:
+        log.warning(
+            "the open files limit (%d) is below what --max-concurrent and --tcp-max-connections "
+            "allow (%d + %d): raise it (ulimit -n) or lower those; past the limit forwarded "
+            "queries get SERVFAIL",
+            soft,
+            needed,
+            FILES_RESERVE,
+        )
 
 
 async def _wait_for_sync(responder: Responder, task: asyncio.Task[None], timeout: float) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,12 +22,14 @@ import dns.message
 import dns.query
 import dns.rdatatype
 
+from tests.server_process import REPO as REPO
+from tests.server_process import STOP_TIMEOUT as STOP_TIMEOUT
+from tests.server_process import ServerProcess, toposdns_command
+
 HERE = Path(__file__).parent
 FIXTURE_SNAPSHOT = HERE / "snapshot.yaml"
-REPO = HERE.parent.parent
 
 START_TIMEOUT = 10.0
-STOP_TIMEOUT = 5.0
 READY_LINE = re.compile(r"serving DNS on (\S+):(\d+) \(udp, tcp\)")
 
 
@@ -38,7 +37,7 @@ class ServerFailed(RuntimeError):
     """The server did not come up."""
 
 
-class Server:
+class Server(ServerProcess):
     """One `toposdns serve` process on loopback, with its stderr collected by a thread."""
 
     def __init__(self, snapshot: Path | None, args: tuple[str, ...] = ()) -> None:
@@ -47,73 +46,14 @@ class Server:
         self.args = args
         self.host = ""
         self.port = 0
-        self.lines: list[str] = []
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._eof = False
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toposdns",
-                "serve",
-                *(["--snapshot", str(snapshot)] if snapshot is not None else []),
-                "--listen",
-                "127.0.0.1:0",
-                "--lameduck",
-                "0",
-                *args,
-            ],
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        source = ["--snapshot", str(snapshot)] if snapshot is not None else []
+        super().__init__(
+            toposdns_command("serve", *source, "--listen", "127.0.0.1:0", "--lameduck", "0", *args)
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            with self._changed:
-                self.lines.append(line.rstrip("\n"))
-                self._changed.notify_all()
-        with self._changed:
-            self._eof = True
-            self._changed.notify_all()
-
-    def log(self) -> str:
-        """Everything the server wrote to stderr so far."""
-        with self._lock:
-            return "\n".join(self.lines)
-
-    def wait_for_log(self, pattern: str, timeout: float = 5.0, start: int = 0) -> re.Match[str]:
-        """The first match of `pattern` in a log line at index >= start; AssertionError if none."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                for line in self.lines[start:]:
-                    found = regex.search(line)
-                    if found:
-                        return found
-                remaining = deadline - time.monotonic()
-                if self._eof or remaining <= 0:
-                    raise AssertionError(
-                        f"no log line matching {pattern!r} within {timeout}s; log:\n"
-                        + "\n".join(self.lines)
-                    )
-                self._changed.wait(min(remaining, 0.2))
-
-    def line_count(self) -> int:
-        with self._lock:
-            return len(self.lines)
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         try:
-            found = self.wait_for_log(READY_LINE.pattern, timeout)
+            found = self.wait_for_log(READY_LINE, timeout)
         except AssertionError as exc:
             self.stop(1.0)
             raise ServerFailed(str(exc)) from None
@@ -122,25 +62,6 @@ class Server:
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
-        """SIGTERM, then the exit code; None (after killing it) if it did not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code: int | None = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = None
-        self._reader.join(2.0)
-        if self.proc.stderr is not None and not self._reader.is_alive():
-            self.proc.stderr.close()
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5.0)
 
 
 #: The `start_server` fixture: start_server(*args, snapshot=None) -> a running Server.
@@ -314,9 +235,12 @@ def framed(query: dns.message.Message) -> bytes:
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:
-    """GET http://127.0.0.1:PORT/PATH: (status, body), error statuses included."""
+    """GET http://127.0.0.1:PORT/PATH: (status, body), error statuses included; (0, "") when
+    nothing answers (not listening yet)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+    except OSError:
+        return 0, ""

@@ -147,7 +147,7 @@ def test_edns_options_cookie_echoed_ecs_scoped_others_dropped(shared_server: Ser
     reply = udp(shared_server, query)
     assert addresses(reply) == {"10.96.10.10"}
     # The cookie comes back unchanged (CoreDNS); ECS is echoed with SCOPE 0 because this
-    # answer does not depend on the client (SPEC §3.4, RFC 7871); other options are dropped.
+    # answer does not depend on the client (RFC 7871, docs/topology.md); other options are dropped.
     assert sorted((o.otype, o.to_wire()) for o in reply.options) == [
         (dns.edns.ECS, b"\x00\x01\x18\x00\xc0\x00\x02"),
         (dns.edns.COOKIE, b"\x01\x02\x03\x04\x05\x06\x07\x08"),

@@ -111,7 +111,7 @@ def test_replace_all_removes_what_the_list_no_longer_has() -> None:
     builder = StoreBuilder()
     builder.replace_all(Namespace, [Namespace("a"), Namespace("b")])
     assert builder.replace_all(Namespace, [Namespace("b")])
-    assert builder.snapshot(1).namespaces == {"b"}
+    assert set(builder.snapshot(1).namespaces) == {"b"}
     assert not builder.replace_all(Namespace, [Namespace("b")])
 
 

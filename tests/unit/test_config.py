@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from toposdns.config import ConfigError, check_ttl, parse_listen, parse_zones
+from toposdns.cli import main
+from toposdns.config import (
+    ConfigError,
+    check_max_concurrent,
+    check_ttl,
+    parse_cache,
+    parse_listen,
+    parse_zones,
+)
 
 
 def test_zones_default_and_lists() -> None:
@@ -35,3 +45,89 @@ def test_ttl_range() -> None:
     assert check_ttl(0) == 0 and check_ttl(3600) == 3600
     with pytest.raises(ConfigError):
         check_ttl(3601)
+
+
+# `cache` of CoreDNS (plugin/cache/setup_test.go TestSetup), as toposdns's flags:
+# (--cache-max-ttl, --cache-success, --cache-denial) -> (success, denial) as (capacity, TTL, MINTTL)
+CACHE_SETUP = [
+    ((None, None, None), ((10000, 3600, 5), (10000, 1800, 5))),  # cache
+    ((None, "10", None), ((10, 3600, 5), (10000, 1800, 5))),  # success 10
+    ((None, "10,1800,30", None), ((10, 1800, 30), (10000, 1800, 5))),  # success 10 1800 30
+    ((None, "10", "10,15"), ((10, 3600, 5), (10, 15, 5))),  # success 10; denial 10 15
+    ((None, "10", "10,15,2"), ((10, 3600, 5), (10, 15, 2))),  # ... denial 10 15 2
+    ((25, "10", "10,15"), ((10, 25, 5), (10, 15, 5))),  # cache 25 {success 10; denial 10 15}
+    ((25, "10", "10,15,5"), ((10, 25, 5), (10, 15, 5))),
+    ((30, None, None), ((10000, 30, 5), (10000, 30, 5))),  # kubeadm's `cache 30`
+]
+
+
+@pytest.mark.parametrize(("flags", "expected"), CACHE_SETUP)
+def test_cache_flags(
+    flags: tuple[int | None, str | None, str | None],
+    expected: tuple[tuple[int, int, int], tuple[int, int, int]],
+) -> None:
+    settings = parse_cache(*flags, disable=[])
+    got = tuple((p.capacity, p.max_ttl, p.min_ttl) for p in (settings.success, settings.denial))
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ((0, None, None), "--cache-max-ttl 0: must be between 1 and"),  # cache 0
+        ((-1, None, None), "--cache-max-ttl -1: must be between 1 and"),  # cache -1
+        ((None, "", None), "--cache-success '': expected CAPACITY[,TTL[,MINTTL]]"),  # success
+        ((None, "15", "aaa"), "--cache-denial 'aaa': expected CAPACITY"),  # denial aaa
+        ((None, "10,0", None), "--cache-success 10,0: TTL must be between 1 and"),
+        ((None, "0", None), "--cache-success 0: CAPACITY must be between 1 and"),
+        ((None, "10,20,30,40", None), "expected CAPACITY[,TTL[,MINTTL]]"),
+    ],
+)
+def test_bad_cache_flags(flags: tuple[int | None, str | None, str | None], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_cache(*flags, disable=[])
+
+
+def test_cache_disable() -> None:
+    settings = parse_cache(
+        None, None, None, ["success:cluster.local", "denial:Cluster.Local.,example.org", "denial"]
+    )
+    assert settings.success.disabled == (("cluster", "local"),)
+    assert settings.denial.disabled == (("cluster", "local"), ("example", "org"), ())
+    assert not settings.success.keeps(("web", "shop", "svc", "cluster", "local"))
+    assert settings.success.keeps(("www", "example", "org"))
+    for bad in ("positive:cluster.local", "success:a..b"):
+        with pytest.raises(ConfigError, match="--cache-disable"):
+            parse_cache(None, None, None, [bad])
+
+
+# forward's `max_concurrent` (plugin/forward/setup_test.go TestSetupMaxConcurrent)
+def test_max_concurrent() -> None:
+    assert check_max_concurrent(1000) == 1000
+    for bad in (0, -4):
+        with pytest.raises(ConfigError, match="--max-concurrent"):
+            check_max_concurrent(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-concurrent", "0"], "toposdns serve: --max-concurrent 0: must be at least 1"),
+        (["--cache-max-ttl", "0"], "toposdns serve: --cache-max-ttl 0: must be between 1 and"),
+        (["--cache-disable", "success:"], ""),
+    ],
+)
+def test_serve_checks_forwarding_flags_before_starting(
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[object] = []
+    monkeypatch.setattr("toposdns.server.run", started.append)
+    code = main(["serve", "--snapshot", "x.yaml", "--upstream", "192.0.2.53", *args])
+    if message:
+        assert code == 2 and message in capsys.readouterr().err and not started
+    else:  # `disable success` with no zones: everywhere
+        assert code == 0 and len(started) == 1
+        started[0].close()  # type: ignore[attr-defined]

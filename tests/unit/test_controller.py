@@ -20,7 +20,8 @@ from prometheus_client import REGISTRY
 from tests.kubeapi import FakeApiServer, RequestRecord
 from toposdns.controller.app import Controller
 from toposdns.controller.config import ControllerConfig, LeaseSettings
-from toposdns.source.watch import WatchSettings, apis_of, connect
+from toposdns.kube.client import apis_of, connect
+from toposdns.source.watch import WatchSettings
 
 NS = "toposdns"
 ZONE = "topology.kubernetes.io/zone"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -393,6 +394,15 @@ def test_bad_flags_are_refused_with_the_flag_named(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("toposdns controller: ") and message in err
+
+
+def test_no_cluster_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing"
+    code = main(
+        ["controller", f"--kubeconfig={missing}", "--namespace=toposdns", "--http=127.0.0.1:0"]
+    )
+    assert code == 1
+    assert f"cannot use the kubeconfig {missing}" in capsys.readouterr().err
 
 
 # ----- queue and bucket -----

@@ -117,7 +117,48 @@ def test_pod_locator() -> None:
     [
         (
             slice_([{"addresses": ["not-an-ip"]}]),
-            "EndpointSlice shop/web-abc: endpoints[0].addresses: not an IP address: 'not-an-ip'",
+            "EndpointSlice shop/web-abc: endpoints[0].addresses[0]: not an IP address: 'not-an-ip'",
+        ),
+        (
+            slice_([{"addresses": ["10.1.0.1"]}, {"addresses": ["10.1.0.2", "10.1.0.300"]}]),
+            "EndpointSlice shop/web-abc: endpoints[1].addresses[1]: not an IP address",
+        ),
+        (
+            slice_(
+                [{"addresses": ["10.1.0.1"]}] * 2
+                + [{"addresses": ["10.1.0.3"], "hints": {"forZones": [{"name": 7}]}}]
+            ),
+            "EndpointSlice shop/web-abc: endpoints[2].hints.forZones[0].name: must be a string, "
+            "got int",
+        ),
+        (
+            slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]),
+            "EndpointSlice shop/web-abc: endpoints[0].hints.forZones[1]: must be a mapping",
+        ),
+        (
+            slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]),
+            "EndpointSlice shop/web-abc: endpoints[0].hints.forZones: must be a list, got dict",
+        ),
+        (
+            service({"clusterIPs": ["10.0.0.1", "fd00::1:x"]}),
+            "Service shop/web: spec.clusterIPs[1]: not an IP address: 'fd00::1:x'",
+        ),
+        (
+            service({"clusterIP": "None", "topologyKeys": ["kubernetes.io/hostname", 5]}),
+            "Service shop/web: spec.topologyKeys[1]: must be a string, got int",
+        ),
+        (
+            service({"clusterIP": "None"}, annotations={"toposdns.io/topology-keys": ["a"]}),
+            "Service shop/web: metadata.annotations[toposdns.io/topology-keys]: must be a string",
+        ),
+        (
+            {
+                "apiVersion": "toposdns.io/v1alpha1",
+                "kind": "PodLocator",
+                "metadata": {"name": "web-0", "namespace": "shop"},
+                "addresses": ["10.1.0.1", "10.1.0.256"],
+            },
+            "PodLocator shop/web-0: addresses[1]: not an IP address: '10.1.0.256'",
         ),
         (
             slice_([], address_type="IPv5"),

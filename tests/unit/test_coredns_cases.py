@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from tests.helpers import config_of, normal_rrs, normal_text, snapshot_of
-from toposdns.resolve.answer import RCODE_NAMES, type_code
+from toposdns.resolve.answer import type_code
 from toposdns.resolve.resolver import resolve
 from toposdns.store.snapshot import Snapshot
+from toposdns.wire.codes import RCODE_NAMES
 from toposdns.wire.decode import Query
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_reply
 

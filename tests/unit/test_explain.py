@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from toposdns.cli import main
+from toposdns.explain import parse_name
 
 TOPOLOGY = str(Path(__file__).parents[2] / "examples" / "topology.yaml")
 
@@ -89,6 +90,7 @@ def test_invalid_policy_is_shown(capsys: pytest.CaptureFixture[str], tmp_path: P
     [
         (["--client", "not-an-ip", "web.shop.svc.cluster.local"], 2, "does not appear to be"),
         (["--client", "10.0.0.1", "web.shop.svc.cluster.local", "BOGUS"], 2, "unknown record"),
+        (["--client", "10.0.0.1", "web..shop.svc.cluster.local"], 2, "has an empty label"),
     ],
 )
 def test_bad_arguments(
@@ -96,3 +98,46 @@ def test_bad_arguments(
 ) -> None:
     assert main(["explain", "--snapshot", TOPOLOGY, *args]) == code
     assert message in capsys.readouterr().err
+
+
+NAME_CASES = [
+    # (id, as typed, labels or the error it gets)
+    ("plain", "web.shop.svc.cluster.local", ("web", "shop", "svc", "cluster", "local")),
+    ("final dot", "web.cluster.local.", ("web", "cluster", "local")),
+    ("case kept", "Web.Cluster.Local", ("Web", "Cluster", "Local")),
+    ("service labels", "_http._tcp.web.local", ("_http", "_tcp", "web", "local")),
+    ("root", ".", ()),
+    ("63-octet label", "a" * 63 + ".local", ("a" * 63, "local")),
+    (
+        "255 octets on the wire",
+        ".".join(["a" * 63] * 3 + ["a" * 61]),
+        tuple(["a" * 63] * 3 + ["a" * 61]),
+    ),
+    ("empty", "", "the name is empty"),
+    ("empty label", "web..local", "has an empty label"),
+    ("leading dot", ".web.local", "has an empty label"),
+    ("two final dots", "web.local..", "has an empty label"),
+    ("64-octet label", "a" * 64 + ".local", "is not 1 to 63 printable ASCII characters"),
+    ("256 octets on the wire", ".".join(["a" * 63] * 3 + ["a" * 62]), "longer than 255 octets"),
+    ("space", "a b.local", "is not 1 to 63 printable ASCII characters"),
+    ("backslash escape", "a\\.b.local", "is not 1 to 63 printable ASCII characters"),
+    ("not ASCII", "caf\u00e9.local", "is not 1 to 63 printable ASCII characters"),
+    ("control character", "a\x00.local", "is not 1 to 63 printable ASCII characters"),
+]
+
+
+@pytest.mark.parametrize(
+    "text, expected", [c[1:] for c in NAME_CASES], ids=[c[0] for c in NAME_CASES]
+)
+def test_parse_name(text: str, expected: tuple[str, ...] | str) -> None:
+    if isinstance(expected, tuple):
+        assert parse_name(text) == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            parse_name(text)
+
+
+def test_a_long_bad_name_is_cut_short_in_the_message() -> None:
+    with pytest.raises(ValueError) as error:
+        parse_name("a" * 5000)
+    assert len(str(error.value)) < 300

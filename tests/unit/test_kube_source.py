@@ -14,12 +14,13 @@ import pytest
 
 from tests.helpers import config_of
 from tests.kubeapi import FakeApiServer
+from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
-from toposdns.resolve.answer import A
 from toposdns.resolve.resolver import resolve
 from toposdns.source.kube import KubeSource
-from toposdns.source.watch import WatchSettings, apis_of, connect
+from toposdns.source.watch import WatchSettings
 from toposdns.store.snapshot import Snapshot
+from toposdns.wire.codes import A
 
 FAST = WatchSettings(
     inactivity=1.0, watch_seconds=30, backoff_initial=0.05, backoff_max=0.2, page_size=2
@@ -102,9 +103,14 @@ class Run:
 
 
 @asynccontextmanager
-async def running(kubeconfig: Path, settings: WatchSettings = FAST) -> AsyncIterator[Run]:
+async def running(
+    kubeconfig: Path, settings: WatchSettings = FAST, on_page: Callable[[], None] | None = None
+) -> AsyncIterator[Run]:
     client = await connect(kubeconfig)
-    run = Run(KubeSource(apis_of(client), lambda s: run.published.append(s), settings))
+    source = KubeSource(
+        apis_of(client), lambda s: run.published.append(s), settings, on_page=on_page
+    )
+    run = Run(source)
     task = asyncio.create_task(run.source.run())
     try:
         yield run
@@ -115,8 +121,11 @@ async def running(kubeconfig: Path, settings: WatchSettings = FAST) -> AsyncIter
 
 
 def test_initial_sync_lists_in_pages_with_the_token(api: FakeApiServer, tmp_path: Path) -> None:
+    pages: list[int] = []
+
     async def scenario() -> None:
-        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        async with running(kubeconfig, on_page=lambda: pages.append(1)) as run:
             await run.until(lambda: run.snapshot.synced)
             assert run.answer("svc3.shop.svc.cluster.local") == ["10.96.0.4"]
             assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
@@ -128,6 +137,8 @@ def test_initial_sync_lists_in_pages_with_the_token(api: FakeApiServer, tmp_path
     lists = [r for r in api.requests if r.resource == "services" and not r.is_watch]
     assert len(lists) == 3 and all(r.query.get("limit") == "2" for r in lists)
     assert [bool(r.query.get("continue")) for r in lists] == [False, True, True]
+    # The owner's hook ran once per list page, of every resource.
+    assert len(pages) == len([r for r in api.requests if not r.is_watch]) == 6
     watches = [r for r in api.requests if r.is_watch]
     assert {r.resource for r in watches} == {
         "services",

@@ -24,6 +24,8 @@ import pytest
 import yaml
 from celpy import celtypes
 
+from toposdns.kube.resources import POD_LOCATOR
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 FORWARD = MANIFESTS / "coredns-forward"
@@ -304,6 +306,12 @@ def test_crd_names() -> None:
     version = crd_version()
     assert version["name"] == "v1alpha1"
     assert version["served"] is True and version["storage"] is True
+
+
+def test_the_code_names_the_crd_it_ships() -> None:
+    spec = crd()["spec"]
+    names = (spec["group"], crd_version()["name"], spec["names"]["kind"], spec["names"]["plural"])
+    assert names == (POD_LOCATOR.group, POD_LOCATOR.version, POD_LOCATOR.kind, POD_LOCATOR.plural)
 
 
 def test_crd_fields_are_top_level() -> None:

@@ -1,7 +1,8 @@
 """The topology module: kube-proxy's FilterTopologyEndpoint, the API server's topologyKeys
 validation, policy precedence, zone hints, answer-cache signatures and endpoint topology.
 
-Expectations are upstream's (shared/spec/topology.md §3, §4, §7; SPEC.md §4), not the module's.
+Expectations are upstream's (kube-proxy, the API server, the KEPs; see docs/topology.md), not the
+module's.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_kube_names import NAME_64, NAME_MSG, PREFIX_254, QUALIFIED_MSG, SUBDOMAIN_MSG
 from toposdns.store.model import HEADLESS, Endpoint, EndpointSlice, PodLocator, Service
 from toposdns.store.topology import (
     NO_POLICY,
     Policy,
     endpoint_labels,
     policy_for,
-    qualified_name_errors,
     select,
     validate_keys,
 )
@@ -188,7 +189,7 @@ def test_filter_topology_endpoint(
 
 
 # --------------------------------------------------------------------------------------------
-# 2. Properties of selection by keys (topology.md §3).
+# 2. Properties of selection by keys (docs/topology.md, "Choosing endpoints by tiers").
 # --------------------------------------------------------------------------------------------
 
 # Five endpoints: two on n1 (zone a), one on n2 (zone a), one on n3 (zone b), one with no zone.
@@ -282,7 +283,7 @@ def _same(labels: Mapping[str, str], client: Mapping[str, str], key: str) -> boo
 
 
 # --------------------------------------------------------------------------------------------
-# 3. Zone hints and the policy a service asks for (topology.md §7; SPEC.md §4).
+# 3. Zone hints and the policy a service asks for (docs/topology.md, "Where a policy comes from").
 # --------------------------------------------------------------------------------------------
 
 HINTED: Candidates = [
@@ -427,60 +428,9 @@ def test_no_policy_without_any_source() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 4. Validation (topology.md §4): the API server's ValidateService topologyKeys block, with
+# 4. Validation (docs/topology.md): the API server's ValidateService topologyKeys block, with
 # apimachinery's IsQualifiedName and field.Error rendering. Errors accumulate.
 # --------------------------------------------------------------------------------------------
-
-NAME_MSG = (
-    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
-    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
-)
-SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
-QUALIFIED_MSG = (
-    f"a qualified name {NAME_MSG} with an optional DNS subdomain prefix and '/' "
-    "(e.g. 'example.com/MyName')"
-)
-NAME_64 = "a" * 64
-PREFIX_254 = "a" * 254
-
-# IsQualifiedName: every message, in order. It checks the name part even after a bad prefix,
-# and an empty name part fails both the emptiness and the regex check.
-QUALIFIED_NAME_CASES = [
-    ("kubernetes.io/hostname", []),
-    ("topology.kubernetes.io/zone", []),
-    ("example.com/My_Name.1", []),
-    ("plain", []),
-    ("a" * 63, []),
-    ("a" * 253 + "/x", []),
-    ("", ["name part must be non-empty", f"name part {NAME_MSG}"]),
-    ("a/b/c", [QUALIFIED_MSG]),
-    ("-bad", [f"name part {NAME_MSG}"]),
-    ("Example.com/x", [f"prefix part {SUBDOMAIN_MSG}"]),
-    (NAME_64, ["name part must be no more than 63 characters"]),
-    ("-" + "a" * 63, ["name part must be no more than 63 characters", f"name part {NAME_MSG}"]),
-    (PREFIX_254 + "/x", ["prefix part must be no more than 253 characters"]),
-    ("/x", ["prefix part must be non-empty"]),
-    ("example.com/", ["name part must be non-empty", f"name part {NAME_MSG}"]),
-    ("Example.com/-bad", [f"prefix part {SUBDOMAIN_MSG}", f"name part {NAME_MSG}"]),
-    (
-        "/",
-        ["prefix part must be non-empty", "name part must be non-empty", f"name part {NAME_MSG}"],
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "key, expected",
-    QUALIFIED_NAME_CASES,
-    ids=[k[:40] or "<empty>" for k, _ in QUALIFIED_NAME_CASES],
-)
-def test_qualified_name_errors(key: str, expected: list[str]) -> None:
-    assert qualified_name_errors(key) == expected
 
 
 def go_strings(keys: Sequence[str]) -> str:
@@ -797,3 +747,91 @@ ENDPOINT_LABEL_CASES = [
 )
 def test_endpoint_labels(endpoint: Endpoint, expected: dict[str, str]) -> None:
     assert dict(endpoint_labels(endpoint, LOCATORS, NODE_LOCATORS)) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Selection.tier, the `tier` of toposdns_topology_answers_total: the key that matched, "*"
+# when every endpoint is chosen, "none" when no tier matched (the answer is NODATA).
+# --------------------------------------------------------------------------------------------
+
+RACKS: Candidates = [
+    (Endpoint(addresses=("10.2.0.1",)), {HOSTNAME: "n1", "example.com/rack": "r1"}),
+    (Endpoint(addresses=("10.2.0.2",)), {HOSTNAME: "n2", "example.com/rack": "r2"}),
+]
+ZONE_STAR = keys_policy(HOSTNAME, ZONE, "*")
+HINTS = Policy("hints", hints=True)
+INVALID = Policy("annotation", (HOSTNAME, HOSTNAME), errors=("duplicate",))
+
+TIER_CASES = [
+    # (id, policy, client labels, candidates, expected ips, expected tier)
+    ("same node", ZONE_STAR, N1, PROPERTY_CANDIDATES, ["10.0.0.1", "10.0.0.2"], HOSTNAME),
+    (
+        "none on the node: same zone",
+        ZONE_STAR,
+        {HOSTNAME: "n9", ZONE: "a"},
+        PROPERTY_CANDIDATES,
+        ["10.0.0.1", "10.0.0.3", "10.0.0.2"],
+        ZONE,
+    ),
+    ("none in the zone: the catch-all", ZONE_STAR, {ZONE: "z"}, PROPERTY_CANDIDATES, ALL, "*"),
+    ("* alone", keys_policy("*"), N1, PROPERTY_CANDIDATES, ALL, "*"),
+    ("none in the zone, no *", keys_policy(ZONE), {ZONE: "z"}, PROPERTY_CANDIDATES, [], "none"),
+    ("client unknown, last key *", ZONE_STAR, {}, PROPERTY_CANDIDATES, ALL, "*"),
+    ("client unknown, no *", keys_policy(ZONE), {}, PROPERTY_CANDIDATES, [], "none"),
+    (
+        "client lacks every key, no *",
+        keys_policy(ZONE),
+        {"x": "y"},
+        PROPERTY_CANDIDATES,
+        [],
+        "none",
+    ),
+    (
+        "any other label key",
+        keys_policy("example.com/rack", "*"),
+        {HOSTNAME: "n3", "example.com/rack": "r2"},
+        RACKS,
+        ["10.2.0.2"],
+        "example.com/rack",
+    ),
+    ("hinted for the client's zone", HINTS, {ZONE: "a"}, HINTED, ["10.1.0.1", "10.1.0.3"], ZONE),
+    ("no endpoint hinted for the zone", HINTS, {ZONE: "z"}, HINTED, HINTED_ALL, "*"),
+    ("hints, client unknown", HINTS, {}, HINTED, HINTED_ALL, "*"),
+    ("invalid policy: every endpoint", INVALID, N1, PROPERTY_CANDIDATES, ALL, "*"),
+    ("no policy: every endpoint", NO_POLICY, N1, PROPERTY_CANDIDATES, ALL, "*"),
+]
+
+
+@pytest.mark.parametrize(
+    "policy, client, candidates, expected, tier",
+    [c[1:] for c in TIER_CASES],
+    ids=[c[0] for c in TIER_CASES],
+)
+def test_selection_tier(
+    policy: Policy,
+    client: dict[str, str],
+    candidates: Candidates,
+    expected: list[str],
+    tier: str,
+) -> None:
+    selection = select(policy, client, candidates)
+    assert [candidates[i][0].addresses[0] for i in selection.chosen] == expected
+    assert selection.tier == tier
+
+
+@pytest.mark.parametrize("client", TIER_CLIENTS, ids=[str(c) for c in TIER_CLIENTS])
+@pytest.mark.parametrize("star", [False, True], ids=["no-star", "star"])
+def test_tier_names_what_was_chosen(client: dict[str, str], star: bool) -> None:
+    """A key tier holds exactly the endpoints sharing the client's value; "*" holds all; "none"
+    holds nothing."""
+    selection = select(
+        keys_policy(HOSTNAME, ZONE, *(["*"] if star else [])), client, PROPERTY_CANDIDATES
+    )
+    chosen = [PROPERTY_CANDIDATES[i] for i in selection.chosen]
+    if selection.tier == "none":
+        assert not chosen
+    elif selection.tier == "*":
+        assert star and len(chosen) == len(PROPERTY_CANDIDATES)
+    else:
+        key = selection.tier
+        assert chosen == [c for c in PROPERTY_CANDIDATES if _same(c[1], client, key)] != []

@@ -9,9 +9,9 @@ import dnslib
 import pytest
 
 from tests.helpers import config_of, snapshot_of
-from toposdns.resolve.answer import AAAA, NOERROR, NXDOMAIN, PTR, SRV, A
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
+from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
 
 NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
 NODE_B = {"kubernetes.io/hostname": "node-b", "topology.kubernetes.io/zone": "z1"}
@@ -120,10 +120,42 @@ def test_headless_a(service: str, client: dict[str, str], want: list[str]) -> No
     assert ips(f"{service}.shop.svc.cluster.local", client) == want
 
 
+@pytest.mark.parametrize(
+    ("name", "qtype", "client", "tier"),
+    [
+        ("web", A, NODE_A, "kubernetes.io/hostname"),
+        ("web", A, NODE_B, "topology.kubernetes.io/zone"),
+        ("web", A, NODE_D, "*"),
+        ("web", A, {}, "*"),
+        ("web", AAAA, NODE_A, "kubernetes.io/hostname"),  # the tier matched; it has no AAAA
+        ("_http._tcp.web", SRV, NODE_C, "kubernetes.io/hostname"),
+        ("zonal", A, NODE_D, "none"),
+        ("near", A, NODE_B, "topology.kubernetes.io/zone"),
+        ("alias", A, NODE_A, "kubernetes.io/hostname"),  # the CNAME's target was filtered
+        ("bad", A, NODE_A, ""),  # invalid: no policy applied, no tier
+        ("web-1.web", A, NODE_A, ""),  # endpoint names are not filtered
+    ],
+)
+def test_answer_names_the_tier(name: str, qtype: int, client: dict[str, str], tier: str) -> None:
+    qname = tuple(f"{name}.shop.svc.cluster.local".split("."))
+    answer = resolve(qname, qtype, SNAPSHOT, CONFIG, client)
+    assert answer.tier == tier
+    assert (answer.policy is not None) == bool(tier)
+
+
 def test_no_tier_is_nodata_with_soa_and_depends_on_the_client() -> None:
     answer = resolve(("zonal", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_D)
     assert answer.rcode == NOERROR and not answer.answer and answer.authority
     assert answer.policy is not None
+
+
+def test_txt_of_a_filtered_name_is_nodata_for_every_client() -> None:
+    # Whether the name exists does not depend on the client, even one no tier serves.
+    for client in (NODE_A, NODE_D, {}):
+        answer = resolve(
+            ("zonal", "shop", "svc", "cluster", "local"), TXT, SNAPSHOT, CONFIG, client
+        )
+        assert (answer.rcode, answer.answer, answer.policy) == (NOERROR, (), None)
 
 
 def test_no_endpoints_at_all_is_still_nxdomain() -> None:
@@ -174,8 +206,8 @@ def ask(responder: Responder, name: str, source: str, ecs: str | None = None) ->
         value = bytes((0, 1 if network.version == 4 else 2, prefix, 0)) + raw
         q.add_ar(dnslib.EDNS0(opts=[dnslib.EDNSOption(8, value)]))
     data = bytes(q.pack())
-    reply = responder.cached(data, UDP4, source) or responder.respond(data, UDP4, source)
-    assert reply is not None
+    reply = responder.respond(data, UDP4, source)
+    assert isinstance(reply, bytes)
     return dnslib.DNSRecord.parse(reply)
 
 
@@ -193,8 +225,24 @@ def test_clients_get_their_own_answers_from_the_wire_cache() -> None:
         ]
         assert len(addresses(ask(responder, "web.shop.svc.cluster.local", "127.0.0.9"))) == 3
     # One wire entry for the name, one reply per signature; never one per address.
-    (entry,) = responder.wire[UDP4].values()
+    (entry,) = responder.caches[UDP4].table.values()
     assert not isinstance(entry, bytes) and len(entry.replies) == 3
+
+
+def test_answers_are_counted_per_policy_and_tier_cached_or_not() -> None:
+    responder = Responder(CONFIG, SNAPSHOT, (ipaddress.ip_network("127.0.0.100/32"),))
+    for _ in range(3):  # the first answer is resolved, the next two come from the wire cache
+        ask(responder, "web.shop.svc.cluster.local", "127.0.0.2")  # node-a
+        ask(responder, "web.shop.svc.cluster.local", "127.0.0.9")  # nobody's: "*"
+        ask(responder, "zonal.shop.svc.cluster.local", "127.0.0.5")  # node-d, zone z3: none
+        ask(responder, "web.shop.svc.cluster.local", "127.0.0.100", ecs="127.0.0.8/32")
+        ask(responder, "web-0.web.shop.svc.cluster.local", "127.0.0.9")  # not filtered
+    rows = responder.topology_counts.rows
+    assert rows == {
+        ("topologyKeys", "kubernetes.io/hostname"): [3, 0],
+        ("topologyKeys", "*"): [6, 6],  # unplaced: by source, then by trusted ECS
+        ("annotation", "none"): [3, 0],
+    }
 
 
 def test_clients_of_one_zone_share_a_cached_answer() -> None:
@@ -207,7 +255,8 @@ def test_clients_of_one_zone_share_a_cached_answer() -> None:
         assert addresses(ask(responder, "zonal.shop.svc.cluster.local", f"10.9.0.{i}")) == [
             "10.1.0.1"
         ]
-    assert len(responder.topology_answers) == 1
+    (entry,) = responder.caches[UDP4].table.values()  # one reply for the zone's signature
+    assert not isinstance(entry, bytes) and len(entry.replies) == 1
 
 
 def test_ecs_is_believed_only_from_trusted_sources() -> None:

@@ -8,21 +8,8 @@ import dns.message
 import dnslib
 import pytest
 
-from toposdns.resolve.answer import (
-    AAAA,
-    CNAME,
-    NOERROR,
-    NS,
-    PTR,
-    RR,
-    SOA,
-    SRV,
-    TXT,
-    A,
-    Answer,
-    Soa,
-    Srv,
-)
+from toposdns.resolve.answer import RR, Answer, Soa, Srv
+from toposdns.wire.codes import AAAA, CNAME, NOERROR, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import ClientSubnet, Dropped, Edns, Query, Rejected, decode_query
 from toposdns.wire.encode import (
     encode_badvers,

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from toposdns import __version__
 from toposdns.controller.config import ControllerConfig
@@ -24,15 +25,10 @@ from toposdns.controller.elector import LeaseElector
 from toposdns.controller.queue import TokenBucket, WorkQueue
 from toposdns.controller.state import WATCHED, ClusterState, Key
 from toposdns.controller.writer import LocatorWriter, NotLeader, Retry
+from toposdns.kube.client import Apis, apis_of, connect
 from toposdns.metrics import CONTROLLER_QUEUE_DEPTH
 from toposdns.serve.http import HttpServer
-from toposdns.source.watch import (
-    Apis,
-    Reflector,
-    WatchSettings,
-    apis_of,
-    connect,
-)
+from toposdns.source.watch import Reflector, WatchSettings
 
 log = logging.getLogger("toposdns")
 
@@ -49,11 +45,17 @@ class Controller:
     """One controller replica: watches always, writes while leading."""
 
     def __init__(
-        self, apis: Apis, config: ControllerConfig, settings: WatchSettings | None = None
+        self,
+        apis: Apis,
+        config: ControllerConfig,
+        settings: WatchSettings | None = None,
+        on_page: Callable[[], None] | None = None,
     ) -> None:
         self.apis = apis
         self.config = config
         self.settings = settings or WatchSettings()
+        #: Called after each list page (Reflector's `on_page`).
+        self.on_page = on_page
         self.identity = config.identity or default_identity()
         self.state = ClusterState(config, self._changed, self._update)
         self.queue: WorkQueue[Key] = WorkQueue(
@@ -90,7 +92,9 @@ class Controller:
         try:
             async with asyncio.TaskGroup() as group:
                 for resource in WATCHED:
-                    reflector = Reflector(self.apis, resource, self.state, self.settings)
+                    reflector = Reflector(
+                        self.apis, resource, self.state, self.settings, self.on_page
+                    )
                     group.create_task(reflector.run(), name=f"watch {resource.name}")
                 group.create_task(self.elector.run(), name="leader election")
         finally:
@@ -185,7 +189,9 @@ async def run_controller(config: ControllerConfig) -> None:
     api_client = await connect(config.kubeconfig)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(api_client.close)
-        controller = Controller(apis_of(api_client), config)
+        # Listed pods, nodes and locators live as long as the caches: freeze what survives
+        # each page, so the cyclic collector does not scan it again and again in a big sync.
+        controller = Controller(apis_of(api_client), config, on_page=gc.freeze)
         api_client.user_agent = f"toposdns/{__version__} controller ({controller.identity})"
         if config.http is not None:
             http = HttpServer(controller.not_ready)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toposdns.config import ConfigError
+from toposdns.kube.names import is_dns_label, is_dns_subdomain, qualified_name_errors
 
 #: The node labels topology needs, copied by default.
 DEFAULT_LABEL_KEYS = (
@@ -18,9 +19,6 @@ DEFAULT_LABEL_KEYS = (
 #: client-go's leader election jitter factor: the renew deadline must exceed retry period x this.
 JITTER_FACTOR = 1.2
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _KEY_CHARS = re.compile(r"[-A-Za-z0-9_./]+")
 
 
@@ -84,7 +82,7 @@ class ControllerConfig:
 
 def check_namespace(namespace: str) -> str:
     """A namespace name (a DNS label)."""
-    if not _DNS_LABEL.fullmatch(namespace):
+    if not is_dns_label(namespace):
         raise ConfigError(
             f"--namespace {namespace!r}: not a namespace name (lower-case letters, digits and "
             "'-', at most 63); in a pod pass --namespace=$(POD_NAMESPACE)"
@@ -94,11 +92,7 @@ def check_namespace(namespace: str) -> str:
 
 def check_label_key(key: str, option: str) -> str:
     """A label key: an optional DNS subdomain prefix and '/', then a name of at most 63."""
-    prefix, slash, name = key.rpartition("/")
-    valid = bool(_LABEL_NAME.fullmatch(name)) and (
-        not slash or (len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.fullmatch(prefix)))
-    )
-    if not valid:
+    if qualified_name_errors(key):
         raise ConfigError(
             f"{option} {key!r}: not a label key, e.g. topology.kubernetes.io/zone or rack"
         )
@@ -131,7 +125,7 @@ def parse_label_prefixes(texts: Iterable[str]) -> tuple[str, ...]:
 
 def check_lease(lease: LeaseSettings) -> LeaseSettings:
     """client-go's rules: duration > renew deadline > 1.2 x retry period > 0."""
-    if not lease.name or not _DNS_SUBDOMAIN.fullmatch(lease.name) or len(lease.name) > 253:
+    if not is_dns_subdomain(lease.name):
         raise ConfigError(f"--lease-name {lease.name!r}: not an object name, e.g. toposdns")
     if lease.retry_period <= 0:
         raise ConfigError("--retry-period: must be positive, e.g. 2s")

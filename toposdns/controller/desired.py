@@ -14,11 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from toposdns.controller.config import ControllerConfig, LabelFilter
-from toposdns.store.convert import NODE_LOCATOR_LABEL
+from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 
-API_VERSION = "toposdns.io/v1alpha1"
-KIND = "PodLocator"
-GROUP, VERSION, PLURAL = "toposdns.io", "v1alpha1", "podlocators"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "toposdns"
 #: Labels the controller sets; any other label on a locator is someone else's and is kept.
@@ -154,8 +151,8 @@ def pod_locator_of(
     if node is None or node.name != pod.node_name:
         return None  # its node is gone, or not seen yet: nothing to place the pod by
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        "apiVersion": POD_LOCATOR.api_version,
+        "kind": POD_LOCATOR.kind,
         "metadata": {
             "name": name,
             "namespace": namespace,
@@ -183,8 +180,8 @@ def node_locator_of(namespace: str, node: NodeFacts) -> Object | None:
     if node.uid:
         metadata["ownerReferences"] = [_owner("Node", node.name, node.uid)]
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        "apiVersion": POD_LOCATOR.api_version,
+        "kind": POD_LOCATOR.kind,
         "metadata": metadata,
         "addresses": list(node.addresses),
         "nodeName": node.name,

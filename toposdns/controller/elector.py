@@ -21,7 +21,6 @@ traceback, and returns for good after losing the lease instead of competing agai
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
@@ -30,11 +29,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-
 from toposdns.controller.config import JITTER_FACTOR, LeaseSettings
+from toposdns.kube.client import NETWORK_ERRORS, Apis, request
 from toposdns.metrics import CONTROLLER_LEADER, CONTROLLER_LEADER_TRANSITIONS
-from toposdns.source.watch import Apis, status_message
 
 log = logging.getLogger("toposdns")
 
@@ -264,23 +261,15 @@ class LeaseElector:
         if limit <= 0:
             return 0, None
         try:
-            async with asyncio.timeout(limit):
-                response = await call(*args, _request_timeout=limit)
-                try:
-                    data = await response.read()
-                    status = int(response.status)
-                finally:
-                    response.release()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            reply = await request(call, *args, timeout=limit)
+        except NETWORK_ERRORS as exc:
             log.warning("Lease %s: %s", self.where, str(exc) or type(exc).__name__)
             return 0, None
+        status = reply.status
         if status >= 400 and status not in (404, 409):
             hint = "; grant the Role in manifests/controller/rbac.yaml" if status == 403 else ""
-            log.warning("Lease %s: HTTP %d: %s%s", self.where, status, status_message(data), hint)
-        try:
-            return status, json.loads(data) if data else None
-        except ValueError:
-            return status, None
+            log.warning("Lease %s: HTTP %d: %s%s", self.where, status, reply.message, hint)
+        return status, reply.body
 
     def _set_leading(self, leading: bool) -> None:
         if leading == self.leading:

@@ -27,9 +27,9 @@ from toposdns.controller.desired import (
     pod_facts,
     pod_locator_of,
 )
+from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 from toposdns.metrics import CONTROLLER_LOCATORS
 from toposdns.source.watch import Resource, custom_resource, object_key
-from toposdns.store.convert import NODE_LOCATOR_LABEL
 
 log = logging.getLogger("toposdns")
 
@@ -40,7 +40,7 @@ PODS = Resource(
     "pods", "Pod", "v1", lambda a: a.core.list_pod_for_all_namespaces_without_preload_content
 )
 NODES = Resource("nodes", "Node", "v1", lambda a: a.core.list_node_without_preload_content)
-LOCATORS = custom_resource("toposdns.io", "v1alpha1", "podlocators", "PodLocator")
+LOCATORS = custom_resource(POD_LOCATOR)
 WATCHED = (PODS, NODES, LOCATORS)
 #: A listed object as `ClusterState.prepare` keeps it: its key, and its facts.
 Prepared = tuple[Key, Any]

@@ -14,22 +14,19 @@ replica still leads.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-
 from toposdns.controller.config import ControllerConfig
-from toposdns.controller.desired import GROUP, PLURAL, VERSION, Object
+from toposdns.controller.desired import Object
 from toposdns.controller.queue import TokenBucket
 from toposdns.controller.reconcile import Create, Delete, Foreign, Update, plan
 from toposdns.controller.state import ClusterState, Key
+from toposdns.kube.client import NETWORK_ERRORS, Apis, Reply, message_of, request
+from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import CONTROLLER_WRITES
-from toposdns.source.watch import Apis, status_message
 
 log = logging.getLogger("toposdns")
 
@@ -57,13 +54,6 @@ def result_of(status: int) -> str:
     return {404: "not_found", 409: "conflict", 429: "throttled"}.get(
         status, "server_error" if status >= 500 else "error"
     )
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 class LocatorWriter:
@@ -120,10 +110,10 @@ class LocatorWriter:
                 "create",
                 key,
                 self.custom.create_namespaced_custom_object_without_preload_content,
-                GROUP,
-                VERSION,
+                POD_LOCATOR.group,
+                POD_LOCATOR.version,
                 namespace,
-                PLURAL,
+                POD_LOCATOR.plural,
                 action.body,
                 field_manager=FIELD_MANAGER,
             )
@@ -139,10 +129,10 @@ class LocatorWriter:
                 "update",
                 key,
                 self.custom.replace_namespaced_custom_object_without_preload_content,
-                GROUP,
-                VERSION,
+                POD_LOCATOR.group,
+                POD_LOCATOR.version,
                 namespace,
-                PLURAL,
+                POD_LOCATOR.plural,
                 name,
                 action.body,
                 field_manager=FIELD_MANAGER,
@@ -159,10 +149,10 @@ class LocatorWriter:
                 "delete",
                 key,
                 self.custom.delete_namespaced_custom_object_without_preload_content,
-                GROUP,
-                VERSION,
+                POD_LOCATOR.group,
+                POD_LOCATOR.version,
                 namespace,
-                PLURAL,
+                POD_LOCATOR.plural,
                 name,
                 body={"preconditions": {"uid": action.uid, "resourceVersion": action.version}},
             )
@@ -185,10 +175,10 @@ class LocatorWriter:
             "get",
             key,
             self.custom.get_namespaced_custom_object_without_preload_content,
-            GROUP,
-            VERSION,
+            POD_LOCATOR.group,
+            POD_LOCATOR.version,
             key[0],
-            PLURAL,
+            POD_LOCATOR.plural,
             key[1],
         )
         if status == 200 and isinstance(body, dict):
@@ -199,35 +189,21 @@ class LocatorWriter:
             self._warn_failure("get", key, status, body)
         raise Retry(f"get {key[0]}/{key[1]}: HTTP {status}", after)
 
-    async def _request(
-        self, verb: str, key: Key, call: Any, *args: Any, **kwargs: Any
-    ) -> tuple[int, Any, float | None]:
-        """One API request under the rate limit: (status, decoded body, Retry-After)."""
+    async def _request(self, verb: str, key: Key, call: Any, *args: Any, **kwargs: Any) -> Reply:
+        """One API request under the rate limit, counted by verb and result."""
         if not self.may_write():
             raise NotLeader()
         await self.bucket.take()
         if not self.may_write():
             raise NotLeader()
-        timeout = self.config.request_timeout
         try:
-            async with asyncio.timeout(timeout):
-                response = await call(*args, _request_timeout=timeout, **kwargs)
-                try:
-                    data = await response.read()
-                    status = int(response.status)
-                    after = _retry_after(response.headers.get("Retry-After"))
-                finally:
-                    response.release()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            reply = await request(call, *args, timeout=self.config.request_timeout, **kwargs)
+        except NETWORK_ERRORS as exc:
             CONTROLLER_WRITES.labels(verb, "network").inc()
             self.reread.add(key)
             raise Retry(f"{verb} {key[0]}/{key[1]}: {exc or type(exc).__name__}") from None
-        CONTROLLER_WRITES.labels(verb, result_of(status)).inc()
-        try:
-            body = json.loads(data) if data else None
-        except ValueError:
-            body = data[:200].decode("utf-8", "replace")
-        return status, body, after
+        CONTROLLER_WRITES.labels(verb, result_of(reply.status)).inc()
+        return reply
 
     def _warn_failure(self, verb: str, key: Key, status: int, body: Any) -> None:
         """Log a failure that retrying alone will not fix, at most every 30 s per kind."""
@@ -235,7 +211,7 @@ class LocatorWriter:
         if now - self._last_warning.get((verb, status), -60.0) < 30.0:
             return
         self._last_warning[(verb, status)] = now
-        message = status_message(json.dumps(body).encode()) if isinstance(body, dict) else body
+        message = message_of(body)
         hint = {
             401: "the controller's credentials were refused",
             403: "grant the rights in manifests/controller/rbac.yaml",

@@ -1,35 +1,21 @@
 """What the resolver returns: resource records and the answer they make up.
 
+They are named tuples: made for every query that misses the cache, where a frozen dataclass
+costs several times as much to build.
+
 Names are tuples of labels (the root is the empty tuple), so a label is never confused with a
 dotted string and a query's letter case is kept exactly as it was asked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dnslib import QTYPE
 
+from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Policy
-
-Name = tuple[str, ...]
-
-# RR types and rcodes used by the resolver (RFC 1035, 3596, 2782, 6891).
-A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
-    1, 2, 5, 6, 12, 15, 16, 28, 33, 41, 251, 252, 255,
-)  # fmt: skip
-NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 1, 2, 3, 4, 5
-BADVERS = 16
-
-RCODE_NAMES = {
-    NOERROR: "NOERROR",
-    FORMERR: "FORMERR",
-    SERVFAIL: "SERVFAIL",
-    NXDOMAIN: "NXDOMAIN",
-    NOTIMP: "NOTIMP",
-    REFUSED: "REFUSED",
-    BADVERS: "BADVERS",
-}
+from toposdns.wire.codes import TXT, Name
 
 
 def type_name(rtype: int) -> str:
@@ -67,8 +53,7 @@ def name_text(name: Name) -> str:
     return ".".join(out) + "."
 
 
-@dataclass(frozen=True, slots=True)
-class Srv:
+class Srv(NamedTuple):
     """SRV rdata (RFC 2782)."""
 
     priority: int
@@ -77,8 +62,7 @@ class Srv:
     target: Name
 
 
-@dataclass(frozen=True, slots=True)
-class Soa:
+class Soa(NamedTuple):
     """SOA rdata."""
 
     mname: Name
@@ -94,8 +78,7 @@ class Soa:
 Rdata = str | Name | Srv | Soa
 
 
-@dataclass(frozen=True, slots=True)
-class RR:
+class RR(NamedTuple):
     """One resource record of class IN."""
 
     name: Name
@@ -125,8 +108,7 @@ class RR:
         return name_text(data)
 
 
-@dataclass(frozen=True, slots=True)
-class Chase:
+class Chase(NamedTuple):
     """An ExternalName target outside the zones: the server asks its upstream for it.
 
     CoreDNS appends the upstream's answer section after the CNAME (whatever its rcode) and
@@ -138,8 +120,7 @@ class Chase:
     soa: RR
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(NamedTuple):
     """A complete DNS answer, before it is put on the wire."""
 
     rcode: int
@@ -150,5 +131,9 @@ class Answer:
     authoritative: bool = True
     #: The topology policy the answer followed when it depends on the client, else None.
     policy: Policy | None = None
+    #: The tier of that policy the answer came from (`Selection.tier`); empty without a policy.
+    tier: str = ""
     #: Set when the answer ends in a CNAME to a name outside the zones.
     chase: Chase | None = None
+    #: What of the snapshot the answer read: a cached reply is dropped when one changes.
+    depends: frozenset[Dependency] = frozenset()

@@ -2,7 +2,7 @@
 
 The address is the EDNS Client Subnet address when the packet carries one and comes from a
 trusted forwarder (`--ecs-trust`), else the packet's source. A pod or node PodLocator holding that
-address places the client; an unknown address has no labels (SPEC.md §3).
+address places the client; an unknown address has no labels (docs/topology.md).
 """
 
 from __future__ import annotations

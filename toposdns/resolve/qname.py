@@ -13,7 +13,7 @@ For pods the same shapes parse, and one or two labels left of the dashed IP are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SVC = "svc"
 POD = "pod"
@@ -23,8 +23,7 @@ class InvalidName(ValueError):
     """The name cannot exist in a cluster zone (answered NXDOMAIN)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """A parsed cluster name; every field lower-cased, "" when absent."""
 
     kind: str = ""  # "svc", "pod", or "" for the apex and other empty bases

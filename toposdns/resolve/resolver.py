@@ -1,8 +1,7 @@
 """Answer a question from a snapshot, exactly as CoreDNS's `kubernetes` plugin does.
 
 This is a pure function of (question, snapshot, config): no I/O, no clock. Its structure follows
-CoreDNS so that each rule can be checked against the source named in
-`shared/spec/coredns-contract.md`:
+CoreDNS so that each rule can be checked against its source (docs/coredns-compatibility.md):
 
 - `resolve` is `handler.go` ServeDNS: zone match, dispatch on the qtype, negative answers;
 - `_Lookup.services` / `records` / `find_services` / `find_pods` are `kubernetes.go`;
@@ -17,7 +16,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from toposdns.resolve.answer import (
+from toposdns.resolve.answer import RR, Answer, Chase, Soa, Srv
+from toposdns.resolve.qname import POD, SVC, InvalidName, Request, parse_request
+from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port, Service, canonical_ip
+from toposdns.store.snapshot import Dependency, Snapshot
+from toposdns.store.topology import Labels, Policy, Selection, endpoint_labels, select
+from toposdns.wire.codes import (
     AAAA,
     AXFR,
     CNAME,
@@ -27,22 +31,13 @@ from toposdns.resolve.answer import (
     NXDOMAIN,
     PTR,
     REFUSED,
-    RR,
     SERVFAIL,
     SOA,
     SRV,
     TXT,
     A,
-    Answer,
-    Chase,
     Name,
-    Soa,
-    Srv,
 )
-from toposdns.resolve.qname import POD, SVC, InvalidName, Request, parse_request
-from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port, Service, canonical_ip
-from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels, Policy, Selection, endpoint_labels, select
 
 DNS_SCHEMA_VERSION = "1.1.0"
 DNS_VERSION_TTL = 28800
@@ -103,10 +98,10 @@ def resolve(
     """Answer one question. `name` is the query name's labels exactly as asked.
 
     `client` is the asking client's node labels (empty or None when unknown). When the answer
-    depends on them, `Answer.policy` says which policy it followed; `trace`, when given,
-    collects each topology decision.
+    depends on them, `Answer.policy` says which policy it followed and `Answer.tier` which of
+    its tiers matched; `trace`, when given, collects each topology decision.
     """
-    lower = tuple(label.lower() for label in name)
+    lower = tuple(map(str.lower, name))
     zone_len = match_zone(lower, config.zones)
     if zone_len is None or qtype in (AXFR, IXFR):
         # Not ours, or a zone transfer (CoreDNS needs its transfer plugin): a bare REFUSED.
@@ -118,11 +113,24 @@ def resolve(
         records, extra = lookup.dispatch(name, lower, qtype)
     except (NotFound, InvalidName):
         # Until the first sync, a name that was not found may yet appear: SERVFAIL, not NXDOMAIN.
-        return Answer(NXDOMAIN if snapshot.synced else SERVFAIL, authority=(soa,))
+        rcode = NXDOMAIN if snapshot.synced else SERVFAIL
+        return Answer(rcode, authority=(soa,), depends=frozenset(lookup.depends))
+    depends = frozenset(lookup.depends)
     if not records:
-        return Answer(NOERROR, authority=(soa,), policy=lookup.policy)
+        return Answer(
+            NOERROR, authority=(soa,), policy=lookup.policy, tier=lookup.tier, depends=depends
+        )
     chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
-    return Answer(NOERROR, _dedup(records), (), _dedup(extra), policy=lookup.policy, chase=chase)
+    return Answer(
+        NOERROR,
+        _dedup(records),
+        (),
+        _dedup(extra),
+        policy=lookup.policy,
+        tier=lookup.tier,
+        chase=chase,
+        depends=depends,
+    )
 
 
 def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
@@ -191,6 +199,11 @@ def _family(host: str) -> int | None:
         return None
 
 
+#: SOA records already made, by (zone as asked, serial, TTL): the same record object answers
+#: every negative reply until the next change, and is encoded once (wire/encode.py).
+_soas: dict[tuple[Name, int, int], RR] = {}
+
+
 class _Lookup:
     """One query's view of the snapshot: the matched zone, as cased in the query."""
 
@@ -205,27 +218,38 @@ class _Lookup:
         self.snap = snapshot
         self.cfg = config
         self.zone = zone
-        self.zone_lower = tuple(label.lower() for label in zone)
+        self.zone_lower = tuple(map(str.lower, zone))
         self.ttl = config.ttl
         self.client = client
         self.trace = trace
         #: The topology policy the answer followed, if it depends on the client.
         self.policy: Policy | None = None
+        #: The tier of that policy that matched (Selection.tier).
+        self.tier = ""
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
+        #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
+        self.depends: set[Dependency] = set()
 
     def soa(self) -> RR:
         """The zone's SOA, as CoreDNS writes it (backend_lookup.go SOA)."""
-        data = Soa(
-            ("ns", "dns") + self.zone,
-            ("hostmaster",) + self.zone,
-            self.snap.serial & 0xFFFFFFFF,
-            7200,
-            1800,
-            86400,
-            self.ttl,
-        )
-        return RR(self.zone, SOA, min(self.ttl, 300), data)
+        key = (self.zone, self.snap.serial, self.ttl)
+        soa = _soas.get(key)
+        if soa is None:
+            data = Soa(
+                ("ns", "dns") + self.zone,
+                ("hostmaster",) + self.zone,
+                self.snap.serial & 0xFFFFFFFF,
+                7200,
+                1800,
+                86400,
+                self.ttl,
+            )
+            soa = RR(self.zone, SOA, min(self.ttl, 300), data)
+            if len(_soas) >= 1024:  # one per zone spelling and serial: few at any time
+                _soas.clear()
+            _soas[key] = soa
+        return soa
 
     def dispatch(self, name: Name, lower: Name, qtype: int) -> tuple[list[RR], list[RR]]:
         """The qtype switch of handler.go; raises NotFound/InvalidName for NXDOMAIN."""
@@ -261,8 +285,9 @@ class _Lookup:
             entries = [e for e in entries if e.is_ip]  # no SRV for ExternalName
         return entries
 
-    def records(self, lower: Name) -> list[_Entry]:
-        """kubernetes.go Records: parse, then find pods or services."""
+    def records(self, lower: Name, filtered: bool = True) -> list[_Entry]:
+        """kubernetes.go Records: parse, then find pods or services. `filtered`: a headless
+        service's entries are those its topology policy picks for the client."""
         request = parse_request(lower[: len(lower) - len(self.zone)])
         if not request.kind:
             return []
@@ -272,11 +297,12 @@ class _Lookup:
             raise NotFound
         if request.kind == POD:
             return self.find_pods(request)
-        return self.find_services(request)
+        return self.find_services(request, filtered)
 
     def exposed(self, namespace: str) -> bool:
         """A namespace is served if it exists and, with `namespaces` set, is listed."""
         listed = self.cfg.namespaces
+        self.depends.add(("ns", namespace))
         return namespace in self.snap.namespaces and (not listed or namespace in listed)
 
     def find_pods(self, request: Request) -> list[_Entry]:
@@ -290,14 +316,17 @@ class _Lookup:
             ip = canonical_ip(address)
         except ValueError:
             raise NotFound from None
-        if mode == "verified" and not self.snap.holds_pod(request.namespace, ip):
-            raise NotFound
+        if mode == "verified":
+            self.depends.add(("loc", ip))
+            if not self.snap.holds_pod(request.namespace, ip):
+                raise NotFound
         key = (request.service, request.namespace, POD) + self.zone
         return [_Entry(ip, 0, key)]
 
-    def find_services(self, request: Request) -> list[_Entry]:
+    def find_services(self, request: Request, filtered: bool = True) -> list[_Entry]:
         if not request.service:
             return []
+        self.depends.add(("svc", request.namespace, request.service))
         svc = self.snap.services.get((request.namespace, request.service))
         if svc is None:
             raise NotFound
@@ -323,7 +352,7 @@ class _Lookup:
                                 entries.append(_Entry(address, port.port, key, endpoint=ep))
             if not entries:
                 raise NotFound
-            if svc.kind == HEADLESS and not request.endpoint:
+            if svc.kind == HEADLESS and not request.endpoint and filtered:
                 return self.filter(svc, entries)
             return entries
         matched = False
@@ -350,12 +379,17 @@ class _Lookup:
             for eps in snap.slices.get((svc.namespace, svc.name), ())
             for ep in eps.endpoints
         )
+        for ep, _ in candidates:  # where each endpoint runs is read from the locators
+            self.depends.update(("loc", canonical_ip(address)) for address in ep.addresses)
+            if ep.node_name:
+                self.depends.add(("node", ep.node_name))
         selection = select(policy, self.client, candidates)
         if self.trace is not None:
             self.trace.append(Decision(svc, policy, self.client, candidates, selection))
         if not policy.active:
             return entries
         self.policy = policy
+        self.tier = selection.tier
         chosen = {id(candidates[i][0]) for i in selection.chosen}
         return [entry for entry in entries if id(entry.endpoint) in chosen]
 
@@ -364,7 +398,9 @@ class _Lookup:
         entries: list[_Entry] = []
         pod_names = self.cfg.endpoint_pod_names
         for own in self.cfg.ns_addresses:
+            self.depends.add(("ip", canonical_ip(own)))
             for eps, _ep, _address in self.snap.endpoint_ips.get(canonical_ip(own), ()):
+                self.depends.add(("svc", eps.namespace, eps.service))
                 svc = self.snap.services.get((eps.namespace, eps.service))
                 if svc is None:
                     continue
@@ -420,7 +456,8 @@ class _Lookup:
         if lower[: len(lower) - len(self.zone)] == ("dns-version",):
             return [RR(name, TXT, DNS_VERSION_TTL, (DNS_SCHEMA_VERSION,))]
         try:
-            exists = bool(self.records(lower))
+            # Whether the name exists does not depend on who asks: look before filtering.
+            exists = bool(self.records(lower, filtered=False))
         except (NotFound, InvalidName):
             exists = False
         if not exists:
@@ -457,6 +494,7 @@ class _Lookup:
             return []
         primary = self.cfg.primary_zone
         listed = self.cfg.namespaces
+        self.depends.add(("ip", ip))
         services = [
             svc
             for svc in self.snap.service_ips.get(ip, ())

@@ -1,13 +1,22 @@
-"""Forward queries for names outside the served zones, as CoreDNS's `forward` and `cache` do.
+"""Forward queries for names outside the served zones, as CoreDNS's `forward` with `cache` does.
 
-- Upstreams are tried in random order among the healthy ones. Two failures in a row
-  (`MAX_FAILS`) mark an upstream unhealthy; it is then probed with `. IN NS` every half second,
-  and any reply makes it healthy again. When every upstream is unhealthy, they are tried anyway.
+- Bounded: at most `max_concurrent` forwarded queries at once (kubeadm's Corefile sets 1000);
+  one more gets REFUSED at once, as from CoreDNS's `max_concurrent`. A query has `BUDGET` seconds
+  in all, each try at most `timeout`, and at most two passes over the upstreams (CoreDNS's
+  defaults: 5 s, 2 s, twice the upstreams).
+- One question, one upstream query: a query whose cache key is already on its way upstream waits
+  for that answer instead of being sent again. Besides sparing the upstreams a burst of the same
+  name, this is what stops a loop through other resolvers from going round (loop.py).
+- Upstreams are tried in random order among those healthy over the transport in use
+  (upstream.py); when none is, all are (CoreDNS counts this as its health check broken). Every
+  failure moves the query on to the next upstream. A reply is relayed, and cached, only if it
+  parses and answers the question asked; when the only replies were to other questions the client
+  gets FORMERR, as from CoreDNS, and when none came SERVFAIL.
 - A query that came over UDP is forwarded over UDP, and retried over TCP when the reply is
   truncated; a query that came over TCP is forwarded over TCP.
-- The reply is relayed unchanged but for the ID. Successful and negative replies are cached for
-  their TTL (the SOA's for negative ones, capped), and served from the cache with TTLs counted
-  down.
+- Replies pass through the cache as they pass through CoreDNS's `cache` (forward_cache.py).
+- Running out of sockets here (EMFILE and the like) answers SERVFAIL and is logged once; it is
+  never counted against an upstream.
 """
 
 from __future__ import annotations
@@ -17,71 +26,55 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from struct import pack, unpack_from
+from struct import pack
 
 import dnslib
-from cachetools import TLRUCache
 
 from toposdns.metrics import (
     CACHE_ENTRIES,
     CACHE_HITS,
     CACHE_MISSES,
     FORWARD_HEALTHCHECK_BROKEN,
+    FORWARD_MAX_CONCURRENT_REJECTS,
     PROXY_DURATION,
-    PROXY_HEALTHCHECK_FAILURES,
 )
-from toposdns.resolve.answer import AAAA, CNAME, RCODE_NAMES, RR, A, Name, name_text
+from toposdns.resolve.answer import RR, name_text
+from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
+from toposdns.serve.loop import LoopGuard
+from toposdns.serve.upstream import (
+    HEADER_SIZE,
+    MISMATCHES,
+    LocalError,
+    Upstream,
+    UpstreamError,
+    check_reply,
+    send_tcp,
+    send_udp,
+)
+from toposdns.wire.codes import (
+    AAAA,
+    AD,
+    CNAME,
+    FORMERR,
+    RCODE_NAMES,
+    REFUSED,
+    SERVFAIL,
+    TC,
+    A,
+    Name,
+)
 from toposdns.wire.decode import record_spans
+
+__all__ = ["Forwarder", "Upstream", "answer_records", "build_query", "resolv_conf_upstreams"]
 
 log = logging.getLogger("toposdns")
 
-MAX_FAILS = 2
-HEALTH_INTERVAL = 0.5
-MAX_SUCCESS_TTL = 3600
-MAX_DENIAL_TTL = 1800
-NS_PROBE = pack("!6H", 0, 0, 1, 0, 0, 0) + b"\x00" + pack("!HH", 2, 1)  # ". IN NS", no RD
+BUDGET = 5.0
+PASSES = 2
+MAX_CONCURRENT = 1000
 
-
-@dataclass
-class Upstream:
-    """One upstream server and its health."""
-
-    host: str
-    port: int = 53
-    fails: int = 0
-    probing: bool = False
-
-    @property
-    def healthy(self) -> bool:
-        return self.fails < MAX_FAILS
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass
-class _Cached:
-    """A reply kept without its OPT record (the upstream's answer to another client)."""
-
-    reply: bytes
-    ttl: int
-    stored: float
-    positive: bool
-    ttls: list[tuple[int, int]] = field(default_factory=list)
-
-    def render(self, now: float, opt: bytes) -> bytes:
-        """The reply with its TTLs counted down by the time it spent in the cache, and the
-        asking client's own OPT record, if it sent one."""
-        out = bytearray(self.reply)
-        elapsed = int(now - self.stored)
-        if elapsed:
-            for offset, ttl in self.ttls:
-                out[offset : offset + 4] = pack("!I", max(0, ttl - elapsed))
-        if opt:
-            out[10:12] = pack("!H", unpack_from("!H", out, 10)[0] + 1)
-            out += opt
-        return bytes(out)
+#: What forwarding gives: the reply, or the rcode to answer with.
+Outcome = bytes | int
 
 
 class Forwarder:
@@ -91,189 +84,192 @@ class Forwarder:
         self,
         upstreams: list[Upstream],
         timeout: float = 2.0,
-        cache_size: int = 10_000,
+        max_concurrent: int = MAX_CONCURRENT,
+        cache: CacheSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.upstreams = upstreams
         self.timeout = timeout
+        self.max_concurrent = max_concurrent
         self.clock = clock
+        self.cache = ForwardCache(cache or CacheSettings(), clock)
+        self.loops = LoopGuard()
         #: The `server` label of the cache metrics, as CoreDNS's: `dns://:PORT`.
-        self.server = "dns://:53"
-        self.cache: TLRUCache[bytes, _Cached] = TLRUCache(
-            maxsize=cache_size, ttu=lambda _key, value, now: now + value.ttl, timer=clock
-        )
-        self._probes: set[asyncio.Task[None]] = set()
+        self.server = ""
+        self.set_server("dns://:53")
+        #: Forwarded queries in flight, and those on their way upstream by cache key.
+        self.outstanding = 0
+        self.inflight: dict[bytes, asyncio.Future[Entry | int]] = {}
+        self.refusing = False
+        #: What this process ran short of (logged once), or "".
+        self.short_of = ""
+
+    def set_server(self, server: str) -> None:
+        """Label the cache metrics with the listen address, `dns://:PORT`."""
+        if self.server:
+            for kind in ("success", "denial"):
+                CACHE_ENTRIES.remove(self.server, kind)
+        self.server = server
         # Counted when scraped, not on every insert.
-        CACHE_ENTRIES.labels(self.server, "success").set_function(lambda: self._entries(True))
-        CACHE_ENTRIES.labels(self.server, "denial").set_function(lambda: self._entries(False))
+        CACHE_ENTRIES.labels(server, "success").set_function(lambda: len(self.cache.success))
+        CACHE_ENTRIES.labels(server, "denial").set_function(lambda: len(self.cache.denial))
 
-    def _entries(self, positive: bool) -> int:
-        return sum(1 for entry in list(self.cache.values()) if entry.positive == positive)
-
-    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes | None:
-        """The upstream's reply to a raw query (ID as the client's), or None if none answered.
+    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> Outcome:
+        """The reply to a raw query (ID as the client's), or the rcode to answer it with.
 
         `limit` is the largest reply the client takes: a truncated UDP reply is retried over TCP
-        only to be relayed if the whole answer fits. `opt` is the OPT record this client's
-        reply carries when it comes from the cache.
+        only to be relayed if the whole answer fits. `opt` is the OPT record this client's reply
+        carries (the upstream's is dropped, as CoreDNS's cache drops it).
         """
-        key = _cache_key(data, tcp, limit, bool(opt))
+        end = question_end(data)
+        if self.loops.came_back(data[:2], data[HEADER_SIZE:end]):
+            return SERVFAIL
+        key = cache_key(data, end, tcp, limit, bool(opt))
+        ad = bool(key[2] or data[3] & AD)  # the client asked for DNSSEC or for AD
         cached = self.cache.get(key)
-        if cached is not None and len(cached.reply) + len(opt) <= limit:
-            CACHE_HITS.labels(self.server, "success" if cached.positive else "denial").inc()
-            return data[:2] + cached.render(self.clock(), opt)[2:]
+        if cached is not None and cached.fits(limit, opt):
+            CACHE_HITS.labels(self.server, cached.kind).inc()
+            return cached.render(data[:2], self.clock(), opt, ad, hit=True)
         CACHE_MISSES.labels(self.server).inc()
-        if all(not u.healthy for u in self.upstreams):
-            FORWARD_HEALTHCHECK_BROKEN.inc()
-        for upstream in self._order():
-            start = time.perf_counter()
-            try:
-                reply = await self._exchange(upstream, data, tcp, limit)
-            except (OSError, TimeoutError, ValueError) as exc:
-                PROXY_HEALTHCHECK_FAILURES.labels("forward", str(upstream)).inc()
-                self._failed(upstream, exc)
-                continue
-            upstream.fails = 0
-            rcode = RCODE_NAMES.get(reply[3] & 0x0F, str(reply[3] & 0x0F))
-            PROXY_DURATION.labels("forward", str(upstream), rcode).observe(
-                time.perf_counter() - start
-            )
-            self._store(key, reply)
-            return data[:2] + reply[2:]
-        return None
+        if self.outstanding >= self.max_concurrent:
+            FORWARD_MAX_CONCURRENT_REJECTS.inc()
+            if not self.refusing:
+                self.refusing = True
+                log.warning(
+                    "forwarding: %d queries in flight (--max-concurrent); refusing more",
+                    self.outstanding,
+                )
+            return REFUSED
+        self.outstanding += 1
+        try:
+            outcome = await self._once(key, data, end, tcp, limit)
+        finally:
+            self.outstanding -= 1
+            if self.refusing and self.outstanding <= self.max_concurrent // 2:
+                self.refusing = False
+                log.info("forwarding: %d queries in flight; accepting again", self.outstanding)
+        if isinstance(outcome, int):
+            return outcome
+        reply = outcome.render(data[:2], self.clock(), opt, ad, hit=False)
+        return reply if len(reply) <= limit else truncated(reply, end, opt)
 
     async def close(self) -> None:
         """Stop health probes."""
-        for task in self._probes:
-            task.cancel()
-        await asyncio.gather(*self._probes, return_exceptions=True)
+        tasks = [task for upstream in self.upstreams for task in upstream.stop_probes()]
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _order(self) -> list[Upstream]:
-        healthy = [u for u in self.upstreams if u.healthy]
-        random.shuffle(healthy)
-        if healthy:
-            return healthy
-        every = list(self.upstreams)
-        random.shuffle(every)
-        return every
+    async def _once(self, key: bytes, data: bytes, end: int, tcp: bool, limit: int) -> Entry | int:
+        """Ask the upstreams, unless the same question is on its way already: then its answer."""
+        pending = self.inflight.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        pending = self.inflight[key] = asyncio.get_running_loop().create_future()
+        outcome: Entry | int = SERVFAIL
+        try:
+            outcome = await self._resolve(key, data, end, tcp, limit)
+        finally:
+            del self.inflight[key]
+            pending.set_result(outcome)
+        return outcome
 
-    async def _exchange(self, upstream: Upstream, data: bytes, tcp: bool, limit: int) -> bytes:
-        qid = random.getrandbits(16).to_bytes(2, "big")
-        query = qid + data[2:]
-        if tcp:
-            reply = await self._tcp(upstream, query)
-        else:
-            reply = await self._udp(upstream, query)
-            if len(reply) > 3 and reply[2] & 0x02:  # TC: the whole answer needs TCP
-                try:
-                    whole = await self._tcp(upstream, query)
-                except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
-                    whole = b""  # relay the truncated reply: the client will retry over TCP
-                if whole and len(whole) <= limit:
-                    reply = whole
-        if reply[:2] != qid:
-            raise ValueError("reply ID does not match the query")
-        return reply
-
-    async def _udp(self, upstream: Upstream, query: bytes) -> bytes:
+    async def _resolve(
+        self, key: bytes, data: bytes, end: int, tcp: bool, limit: int
+    ) -> Entry | int:
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bytes] = loop.create_future()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _OneReply(waiter, query[:2]), remote_addr=(upstream.host, upstream.port)
-        )
-        try:
-            transport.sendto(query)
-            async with asyncio.timeout(self.timeout):
-                return await waiter
-        finally:
-            transport.close()
-
-    async def _tcp(self, upstream: Upstream, query: bytes) -> bytes:
-        async with asyncio.timeout(self.timeout):
-            reader, writer = await asyncio.open_connection(upstream.host, upstream.port)
-            try:
-                writer.write(len(query).to_bytes(2, "big") + query)
-                length = int.from_bytes(await reader.readexactly(2), "big")
-                return await reader.readexactly(length)
-            finally:
-                writer.close()
-
-    def _failed(self, upstream: Upstream, exc: Exception) -> None:
-        upstream.fails += 1
-        if upstream.healthy or upstream.probing:
-            return
-        why = str(exc) or type(exc).__name__
-        log.warning("upstream %s is unhealthy (%s); probing it", upstream, why)
-        upstream.probing = True
-        task = asyncio.create_task(self._probe(upstream))
-        self._probes.add(task)
-        task.add_done_callback(self._probes.discard)
-
-    async def _probe(self, upstream: Upstream) -> None:
-        """`. IN NS` every HEALTH_INTERVAL until any reply comes back."""
-        try:
-            while True:
-                await asyncio.sleep(HEALTH_INTERVAL)
+        deadline = loop.time() + BUDGET
+        failure = SERVFAIL
+        for _ in range(PASSES):
+            for upstream in self.order(tcp):
+                if loop.time() >= deadline:
+                    return failure
+                started = time.perf_counter()
                 try:
-                    await self._udp(upstream, NS_PROBE)
-                except (OSError, TimeoutError):
-                    PROXY_HEALTHCHECK_FAILURES.labels("forward", str(upstream)).inc()
+                    reply, message = await self._exchange(upstream, data, end, tcp, limit, deadline)
+                except LocalError as error:
+                    if not self.short_of:
+                        self.short_of = str(error)
+                        log.warning(
+                            "cannot forward: %s here (not the upstreams' fault); answering "
+                            "SERVFAIL until it clears",
+                            error,
+                        )
+                    return SERVFAIL
+                except UpstreamError as error:
+                    upstream.failed(tcp, error)
+                    if error.kind in MISMATCHES:
+                        failure = FORMERR
                     continue
-                upstream.fails = 0
-                log.info("upstream %s is healthy again", upstream)
-                return
-        finally:
-            upstream.probing = False
+                if self.short_of:
+                    self.short_of = ""
+                    log.info("forwarding works again")
+                upstream.succeeded(tcp)
+                rcode = RCODE_NAMES.get(reply[3] & 0x0F, str(reply[3] & 0x0F))
+                seconds = time.perf_counter() - started
+                PROXY_DURATION.labels("forward", str(upstream), rcode).observe(seconds)
+                return self.cache.store(key, reply, message)
+        return failure
 
-    def _store(self, key: bytes, reply: bytes) -> None:
-        if len(reply) < 12 or reply[2] & 0x02:
-            return  # truncated: not a whole answer
-        rcode = reply[3] & 0x0F
-        if rcode not in (0, 3):
-            return
+    def order(self, tcp: bool) -> list[Upstream]:
+        """The upstreams healthy over this transport, shuffled; all of them if none is."""
+        healthy = [u for u in self.upstreams if not u.health(tcp).down]
+        if not healthy:
+            FORWARD_HEALTHCHECK_BROKEN.inc()
+            healthy = list(self.upstreams)
+        random.shuffle(healthy)
+        return healthy
+
+    async def _exchange(
+        self, upstream: Upstream, data: bytes, end: int, tcp: bool, limit: int, deadline: float
+    ) -> tuple[bytes, dnslib.DNSRecord]:
+        """One try with one upstream: the checked reply and its parse."""
+        loop = asyncio.get_running_loop()
+        question = data[HEADER_SIZE:end]
+        qid = self.loops.sending(upstream, question)
+        query = qid + data[2:]
         try:
-            reply = _without_opt(reply)
-            spans = record_spans(reply)
-        except (ValueError, IndexError):
-            return
-        ttls = [(at, unpack_from("!I", reply, at)[0], section) for _, at, _, _, section in spans]
-        positive = rcode == 0 and any(section == 0 for _, _, section in ttls)
-        if positive:
-            ttl = min(min(t for _, t, section in ttls if section == 0), MAX_SUCCESS_TTL)
-        else:
-            # Negative answers live as long as the SOA in the authority section says.
-            ttl = min(min((t for _, t, section in ttls if section == 1), default=0), MAX_DENIAL_TTL)
-        if ttl <= 0:
-            return
-        offsets = [(at, t) for at, t, _ in ttls]
-        self.cache[key] = _Cached(reply, ttl, self.clock(), positive, offsets)
+            timeout = min(self.timeout, deadline - loop.time())
+            reply = await (send_tcp if tcp else send_udp)(upstream, query, timeout)
+            message = check_reply(query, reply)
+            if tcp or not reply[2] & TC >> 8:
+                return reply, message
+            # Truncated: the whole answer needs TCP. If that fails, or there is no time left,
+            # the truncated reply is relayed and the client retries over TCP itself.
+            timeout = min(self.timeout, deadline - loop.time())
+            if timeout <= 0:
+                return reply, message
+            try:
+                whole = await send_tcp(upstream, query, timeout)
+                whole_message = check_reply(query, whole)
+            except LocalError:
+                return reply, message
+            except UpstreamError as error:
+                upstream.failed(True, error)
+                return reply, message
+            upstream.succeeded(True)
+            return (whole, whole_message) if len(whole) <= limit else (reply, message)
+        finally:
+            self.loops.answered(qid, question)
 
 
-class _OneReply(asyncio.DatagramProtocol):
-    """Datagram protocol that waits for the one reply with the right ID."""
-
-    def __init__(self, waiter: asyncio.Future[bytes], qid: bytes) -> None:
-        self.waiter = waiter
-        self.qid = qid
-
-    def datagram_received(self, data: bytes, addr: object) -> None:
-        if data[:2] == self.qid and not self.waiter.done():
-            self.waiter.set_result(data)
-
-    def error_received(self, exc: Exception) -> None:
-        if not self.waiter.done():
-            self.waiter.set_exception(exc)
+def question_end(data: bytes) -> int:
+    """The offset just after a query's question (name, type, class)."""
+    end = HEADER_SIZE
+    while True:
+        length = data[end]
+        if length >= 0xC0:  # a compression pointer ends the name
+            return end + 6
+        if length == 0:
+            return end + 5
+        end += 1 + length
 
 
-def _cache_key(data: bytes, tcp: bool, limit: int, edns: bool) -> bytes:
+def cache_key(data: bytes, end: int, tcp: bool, limit: int, edns: bool) -> bytes:
     """What the answer depends on, as CoreDNS's cache keys it: the question (as asked), RD, CD
     and DO; plus the reply size the client takes, since a reply may be truncated for it.
     Client-specific EDNS options (cookies) are left out."""
-    end = 12
-    while data[end]:
-        end += 1 + data[end]
     do = _do_bit(data) if edns else 0
-    return bytes((data[2] & 0x01, data[3] & 0x10, do, tcp)) + pack("!H", limit) + data[12 : end + 5]
+    key = bytes((data[2] & 0x01, data[3] & 0x10, do, tcp)) + limit.to_bytes(2, "big")
+    return key + data[HEADER_SIZE:end]
 
 
 def _do_bit(data: bytes) -> int:
@@ -284,13 +280,14 @@ def _do_bit(data: bytes) -> int:
     return 0
 
 
-def _without_opt(reply: bytes) -> bytes:
-    """The reply without its OPT record, so another client can be given its own."""
-    for start, _, end, rtype, _ in record_spans(reply):
-        if rtype == 41:
-            count = unpack_from("!H", reply, 10)[0] - 1
-            return reply[:10] + pack("!H", count) + reply[12:start] + reply[end:]
-    return reply
+def truncated(reply: bytes, end: int, opt: bytes) -> bytes:
+    """A reply too large for the client's buffer cut to its header with TC set, its question and
+    the client's OPT: the client retries over TCP. (Rare: upstreams size replies for the buffer
+    the client announced, and only the OPT record changes here.)"""
+    header = (
+        reply[:2] + bytes((reply[2] | TC >> 8, reply[3])) + pack("!4H", 1, 0, 0, 1 if opt else 0)
+    )
+    return header + reply[HEADER_SIZE:end] + opt
 
 
 def resolv_conf_upstreams(path: str = "/etc/resolv.conf") -> list[Upstream]:

@@ -1,7 +1,11 @@
-"""The HTTP endpoints operators probe and scrape: /health, /ready and /metrics.
+"""The HTTP endpoints operators probe and scrape: /health, /ready, /metrics and /explain.
 
-They follow CoreDNS's health and ready plugins: /health answers 200 `OK` while the process is
-up; /ready answers 200 `OK` once the data has synced, and 503 with what is not ready otherwise.
+/health and /ready follow CoreDNS's health and ready plugins: /health answers 200 `OK` while the
+process is up; /ready answers 200 `OK` once the data has synced, and 503 with what is not ready
+otherwise. `/explain?client=IP&name=NAME[&type=A]` answers what `toposdns explain --json`
+prints, from the data being served at that moment, or 400 with `{"error": ...}`. It tells no
+more than a DNS query from that client would, plus where the client and the endpoints are
+placed: the port is meant for the cluster's own monitoring, as /metrics is.
 
 The port is bounded like the DNS port, with about the timeouts of CoreDNS's health server
 (plugin/health/health.go: 5 s to read a request, 5 s to write the answer, 5 s idle): at most
@@ -15,6 +19,7 @@ line in the server's own log, tallied when requests come in floods.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from collections.abc import Callable
@@ -23,7 +28,10 @@ from typing import Any, cast
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from toposdns.explain import explain, parse_question, render_json
 from toposdns.logs import Tally
+from toposdns.resolve.resolver import ResolverConfig
+from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
 
@@ -35,14 +43,23 @@ HEAD_END = b"\r\n\r\n"
 
 
 class HttpServer:
-    """A small aiohttp server; `not_ready()` returns None when ready, else why not."""
+    """A small aiohttp server; `not_ready()` returns None when ready, else why not. With
+    `serving`, which gives the snapshot and resolver options answers come from right now, it
+    serves /explain too."""
 
-    def __init__(self, not_ready: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        not_ready: Callable[[], str | None],
+        serving: Callable[[], tuple[Snapshot, ResolverConfig]] | None = None,
+    ) -> None:
         self.not_ready = not_ready
+        self.serving = serving
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.metrics)
+        if serving is not None:
+            app.router.add_get("/explain", self.explanation)
         self.errors = Tally(
             log,
             logging.WARNING,
@@ -106,6 +123,28 @@ class HttpServer:
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def explanation(self, request: web.Request) -> web.Response:
+        params = request.query
+        try:
+            for required in ("client", "name"):
+                if required not in params:
+                    raise ValueError(f"parameter {required!r} is missing")
+            address, name, qtype = parse_question(
+                params["client"], params["name"], params.get("type", "A")
+            )
+        except ValueError as exc:
+            usage = "GET /explain?client=IP&name=NAME[&type=A]"
+            return web.json_response({"error": f"{exc}; usage: {usage}"}, status=400)
+        assert self.serving is not None  # the route exists only with it
+        snapshot, config = self.serving()
+        result = render_json(explain(snapshot, config, address, name, qtype))
+        return web.json_response(result, dumps=_indented)
+
+
+def _indented(data: object) -> str:
+    """JSON as `toposdns explain --json` prints it."""
+    return json.dumps(data, indent=2) + "\n"
 
 
 class _Connection(asyncio.Protocol):

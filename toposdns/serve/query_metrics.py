@@ -1,10 +1,10 @@
 """Per-query metrics under CoreDNS's names, cheap enough for the hot path.
 
 A prometheus_client child costs a lock and a method call per update, several per query. Here a
-wire-cache hit costs one dict lookup and two additions: each cache entry counts its hits in two
-plain numbers (its labels and sizes are fixed), and the collector adds everything up only when
-Prometheus scrapes. When the wire cache is emptied, its counts are folded into running totals
-first, so the counters never go backwards.
+cached reply's hit costs one dict lookup and two additions: each cache entry points at the
+counter row of its labels and sizes (`Hits`, shared by every entry alike), and the collector adds
+the rows up only when Prometheus scrapes. A scrape's cost follows the number of distinct rows
+(labels times reply sizes), not the number of cached replies.
 
 Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `server` is
 `dns://:PORT`, `zone` is the server block's, `.`):
@@ -24,7 +24,8 @@ from time import perf_counter
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from toposdns.resolve.answer import RCODE_NAMES, type_name
+from toposdns.resolve.answer import type_name
+from toposdns.wire.codes import RCODE_NAMES
 
 ZONE = "."
 #: qtypes CoreDNS reports by name (vars/monitor.go); the rest are "other".
@@ -45,7 +46,7 @@ Labels = tuple[str, str, str, str, str]  # proto, family, type, rcode, plugin
 
 
 class Hits:
-    """What one wire-cache entry has seen since it was filled: hits answered within the first
+    """Cache hits of one kind (labels, query size, reply size) answered within the first
     duration bucket, and their seconds. Two numbers, so that a hit touches little memory
     (slower hits, which are rare, go to the totals in full)."""
 
@@ -63,10 +64,12 @@ class QueryMetrics(Collector):
 
     def __init__(self, server: str) -> None:
         self.server = server
-        #: Per transport, wire-cache key -> Hits. A topology-filtered entry counts every client
-        #: signature's hits, with the sizes of the first reply.
+        #: Per transport, cache key -> the Hits row its hits count in. A topology-filtered
+        #: entry counts every client signature's hits, with the sizes of the first reply.
         self.hits: dict[object, dict[bytes, Hits]] = {}
-        #: Everything else, retired wire-cache hits and slow hits, by labels.
+        #: The Hits rows, one per (labels, query size, reply size).
+        self.rows: dict[tuple[Labels, int, int], Hits] = {}
+        #: Everything else, replies built and slow hits, by labels.
         self.totals: dict[Labels, list[float]] = {}
 
     def hits_for(self, transport: object) -> dict[bytes, Hits]:
@@ -83,10 +86,15 @@ class QueryMetrics(Collector):
         key: bytes = b"",
     ) -> None:
         """Count one query answered since `started` (perf_counter). With `key`, the reply went
-        into the wire cache, and its later hits are counted there."""
+        into the cache, and its later hits are counted in its row."""
         self.add(labels, perf_counter() - started, query_size, reply_size)
         if key:
-            self.hits_for(transport)[key] = Hits(labels, query_size, reply_size)
+            row = self.rows.get((labels, query_size, reply_size))
+            if row is None:
+                row = self.rows[labels, query_size, reply_size] = Hits(
+                    labels, query_size, reply_size
+                )
+            self.hits_for(transport)[key] = row
 
     def add(self, labels: Labels, seconds: float, query_size: int, reply_size: int) -> None:
         """Count one query in the totals."""
@@ -101,20 +109,17 @@ class QueryMetrics(Collector):
         self.add(hits.labels, seconds, hits.query_size, hits.reply_size)
 
     def retire(self, transport: object | None = None) -> None:
-        """Fold wire-cache hit counts (of one transport, or all) into the totals before the
-        cache is emptied."""
+        """Forget which cache keys count where (of one transport, or all), when that cache is
+        emptied; the counts stay in their rows."""
         for kind, table in self.hits.items():
             if transport is None or kind == transport:
-                for hits in table.values():
-                    _fold(self.totals.setdefault(hits.labels, _row()), hits)
                 table.clear()
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         """Build the metric families from the rows (called by prometheus_client on scrape)."""
         merged = {labels: list(row) for labels, row in self.totals.items()}
-        for table in self.hits.values():
-            for hits in list(table.values()):
-                _fold(merged.setdefault(hits.labels, _row()), hits)
+        for hits in list(self.rows.values()):
+            _fold(merged.setdefault(hits.labels, _row()), hits)
         base = [self.server, ZONE, ""]
         by_request: dict[tuple[str, ...], float] = {}
         by_response: dict[tuple[str, ...], float] = {}

@@ -1,47 +1,46 @@
-"""Bytes in, bytes out: decode, place the client, resolve, encode, and the caches around it.
+"""One query's way through the server: wire in, client placed, reply found or built, wire out.
 
-Two caches, both emptied whenever a new snapshot arrives:
+`Responder.respond` reads top to bottom as that path:
 
-- the *wire* cache maps a query's bytes after its ID to the reply's bytes after the ID, one per
-  transport (the reply size limits differ). A hit costs one dict lookup and a concatenation.
-  Only queries without EDNS options go in, since options such as cookies and Client Subnet
-  differ per client. For a topology-filtered name the value is a `TopologyReplies`: one reply
-  per client signature, chosen by the querying address's labels.
-- the *answer* cache maps (name as asked, qtype) to the resolver's Answer, or, for names whose
-  answer depends on the client, to their Policy; those answers are then cached per
-  (name, qtype, signature). A signature is the client's values for the policy's label keys, so a
-  cluster of thousands of nodes in three zones keeps three answers for a zone policy.
+1. **wire in**: `split_query` cuts a plain query into its cache key (the message after the ID,
+   without EDNS options) and its EDNS options, without decoding it;
+2. **client placed**, only when the answer depends on the client: `Placer` gives the labels of
+   the node a PodLocator puts the source (or a trusted Client Subnet address) on;
+3. **reply found** in the per-transport `ReplyCache`, or **built**: decoded in full, resolved
+   (the pure resolver), encoded, and cached under the key with what it depended on;
+4. **wire out**: the query's ID, and the query's own EDNS options spliced into the reply's OPT
+   record (so options such as cookies and Client Subnet never defeat the cache).
+
+Names outside the zones take their own branch to the forwarder, which returns a coroutine.
+A new snapshot drops only the cached replies that read what it changed (`update`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from cachetools import LRUCache
-
-from toposdns.resolve.answer import (
-    NOERROR,
-    REFUSED,
-    SERVFAIL,
-    Answer,
-    Name,
-    name_text,
-    type_name,
-)
-from toposdns.resolve.client import NO_LABELS, Network, client_address, identify, plain_address
+from toposdns.resolve.answer import Answer, name_text, type_name
+from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
+from toposdns.serve.cache import ReplyCache, SerialReply, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
-from toposdns.serve.query_metrics import QueryMetrics, labels_of
+from toposdns.serve.placement import Placer
+from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
+from toposdns.serve.topology_metrics import TopologyCounts
+from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels, Policy
-from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
+from toposdns.store.topology import Labels
+from toposdns.wire.codes import AA, CLASS_IN, NOERROR, REFUSED, SERVFAIL, SOA, TC, Name
+from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
+from toposdns.wire.edns import NO_OPTIONS, EchoedOptions, read_options, splice_options, split_query
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
     FRAGMENT_LIMIT_V6,
     MAX_TCP_SIZE,
+    MIN_UDP_SIZE,
     encode_badvers,
     encode_bare,
     encode_opt,
@@ -52,9 +51,8 @@ from toposdns.wire.encode import (
 
 log = logging.getLogger("toposdns")
 
-CLASS_IN = 1
-WIRE_CACHE_SIZE = 100_000
-ANSWER_CACHE_SIZE = 50_000
+#: Distinct EDNS option sets remembered (a forwarder's clients each send their own subnet).
+REMEMBERED_OPTIONS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,35 +71,6 @@ TCP4 = Transport("tcp4", True, 0, 1)
 TCP6 = Transport("tcp6", True, 0, 2)
 TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
 
-
-class TopologyReplies:
-    """Wire replies to one query whose answer depends on the client, by client signature."""
-
-    __slots__ = ("policy", "replies", "by_labels")
-
-    #: How many label sets each entry remembers directly (more is still answered, just slower).
-    REMEMBERED = 256
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.replies: dict[tuple[object, ...], bytes] = {}
-        #: id(labels) -> reply. Equal label sets are one interned object (store/convert.py),
-        #: alive as long as the snapshot whose cache this is, so the id stays theirs.
-        self.by_labels: dict[int, bytes] = {}
-
-    def get(self, labels: Labels) -> bytes | None:
-        """The reply for a client with these labels, if one is cached: the hot path."""
-        reply = self.by_labels.get(id(labels))
-        if reply is None:
-            reply = self.replies.get(self.policy.signature(labels))
-            if reply is not None and len(self.by_labels) < self.REMEMBERED:
-                self.by_labels[id(labels)] = reply
-        return reply
-
-
-WireCache = dict[bytes, bytes | TopologyReplies]
-
-
 #: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
@@ -119,112 +88,237 @@ class Responder:
     ) -> None:
         self.config = config
         self.snapshot = snapshot
-        self.ecs_trust = ecs_trust
+        self.placer = Placer(ecs_trust)
         self.forwarder = forwarder
         self.metrics = metrics
-        #: Per-transport wire caches; frontends hold references, so they are cleared in place.
-        self.wire: dict[Transport, WireCache] = {kind: {} for kind in TRANSPORTS}
-        self.answers: LRUCache[tuple[Name, int], Answer | Policy] = LRUCache(ANSWER_CACHE_SIZE)
-        self.topology_answers: LRUCache[tuple[Name, int, tuple[object, ...]], Answer] = LRUCache(
-            ANSWER_CACHE_SIZE
-        )
+        self.caches = {kind: ReplyCache() for kind in TRANSPORTS}
+        #: Topology-filtered answers by policy and tier (counted with or without --http).
+        self.topology_counts = TopologyCounts()
+        #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
+        self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
     def update(self, snapshot: Snapshot) -> None:
-        """Serve from a new snapshot; every cached reply is dropped."""
-        self.snapshot = snapshot
+        """Serve from a new snapshot, dropping the cached replies it makes stale."""
+        previous, self.snapshot = self.snapshot, snapshot
+        if snapshot.follows(previous) and snapshot.synced == previous.synced:
+            for cache in self.caches.values():
+                cache.invalidate(snapshot.changes)
+            return
+        for cache in self.caches.values():
+            cache.clear()
         if self.metrics is not None:
             self.metrics.retire()
-        for cache in self.wire.values():
-            cache.clear()
-        self.answers.clear()
-        self.topology_answers.clear()
-
-    def labels_of(self, source: str) -> Labels:
-        """The node labels of a querying address (empty when no locator holds it)."""
-        locator = self.snapshot.locators.get(source)
-        if locator is None and (":" in source and ("%" in source or "." in source)):
-            locator = self.snapshot.locators.get(plain_address(source))
-        return NO_LABELS if locator is None else locator.node_labels
-
-    def cached(self, data: bytes, transport: Transport, source: str) -> bytes | None:
-        """The wire-cache hit for a query, ID patched in, or None: the hot path."""
-        hit = self.wire[transport].get(data[2:])
-        if hit is None:
-            return None
-        if isinstance(hit, bytes):
-            return data[:2] + hit
-        reply = hit.get(self.labels_of(source))
-        return None if reply is None else data[:2] + reply
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
         when an upstream must be asked first. `started` (perf_counter) times it for metrics."""
+        split = split_query(data)
+        if split is None:  # not a plain query: decoded in full, never cached
+            return self.decoded(data, transport, source, started)
+        key, options = split
+        echo = self.options.get(options)
+        if echo is None:
+            try:
+                echo = self.remember_options(options)
+            except ValueError:  # malformed options: the decoder's FORMERR
+                return self.decoded(data, transport, source, started)
+        reply = self.found(data, key, options, echo, transport, source)
+        if reply is None:
+            return self.built(data, key, options, echo, transport, source, started)
+        if self.metrics is not None:
+            if options:  # sizes differ from the cached reply's: counted in full
+                self.counted(data, reply, transport, started, _qtype(key))
+            else:
+                count_hit(self.metrics, self.metrics.hits_for(transport), key, started)
+        return reply
+
+    def found(
+        self,
+        data: bytes,
+        key: bytes,
+        options: bytes,
+        echo: EchoedOptions,
+        transport: Transport,
+        source: str,
+    ) -> bytes | None:
+        """A cached reply to the query, with its ID and OPT record, or None."""
+        entry = self.caches[transport].table.get(key)
+        if entry is None:
+            return None
+        via_ecs = False
+        if entry.__class__ is bytes:
+            reply: bytes = entry
+        elif isinstance(entry, SerialReply):
+            reply = entry.current(self.snapshot.serial)
+        else:
+            assert isinstance(entry, TopologyReplies)
+            subnet = echo.subnet[0] if echo.subnet is not None else None
+            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            found = entry.get(labels, self.snapshot.serial)
+            if found is None:
+                return None
+            reply, row = found
+            count_topology(row, labels is NO_LABELS)
+        if not options:
+            return data[:2] + reply
+        spliced = data[:2] + splice_options(reply, echo.scoped if via_ecs else echo.plain)
+        # Splicing is exact while the reply stays uncompressed and whole; else it is rebuilt.
+        return spliced if len(spliced) <= _limit(key, transport) else None
+
+    def built(
+        self,
+        data: bytes,
+        key: bytes,
+        options: bytes,
+        echo: EchoedOptions,
+        transport: Transport,
+        source: str,
+        started: float,
+    ) -> Reply:
+        """The reply to a plain query with none cached. What is cached answers the query
+        without its EDNS options, and this query's own are spliced in, as on a hit. Anything
+        but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
+        decoder's path."""
+        try:
+            query = decode_plain(data)
+        except ValueError:
+            return self.decoded(data, transport, source, started)
+        if not self.zones_answer(query):
+            return self.decoded(data, transport, source, started)
+        try:
+            subnet = echo.subnet[0] if echo.subnet is not None else None
+            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            if answer.chase is not None and self.forwarder is not None:
+                return self.decoded(data, transport, source, started)
+            plain = self.encoded(query, answer, transport, 0)
+            row = None
+            if answer.policy is not None:
+                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
+            self.remember(key, answer, transport, labels, plain, row)
+        except Exception:
+            return self.decoded(data, transport, source, started)  # it says what failed
+        if not options:  # the reply is the cached one: its later hits are counted there
+            return self.counted(data, plain, transport, started, query.qtype, key)
+        scoped = via_ecs and answer.policy is not None
+        reply = data[:2] + splice_options(plain[2:], echo.scoped if scoped else echo.plain)
+        if len(reply) > _limit(key, transport):  # compressed or truncated with its options
+            whole = decode_query(data)
+            scope = whole.ecs.source_prefix if whole.ecs is not None and scoped else 0
+            reply = self.encoded(whole, answer, transport, scope)
+        return self.counted(data, reply, transport, started, query.qtype)
+
+    def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
+        """Decode, place, resolve and encode a query in full; nothing is cached. Every query
+        that is not plain, or not answered by the zones, comes this way."""
         try:
             query = decode_query(data)
         except Dropped:
             return None
         except Rejected as rejected:
             rejection = encode_rejection(rejected.data, rejected.rcode)
-            self.count(data, rejection, transport, 0, "", started)
-            return rejection
+            return self.counted(data, rejection, transport, started, 0)
+        qtype = query.qtype
+        if query.edns is not None and query.edns.version != 0:
+            # Checked by the server before any plugin sees the query, forwarded or not.
+            return self.counted(data, encode_badvers(query), transport, started, qtype)
+        if self.forwarder is not None and not self.in_zones(query.name):
+            forwarded = self.forwarded(data, query, transport)
+            return self.counted_later(forwarded, data, transport, started, qtype, "forward")
+        if query.qclass != CLASS_IN and self.forwarder is None:
+            # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
+            # them with IN records.
+            return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         try:
-            if query.edns is not None and query.edns.version != 0:
-                # Checked by the server before any plugin sees the query, forwarded or not.
-                badvers = encode_badvers(query)
-                self.count(data, badvers, transport, query.qtype, "", started)
-                return badvers
-            if self.forwarder is not None and not self.in_zones(query.name):
-                forwarded = self.forwarded(data, query, transport)
-                return self.counted(forwarded, data, transport, query, started, "forward")
-            reply, policy, labels = self.reply(query, transport, source)
+            subnet = query.ecs.address if query.ecs is not None else None
+            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            # The answer was tailored to the ECS prefix only if it depended on the client.
+            scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+            if answer.chase is not None and self.forwarder is not None:
+                chased = self.chased(query, answer, transport, scope)
+                return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
+            reply = self.encoded(query, answer, transport, scope)
+            if answer.policy is not None:
+                row = self.topology_counts.row(qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
         except Exception:
-            failure = self.failed(query)
-            self.count(data, failure, transport, query.qtype, "", started)
-            return failure
-        if not isinstance(reply, bytes):
-            if reply is None:
-                return None
-            return self.counted(reply, data, transport, query, started, "kubernetes")
-        cacheable = query.edns is None or not query.edns.options
-        if cacheable:
-            self.remember(data, reply, transport, policy, labels)
-        self.count(data, reply, transport, query.qtype, "", started, cacheable)
-        return reply
+            reply = self.failed(query)
+        return self.counted(data, reply, transport, started, qtype)
 
-    def count(
+    def zones_answer(self, query: Query) -> bool:
+        """True if the zones answer a query that decoded: it is not for the server to refuse
+        (BADVERS, another class) nor for an upstream."""
+        return (
+            (query.edns is None or query.edns.version == 0)
+            and (query.qclass == CLASS_IN or self.forwarder is not None)
+            and (self.forwarder is None or self.in_zones(query.name))
+        )
+
+    def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
+        """The reply to a decoded query."""
+        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+        return encode_reply(query, answer, limit, transport.fragment_limit, scope)
+
+    def remember(
+        self,
+        key: bytes,
+        answer: Answer,
+        transport: Transport,
+        labels: Labels,
+        plain: bytes,
+        row: list[int] | None,
+    ) -> None:
+        """Cache a reply (`plain`: to the query without its EDNS options) under its key."""
+        reply: bytes | SerialReply = plain[2:]
+        if answer.authority or any(rr.rtype == SOA for rr in answer.answer):
+            reply = SerialReply(plain[2:], self.snapshot.serial)
+        cache = self.caches[transport]
+        if cache.store(key, reply, answer.policy, labels, answer.depends, row) and self.metrics:
+            self.metrics.retire(transport)
+
+    def remember_options(self, options: bytes) -> EchoedOptions:
+        """Read a query's EDNS options once; ValueError when malformed."""
+        echo = read_options(options)
+        if len(self.options) >= REMEMBERED_OPTIONS:
+            self.options = {b"": NO_OPTIONS}
+        self.options[options] = echo
+        return echo
+
+    def counted(
         self,
         data: bytes,
         reply: bytes,
         transport: Transport,
-        qtype: int,
-        plugin: str,
         started: float,
-        cached: bool = False,
-    ) -> None:
-        """Count a query and its reply (when metrics are on)."""
+        qtype: int,
+        key: bytes = b"",
+        plugin: str = "",
+    ) -> bytes:
+        """Count a query and its reply (when metrics are on). With `key`, the reply is cached
+        under the query's exact bytes, and its later hits are counted there."""
         metrics = self.metrics
-        if metrics is None:
-            return
-        rcode = reply[3] & 0x0F
-        # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
-        plugin = plugin or ("kubernetes" if reply[2] & 0x04 else "")
-        labels = labels_of(transport.tcp, transport.family, qtype, rcode, plugin)
-        key = data[2:] if cached else b""
-        metrics.observe(transport, labels, started, len(data), len(reply), key)
+        if metrics is not None:
+            # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
+            plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
+            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & 0x0F, plugin)
+            metrics.observe(transport, labels, started, len(data), len(reply), key)
+        return reply
 
-    async def counted(
+    async def counted_later(
         self,
         pending: Coroutine[Any, Any, bytes | None],
         data: bytes,
         transport: Transport,
-        query: Query,
         started: float,
+        qtype: int,
         plugin: str,
     ) -> bytes | None:
         """Count a reply that needed an upstream once it is there."""
         reply = await pending
         if reply is not None:
-            self.count(data, reply, transport, query.qtype, plugin, started)
+            self.counted(data, reply, transport, started, qtype, plugin=plugin)
         return reply
 
     def failed(self, query: Query) -> bytes:
@@ -249,7 +343,8 @@ class Responder:
             reply = await self.forwarder.forward(data, transport.tcp, limit, opt)
         except Exception:
             return self.failed(query)
-        return reply if reply is not None else encode_bare(query, SERVFAIL)
+        # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
+        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
     async def chased(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """An answer ending in an out-of-zone CNAME, completed with the upstream's answer."""
@@ -259,74 +354,31 @@ class Responder:
         try:
             lookup = build_query(chase.target, chase.qtype)
             reply = await self.forwarder.forward(lookup, tcp=False, limit=MAX_TCP_SIZE)
-            if reply is None:
+            if isinstance(reply, int):
                 # No message at all: CoreDNS drops the CNAME, which leaves NODATA.
                 answer = Answer(NOERROR, authority=(chase.soa,), policy=answer.policy)
             else:
                 records, truncated = answer_records(reply)
-                answer = replace(answer, answer=answer.answer + records, chase=None)
-            limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
-            encoded = encode_reply(query, answer, limit, transport.fragment_limit, scope)
+                answer = answer._replace(answer=answer.answer + records, chase=None)
+            encoded = self.encoded(query, answer, transport, scope)
         except Exception:
             return self.failed(query)
         if truncated:  # CoreDNS copies the upstream's TC bit
-            encoded = encoded[:2] + bytes((encoded[2] | 0x02,)) + encoded[3:]
+            encoded = encoded[:2] + bytes((encoded[2] | (TC >> 8),)) + encoded[3:]
         return encoded
 
-    def remember(
-        self, data: bytes, reply: bytes, transport: Transport, policy: Policy | None, labels: Labels
-    ) -> None:
-        """Put a reply in the wire cache, per client signature when it depends on the client."""
-        cache = self.wire[transport]
-        if len(cache) >= WIRE_CACHE_SIZE:
-            if self.metrics is not None:
-                self.metrics.retire(transport)
-            cache.clear()  # cheaper than LRU bookkeeping on every hit
-        if policy is None:
-            cache[data[2:]] = reply[2:]
-            return
-        entry = cache.get(data[2:])
-        if not isinstance(entry, TopologyReplies):
-            entry = cache[data[2:]] = TopologyReplies(policy)
-        entry.replies[policy.signature(labels)] = reply[2:]
 
-    def reply(
-        self, query: Query, transport: Transport, source: str
-    ) -> tuple[Reply, Policy | None, Labels]:
-        """Encode the reply to a decoded query; also say which policy and labels it used."""
-        if query.qclass != CLASS_IN and self.forwarder is None:
-            # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
-            # them with IN records.
-            return encode_bare(query, REFUSED), None, NO_LABELS
-        ecs = query.ecs.address if query.ecs is not None else None
-        address, via_ecs = client_address(source, ecs, self.ecs_trust)
-        labels = identify(self.snapshot, address, via_ecs).labels
-        answer = self.answer(query.name, query.qtype, labels)
-        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
-        # The answer was tailored to the ECS prefix only if it depended on the client at all.
-        scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
-        if answer.chase is not None and self.forwarder is not None:
-            return self.chased(query, answer, transport, scope), None, labels
-        reply = encode_reply(query, answer, limit, transport.fragment_limit, scope)
-        return reply, answer.policy, labels
+def _limit(key: bytes, transport: Transport) -> int:
+    """The largest reply a plain query with EDNS options may get without being rebuilt: its
+    buffer size (read from its key: the OPT record's class field) and, over UDP, the size past
+    which replies are compressed."""
+    if transport.tcp:
+        return MAX_TCP_SIZE
+    limit = max(MIN_UDP_SIZE, (key[-6] << 8) | key[-5])
+    return min(limit, transport.fragment_limit)
 
-    def answer(self, name: Name, qtype: int, labels: Labels = NO_LABELS) -> Answer:
-        """The resolver's answer for a client with these labels, cached until the next snapshot."""
-        key = (name, qtype)
-        found = self.answers.get(key)
-        if isinstance(found, Answer):
-            return found
-        if found is not None:
-            topology_key = (name, qtype, found.signature(labels))
-            answer = self.topology_answers.get(topology_key)
-            if answer is None:
-                answer = resolve(name, qtype, self.snapshot, self.config, labels)
-                self.topology_answers[topology_key] = answer
-            return answer
-        answer = resolve(name, qtype, self.snapshot, self.config, labels)
-        if answer.policy is None:
-            self.answers[key] = answer
-        else:
-            self.answers[key] = answer.policy
-            self.topology_answers[(name, qtype, answer.policy.signature(labels))] = answer
-        return answer
+
+def _qtype(key: bytes) -> int:
+    """The qtype of a plain query with EDNS from its key (the OPT's 11 bytes end it, less the
+    data length, which the key leaves out)."""
+    return (key[-13] << 8) | key[-12]

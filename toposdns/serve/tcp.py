@@ -18,10 +18,13 @@ from collections.abc import Coroutine
 from typing import Any, cast
 
 from toposdns.logs import Tally
-from toposdns.serve.query_metrics import count_hit
 from toposdns.serve.responder import Responder, Transport
 
 log = logging.getLogger("toposdns")
+
+#: Queries one connection may have waiting for an upstream; past that its queries are read only
+#: as those are answered, so one pipelining client cannot hold every forwarding slot.
+MAX_PENDING = 32
 
 
 class TcpLimits:
@@ -55,8 +58,6 @@ class TcpProtocol(asyncio.Protocol):
         self.responder = responder
         self.limits = limits
         self.kind = kind
-        self.metrics = responder.metrics
-        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
@@ -66,6 +67,7 @@ class TcpProtocol(asyncio.Protocol):
         self.wake_at = 0.0
         self.counted = False
         self.pending: set[asyncio.Task[None]] = set()
+        self.writing_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
@@ -88,25 +90,19 @@ class TcpProtocol(asyncio.Protocol):
         received = len(buffer)
         responder = self.responder
         source = self.transport.get_extra_info("peername")[0]
-        while len(buffer) >= 2:
+        while len(buffer) >= 2 and len(self.pending) < MAX_PENDING:
             length = (buffer[0] << 8) | buffer[1]
             if len(buffer) < 2 + length:
                 break
             message = bytes(buffer[2 : 2 + length])
             del buffer[: 2 + length]
-            started = time.perf_counter()
-            reply = responder.cached(message, self.kind, source)
-            if reply is not None and self.metrics is not None:
-                count_hit(self.metrics, self.hits, message[2:], started)
+            reply = responder.respond(message, self.kind, source, time.perf_counter())
             if reply is None:
-                answer = responder.respond(message, self.kind, source, started)
-                if answer is None:
-                    continue
-                if not isinstance(answer, bytes):
-                    # Answered when the upstream is; RFC 7766 lets replies overtake each other.
-                    self.later(answer)
-                    continue
-                reply = answer
+                continue
+            if not isinstance(reply, bytes):
+                # Answered when the upstream is; RFC 7766 lets replies overtake each other.
+                self.later(reply)
+                continue
             self.transport.write(len(reply).to_bytes(2, "big") + reply)
         if len(buffer) < received:  # whole messages came: the connection is in use
             self.last_active = time.monotonic()
@@ -116,6 +112,9 @@ class TcpProtocol(asyncio.Protocol):
 
     def message_begun(self) -> None:
         """The first bytes of a message are in: the rest must follow within the read timeout."""
+        buffer = self.buffer
+        if len(buffer) >= 2 and len(buffer) >= 2 + ((buffer[0] << 8) | buffer[1]):
+            return  # a whole query waits for this server (MAX_PENDING), not for the client
         self.started = time.monotonic()
         deadline = self.started + self.limits.read_timeout
         if deadline < self.wake_at:
@@ -132,15 +131,28 @@ class TcpProtocol(asyncio.Protocol):
 
         task = asyncio.create_task(send())
         self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        task.add_done_callback(self.answered)
+        if len(self.pending) == MAX_PENDING and self.transport is not None:
+            self.transport.pause_reading()
+
+    def answered(self, task: asyncio.Task[None]) -> None:
+        """An upstream lookup is done: read on if the connection had reached MAX_PENDING."""
+        full = len(self.pending) == MAX_PENDING
+        self.pending.discard(task)
+        if full and self.transport is not None and not self.transport.is_closing():
+            if not self.writing_paused:
+                self.transport.resume_reading()
+            self.data_received(b"")  # the queries already read and left in the buffer
 
     def pause_writing(self) -> None:
         # The client is not reading its answers: stop reading its queries too.
+        self.writing_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None:
+        self.writing_paused = False
+        if self.transport is not None and len(self.pending) < MAX_PENDING:
             self.transport.resume_reading()
 
     def wake(self, at: float) -> None:

@@ -9,8 +9,9 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
+from toposdns.serve.cache import TopologyReplies
 from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
-from toposdns.serve.responder import UDP4, Responder, TopologyReplies, Transport
+from toposdns.serve.responder import UDP4, Responder, Transport
 
 log = logging.getLogger("toposdns")
 
@@ -22,8 +23,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def __init__(self, responder: Responder, kind: Transport) -> None:
         self.responder = responder
         self.kind = kind
-        self.cache = responder.wire[kind]  # cleared in place on every new snapshot
-        # IPv6 sockets may see IPv4-mapped sources, which labels_of() normalizes.
+        self.cache = responder.caches[kind].table  # only ever changed in place
+        # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
         self.plain_addresses = kind is UDP4
         self.metrics = responder.metrics
         self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
@@ -56,15 +57,18 @@ class UdpProtocol(asyncio.DatagramProtocol):
                         metrics.slow_hit(hits, seconds)
             return
         responder = self.responder
-        if isinstance(hit, TopologyReplies):  # topology-filtered: this client's domain's reply
-            if self.plain_addresses:  # IPv4: the source is the locators' key as it is
-                locator = responder.snapshot.locators.get(addr[0])
-                labels = NO_LABELS if locator is None else locator.node_labels
-            else:
-                labels = responder.labels_of(addr[0])
-            cached = hit.by_labels.get(id(labels)) or hit.get(labels)
+        if hit.__class__ is TopologyReplies and self.plain_addresses:
+            # This client's domain's reply; no options, so no Client Subnet to place it by.
+            locator = responder.snapshot.locators.get(addr[0])
+            labels = NO_LABELS if locator is None else locator.node_labels
+            cached = hit.get(labels, responder.snapshot.serial)
             if cached is not None:
-                transport.sendto(data[:2] + cached, addr)
+                reply, counts = cached
+                transport.sendto(data[:2] + reply, addr)
+                # topology_metrics.count written out: the call would cost as much as the count.
+                counts[0] += 1
+                if labels is NO_LABELS:  # no locator holds the client's address
+                    counts[1] += 1
                 if metrics is not None:
                     count_hit(metrics, self.hits, key, started)
                 return

@@ -1,1 +1,1 @@
-"""Where objects come from: a snapshot file (and, later, the Kubernetes API)."""
+"""Where objects come from: a snapshot file, or a list/watch of the Kubernetes API."""

@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from toposdns.kube.client import Apis
+from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import MALFORMED_OBJECTS
 from toposdns.source.watch import (
-    Apis,
     Object,
     Reflector,
     Resource,
@@ -46,7 +47,7 @@ ENDPOINT_SLICES = Resource(
     "discovery.k8s.io/v1",
     lambda a: a.discovery.list_endpoint_slice_for_all_namespaces_without_preload_content,
 )
-POD_LOCATORS = custom_resource("toposdns.io", "v1alpha1", "podlocators", "PodLocator")
+POD_LOCATORS = custom_resource(POD_LOCATOR)
 #: What DNS watches, and the store record each becomes.
 RESOURCES: dict[Resource, type] = {
     NAMESPACES: Namespace,
@@ -65,11 +66,14 @@ class KubeSource:
         publish: Callable[[Snapshot], None],
         settings: WatchSettings | None = None,
         clock: Callable[[], float] = time.time,
+        on_page: Callable[[], None] | None = None,
     ) -> None:
         self.apis = apis
         self.publish = publish
         self.settings = settings or WatchSettings()
         self.clock = clock
+        #: Called after each list page (Reflector's `on_page`).
+        self.on_page = on_page
         self.builder = StoreBuilder()
         self.synced: set[str] = set()
         self.serial = 0
@@ -85,7 +89,7 @@ class KubeSource:
         """Run every reflector until cancelled."""
         async with asyncio.TaskGroup() as group:
             for resource in RESOURCES:
-                reflector = Reflector(self.apis, resource, self, self.settings)
+                reflector = Reflector(self.apis, resource, self, self.settings, self.on_page)
                 group.create_task(reflector.run(), name=f"watch {resource.name}")
 
     # The reflectors' sink.

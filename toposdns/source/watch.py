@@ -16,31 +16,29 @@ sink's business: the DNS source turns them into store records, the controller in
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
+from toposdns.kube.client import Apis, decode, message_of, request
+from toposdns.kube.resources import CustomResource
 from toposdns.metrics import API_ERRORS, WATCH_RESTARTS
 
 log = logging.getLogger("toposdns")
 
 Object = dict[str, Any]
 Call = Callable[..., Awaitable[aiohttp.ClientResponse]]
+#: How long one LIST page may take.
+LIST_TIMEOUT = 60.0
 
 
 class Gone(Exception):
     """The resourceVersion asked for is no longer in the API server's history."""
-
-
-class ConnectError(Exception):
-    """No way to reach the cluster: neither in-cluster credentials nor a usable kubeconfig."""
 
 
 class ApiError(Exception):
@@ -49,17 +47,6 @@ class ApiError(Exception):
     def __init__(self, resource: str, status: int, message: str) -> None:
         super().__init__(f"{resource}: HTTP {status}: {message}")
         self.status = status
-
-
-@dataclass(frozen=True, slots=True)
-class Apis:
-    """The typed API groups of the official client that reflectors and writers call."""
-
-    client: Any
-    core: Any
-    discovery: Any
-    custom: Any
-    coordination: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +59,9 @@ class Resource:
     call: Callable[[Apis], Call]
 
 
-def custom_resource(group: str, version: str, plural: str, kind: str) -> Resource:
+def custom_resource(resource: CustomResource) -> Resource:
     """A custom resource, listed through CustomObjectsApi."""
+    group, version, plural = resource.group, resource.version, resource.plural
 
     def call(apis: Apis) -> Call:
         def list_all(**kwargs: Any) -> Awaitable[aiohttp.ClientResponse]:
@@ -82,45 +70,7 @@ def custom_resource(group: str, version: str, plural: str, kind: str) -> Resourc
 
         return list_all
 
-    return Resource(plural, kind, f"{group}/{version}", call)
-
-
-async def connect(kubeconfig: Path | None) -> Any:
-    """An ApiClient: in-cluster service account, else the kubeconfig (default ~/.kube/config)."""
-    from kubernetes.aio import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig is None:
-        try:
-            # Re-reads the projected token as it rotates.
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        except config.ConfigException:
-            pass
-    try:
-        await config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
-        )
-    except (config.ConfigException, OSError) as exc:
-        where = kubeconfig or "~/.kube/config"
-        raise ConnectError(
-            f"not in a cluster, and cannot use the kubeconfig {where}: {exc}; "
-            "pass --kubeconfig FILE"
-        ) from None
-    return client.ApiClient(configuration)
-
-
-def apis_of(api_client: Any) -> Apis:
-    """The API groups over one ApiClient."""
-    from kubernetes.aio import client
-
-    return Apis(
-        api_client,
-        client.CoreV1Api(api_client),
-        client.DiscoveryV1Api(api_client),
-        client.CustomObjectsApi(api_client),
-        client.CoordinationV1Api(api_client),
-    )
+    return Resource(plural, resource.kind, resource.api_version, call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +107,25 @@ class Sink(Protocol):
 
 
 class Reflector:
-    """List, then watch, one resource; relist when the watch's history is gone."""
+    """List, then watch, one resource; relist when the watch's history is gone.
 
-    def __init__(self, apis: Apis, resource: Resource, sink: Sink, settings: WatchSettings):
+    `on_page`, if given, is called after each list page has been passed through the sink's
+    `prepare`: the process that owns the heap may freeze what survived it there (gc.freeze).
+    """
+
+    def __init__(
+        self,
+        apis: Apis,
+        resource: Resource,
+        sink: Sink,
+        settings: WatchSettings,
+        on_page: Callable[[], None] | None = None,
+    ) -> None:
         self.resource = resource
         self.call = resource.call(apis)
         self.sink = sink
         self.settings = settings
+        self.on_page = on_page
         self.prepare: Callable[[Resource, Object], Any] = getattr(
             sink, "prepare", lambda _resource, obj: obj
         )
@@ -209,10 +171,8 @@ class Reflector:
                     obj.setdefault("kind", self.resource.kind)
                     obj.setdefault("apiVersion", self.resource.api_version)
                     items.append(self.prepare(self.resource, obj))
-            # What survives a page lives as long as the data: keep the cyclic collector from
-            # scanning it again and again (full collections of 100,000s of objects take
-            # most of a large sync otherwise).
-            gc.freeze()
+            if self.on_page is not None:
+                self.on_page()
             token = metadata.get("continue") or None
             if token is None:
                 self.sink.replace(self.resource, items)
@@ -220,19 +180,14 @@ class Reflector:
 
     async def request(self, **params: Any) -> Object:
         """One LIST page, decoded."""
-        response = await self.call(**params, _request_timeout=60)
-        try:
-            data = await response.read()
-            if response.status == 410:
-                raise Gone()
-            if response.status != 200:
-                raise ApiError(self.resource.name, response.status, status_message(data))
-            body = json.loads(data)
-        finally:
-            response.release()
-        if not isinstance(body, dict):
+        reply = await request(self.call, timeout=LIST_TIMEOUT, **params)
+        if reply.status == 410:
+            raise Gone()
+        if reply.status != 200:
+            raise ApiError(self.resource.name, reply.status, reply.message)
+        if not isinstance(reply.body, dict):
             raise ApiError(self.resource.name, 200, "the list is not a JSON object")
-        return body
+        return reply.body
 
     async def watch(self, version: str) -> str:
         """Watch from `version`, delivering events; return the last version when the server
@@ -250,7 +205,7 @@ class Reflector:
                 raise Gone()
             if response.status != 200:
                 data = await response.read()
-                raise ApiError(self.resource.name, response.status, status_message(data))
+                raise ApiError(self.resource.name, response.status, message_of(decode(data)))
             pending = b""
             while True:
                 async with asyncio.timeout(self.settings.inactivity):
@@ -274,7 +229,7 @@ class Reflector:
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone()
-            raise ApiError(self.resource.name, int(obj.get("code") or 500), _message(obj))
+            raise ApiError(self.resource.name, int(obj.get("code") or 500), message_of(obj))
         version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
         if kind == "BOOKMARK":
             return version
@@ -294,19 +249,6 @@ def object_key(obj: Any) -> tuple[str, str]:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     meta = meta if isinstance(meta, dict) else {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def status_message(data: bytes) -> str:
-    """The message of a Status body, or the start of whatever came instead."""
-    try:
-        status = json.loads(data)
-    except ValueError:
-        return data[:200].decode("utf-8", "replace")
-    return _message(status) if isinstance(status, dict) else str(status)[:200]
-
-
-def _message(status: dict[str, Any]) -> str:
-    return str(status.get("message") or status.get("reason") or status)[:300]
 
 
 def _describe_error(exc: Exception) -> str:

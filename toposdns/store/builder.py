@@ -1,17 +1,21 @@
-"""Keep the snapshot's indexes up to date one change at a time, and publish copies of them.
+"""Keep the snapshot's indexes up to date one change at a time, and publish them.
 
-A large cluster has ~100,000 PodLocators; rebuilding every index on each watch event would cost
-far more than the event. The builder instead applies each change to mutable indexes whose values
-are immutable tuples, and `snapshot()` copies only the indexes that changed since the last one
-(a shallow dict copy), sharing the rest with the previous snapshot. An update equal to what is
-stored (a resourceVersion bump, a status-only change) changes nothing.
+A large cluster has ~100,000 PodLocators; rebuilding or copying an index on each watch event
+would cost time that grows with the cluster. The indexes are persistent maps
+(`immutables.Map`): a change replaces the few trie nodes on its path, and `snapshot()` hands out
+the current maps as they are, sharing everything else with the previous snapshot. An update equal
+to what is stored (a resourceVersion bump, a status-only change) changes nothing.
+
+Each change also notes what it touched (`Dependency` words: the service, the addresses, the
+node); a snapshot carries those notes, so caches drop only the replies that read them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import TypeVar
+
+from immutables import Map
 
 from toposdns.store.model import (
     HEADLESS,
@@ -22,7 +26,7 @@ from toposdns.store.model import (
     Service,
     canonical_ip,
 )
-from toposdns.store.snapshot import Snapshot
+from toposdns.store.snapshot import Dependency, Snapshot, new_lineage
 from toposdns.store.topology import Policy, policy_for
 
 Key = tuple[str, str]
@@ -40,28 +44,29 @@ class StoreBuilder:
     """The current objects, indexed for DNS, changed in place and published as snapshots."""
 
     def __init__(self) -> None:
-        self._services: dict[Key, Service] = {}
         self._slices: dict[Key, EndpointSlice] = {}
-        self._namespaces: set[str] = set()
         self._locators: dict[Key, PodLocator] = {}
+        self._node_holders: dict[str, dict[Key, PodLocator]] = {}
         # Indexes, as the snapshot exposes them.
-        self._by_service: dict[Key, tuple[EndpointSlice, ...]] = {}
-        self._service_ips: dict[str, tuple[Service, ...]] = {}
-        self._endpoint_ips: dict[str, tuple[SliceRef, ...]] = {}
+        self._services: Map[Key, Service] = Map()
+        self._namespaces: Map[str, bool] = Map()
+        self._by_service: Map[Key, tuple[EndpointSlice, ...]] = Map()
+        self._service_ips: Map[str, tuple[Service, ...]] = Map()
+        self._endpoint_ips: Map[str, tuple[SliceRef, ...]] = Map()
         #: The locator placing each address; `_shared` has every claimant of the few
         #: addresses several locators claim (kept apart: one tuple per address costs memory).
-        self._combined: dict[str, PodLocator] = {}
-        self._shared: dict[str, tuple[PodLocator, ...]] = {}
-        self._node_holders: dict[str, dict[Key, PodLocator]] = {}
-        self._node_locators: dict[str, PodLocator] = {}
-        self._policies: dict[Key, Policy] = {}
-        self._dirty: set[str] = set()
-        self._last = Snapshot()
+        self._combined: Map[str, PodLocator] = Map()
+        self._shared: Map[str, tuple[PodLocator, ...]] = Map()
+        self._node_locators: Map[str, PodLocator] = Map()
+        self._policies: Map[Key, Policy] = Map()
+        #: What changed since the last snapshot.
+        self._changes: set[Dependency] = set()
+        self._last = Snapshot(lineage=new_lineage())
 
     @property
     def dirty(self) -> bool:
         """True if something changed since the last snapshot."""
-        return bool(self._dirty)
+        return bool(self._changes)
 
     def keys(self, kind: type) -> set[tuple[str, str]]:
         """(namespace, name) of every stored object of a kind."""
@@ -83,16 +88,17 @@ class StoreBuilder:
             return self._put_locator(record)
         if record.name in self._namespaces:
             return False
-        self._namespaces.add(record.name)
-        self._dirty.add("namespaces")
+        self._namespaces = self._namespaces.set(record.name, True)
+        self._changes.add(("ns", record.name))
         return True
 
     def remove(self, kind: type, namespace: str, name: str) -> bool:
         """Delete an object; False if there was none."""
         key = (namespace, name)
         if kind is Service:
-            old = self._services.pop(key, None)
+            old = self._services.get(key)
             if old is not None:
+                self._services = self._services.delete(key)
                 self._unindex_service(old)
                 self._update_policy((old.namespace, old.name))
             return old is not None
@@ -109,8 +115,8 @@ class StoreBuilder:
             return old_locator is not None
         if name not in self._namespaces:
             return False
-        self._namespaces.discard(name)
-        self._dirty.add("namespaces")
+        self._namespaces = self._namespaces.delete(name)
+        self._changes.add(("ns", name))
         return True
 
     def replace_all(
@@ -128,25 +134,25 @@ class StoreBuilder:
         return changed
 
     def snapshot(self, serial: int, synced: bool = True) -> Snapshot:
-        """A snapshot of the current state; indexes that did not change are shared."""
-        dirty = self._dirty
-        fields: dict[str, object] = {"serial": serial, "synced": synced}
-        if "services" in dirty:
-            fields["services"] = dict(self._services)
-            fields["service_ips"] = dict(self._service_ips)
-        if "slices" in dirty:
-            fields["slices"] = dict(self._by_service)
-            fields["endpoint_ips"] = dict(self._endpoint_ips)
-        if "namespaces" in dirty:
-            fields["namespaces"] = frozenset(self._namespaces)
-        if "locators" in dirty:
-            fields["locators"] = dict(self._combined)
-            fields["shared_ips"] = dict(self._shared)
-            fields["node_locators"] = dict(self._node_locators)
-        if "policies" in dirty:
-            fields["policies"] = dict(self._policies)
-        self._last = replace(self._last, **fields)  # type: ignore[arg-type]
-        self._dirty = set()
+        """A snapshot of the current state, saying what changed since the last one."""
+        last = self._last
+        self._last = Snapshot(
+            services=self._services,
+            slices=self._by_service,
+            namespaces=self._namespaces,
+            service_ips=self._service_ips,
+            endpoint_ips=self._endpoint_ips,
+            locators=self._combined,
+            node_locators=self._node_locators,
+            shared_ips=self._shared,
+            policies=self._policies,
+            serial=serial,
+            synced=synced,
+            lineage=last.lineage,
+            generation=last.generation + 1,
+            changes=frozenset(self._changes),
+        )
+        self._changes = set()
         return self._last
 
     # Services
@@ -158,18 +164,20 @@ class StoreBuilder:
             return False
         if old is not None:
             self._unindex_service(old)
-        self._services[key] = svc
+        self._services = self._services.set(key, svc)
         for ip in dict.fromkeys(canonical_ip(ip) for ip in svc.cluster_ips):
-            self._service_ips[ip] = self._service_ips.get(ip, ()) + (svc,)
-        self._dirty.add("services")
+            self._service_ips = self._service_ips.set(ip, self._service_ips.get(ip, ()) + (svc,))
+            self._changes.add(("ip", ip))
+        self._changes.add(("svc", *key))
         self._update_policy(key)
         return True
 
     def _unindex_service(self, svc: Service) -> None:
         for ip in dict.fromkeys(canonical_ip(ip) for ip in svc.cluster_ips):
             rest = tuple(s for s in self._service_ips.get(ip, ()) if s is not svc)
-            _set_or_drop(self._service_ips, ip, rest)
-        self._dirty.add("services")
+            self._service_ips = _set_or_drop(self._service_ips, ip, rest)
+            self._changes.add(("ip", ip))
+        self._changes.add(("svc", svc.namespace, svc.name))
 
     # EndpointSlices
 
@@ -182,28 +190,28 @@ class StoreBuilder:
             self._unindex_slice(old)
         self._slices[key] = eps
         service = (eps.namespace, eps.service)
-        self._by_service[service] = self._by_service.get(service, ()) + (eps,)
+        self._by_service = self._by_service.set(service, self._by_service.get(service, ()) + (eps,))
         for ep in eps.endpoints:
             for address in ep.addresses:
                 ip = canonical_ip(address)
-                self._endpoint_ips[ip] = self._endpoint_ips.get(ip, ()) + ((eps, ep, address),)
-        self._dirty.add("slices")
+                refs = self._endpoint_ips.get(ip, ()) + ((eps, ep, address),)
+                self._endpoint_ips = self._endpoint_ips.set(ip, refs)
+                self._changes.add(("ip", ip))
+        self._changes.add(("svc", *service))
         self._update_policy(service)
         return True
 
     def _unindex_slice(self, eps: EndpointSlice) -> None:
         service = (eps.namespace, eps.service)
-        _set_or_drop(
-            self._by_service,
-            service,
-            tuple(s for s in self._by_service.get(service, ()) if s is not eps),
-        )
+        rest = tuple(s for s in self._by_service.get(service, ()) if s is not eps)
+        self._by_service = _set_or_drop(self._by_service, service, rest)
         for ep in eps.endpoints:
             for address in ep.addresses:
                 ip = canonical_ip(address)
-                rest = tuple(ref for ref in self._endpoint_ips.get(ip, ()) if ref[0] is not eps)
-                _set_or_drop(self._endpoint_ips, ip, rest)
-        self._dirty.add("slices")
+                refs = tuple(ref for ref in self._endpoint_ips.get(ip, ()) if ref[0] is not eps)
+                self._endpoint_ips = _set_or_drop(self._endpoint_ips, ip, refs)
+                self._changes.add(("ip", ip))
+        self._changes.add(("svc", *service))
 
     def _update_policy(self, key: Key) -> None:
         svc = self._services.get(key)
@@ -213,10 +221,10 @@ class StoreBuilder:
             policy = found if found.source != "none" else None
         if self._policies.get(key) != policy:
             if policy is None:
-                del self._policies[key]
+                self._policies = self._policies.delete(key)
             else:
-                self._policies[key] = policy
-            self._dirty.add("policies")
+                self._policies = self._policies.set(key, policy)
+            self._changes.add(("svc", *key))
 
     # PodLocators
 
@@ -231,16 +239,17 @@ class StoreBuilder:
         if locator.is_node:
             node = locator.node_name or locator.name
             self._node_holders.setdefault(node, {})[key] = locator
-            self._node_locators[node] = _first(self._node_holders[node])
+            self._node_locators = self._node_locators.set(node, _first(self._node_holders[node]))
+            self._changes.add(("node", node))
         for ip in dict.fromkeys(locator.addresses):  # canonical already
+            self._changes.add(("loc", ip))
             current = self._combined.get(ip)
             if current is None:
-                self._combined[ip] = locator  # the usual case: one locator per address
+                self._combined = self._combined.set(ip, locator)  # the usual case
                 continue
             holders = self._shared.get(ip, (current,)) + (locator,)
-            self._shared[ip] = holders
-            self._combined[ip] = _choose(holders)
-        self._dirty.add("locators")
+            self._shared = self._shared.set(ip, holders)
+            self._combined = self._combined.set(ip, _choose(holders))
         return True
 
     def _unindex_locator(self, locator: PodLocator) -> None:
@@ -250,23 +259,21 @@ class StoreBuilder:
             holders = self._node_holders.get(node, {})
             holders.pop(key, None)
             if holders:
-                self._node_locators[node] = _first(holders)
+                self._node_locators = self._node_locators.set(node, _first(holders))
             else:
                 self._node_holders.pop(node, None)
-                self._node_locators.pop(node, None)
+                self._node_locators = _set_or_drop(self._node_locators, node, None)
+            self._changes.add(("node", node))
         for ip in dict.fromkeys(locator.addresses):  # canonical already
+            self._changes.add(("loc", ip))
             shared = self._shared.get(ip)
             if shared is None:
                 if self._combined.get(ip) is locator:
-                    del self._combined[ip]
+                    self._combined = self._combined.delete(ip)
                 continue
             rest = tuple(held for held in shared if held is not locator)
-            if len(rest) > 1:
-                self._shared[ip] = rest
-            else:
-                del self._shared[ip]
-            self._combined[ip] = _choose(rest)
-        self._dirty.add("locators")
+            self._shared = _set_or_drop(self._shared, ip, rest if len(rest) > 1 else None)
+            self._combined = self._combined.set(ip, _choose(rest))
 
 
 def _choose(holders: tuple[PodLocator, ...]) -> PodLocator:
@@ -283,11 +290,11 @@ def _first(holders: dict[Key, PodLocator]) -> PodLocator:
     return holders[min(holders)]
 
 
-def _set_or_drop(index: dict[K, V], key: K, value: V) -> None:
+def _set_or_drop(index: Map[K, V], key: K, value: V | None) -> Map[K, V]:
+    """The map with `key` set to `value`, or without `key` when the value is empty."""
     if value:
-        index[key] = value
-    else:
-        index.pop(key, None)
+        return index.set(key, value)
+    return index.delete(key) if key in index else index
 
 
 def build_snapshot(records: Iterable[Record], serial: int, synced: bool = True) -> Snapshot:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 from toposdns.store.model import (
     CLUSTER_IP,
     EXTERNAL_NAME,
@@ -27,14 +28,13 @@ from toposdns.store.model import (
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 TOPOLOGY_KEYS_ANNOTATION = "toposdns.io/topology-keys"
-NODE_LOCATOR_LABEL = "toposdns.io/locator"
 
 #: (apiVersion, kind) pairs a snapshot or the live source may hold.
 KINDS = {
     ("v1", "Service"),
     ("v1", "Namespace"),
     ("discovery.k8s.io/v1", "EndpointSlice"),
-    ("toposdns.io/v1alpha1", "PodLocator"),
+    (POD_LOCATOR.api_version, POD_LOCATOR.kind),
 }
 
 
@@ -97,15 +97,15 @@ def _service(
     elif svc_type in ("ClusterIP", "NodePort", "LoadBalancer"):
         cluster_ip = _str(spec.get("clusterIP"), obj, "spec.clusterIP")
         listed = _list(spec.get("clusterIPs"), obj, "spec.clusterIPs")
-        raw_ips = [_str(ip, obj, "spec.clusterIPs", required=True) for ip in listed]
-        field = "spec.clusterIPs"
-        if not raw_ips and cluster_ip:
-            raw_ips, field = [cluster_ip], "spec.clusterIP"  # objects from before dual-stack
+        named = [(f"spec.clusterIPs[{i}]", ip) for i, ip in enumerate(listed)]
+        if not named and cluster_ip:
+            named = [("spec.clusterIP", cluster_ip)]  # objects from before dual-stack
+        raw_ips = [_str(ip, obj, field, required=True) for field, ip in named]
         if raw_ips == ["None"] or cluster_ip == "None":
             kind = HEADLESS
         else:
             kind = CLUSTER_IP
-            ips = tuple(_ip(ip, obj, field) for ip in raw_ips)
+            ips = tuple(_ip(ip, obj, field) for field, ip in named)
             if not ips:
                 raise ObjectError(obj, "spec.clusterIP", "a ClusterIP service needs an address")
     else:
@@ -116,6 +116,7 @@ def _service(
     )
     annotations = _mapping(meta.get("annotations"), obj, "metadata.annotations")
     annotation = annotations.get(TOPOLOGY_KEYS_ANNOTATION)
+    annotation_field = f"metadata.annotations[{TOPOLOGY_KEYS_ANNOTATION}]"
     keys = spec.get("topologyKeys")
     return Service(
         namespace=namespace,
@@ -127,11 +128,12 @@ def _service(
         topology_keys=None
         if keys is None
         else tuple(
-            _str(k, obj, "spec.topologyKeys") for k in _list(keys, obj, "spec.topologyKeys")
+            _str(k, obj, f"spec.topologyKeys[{i}]")
+            for i, k in enumerate(_list(keys, obj, "spec.topologyKeys"))
         ),
         topology_annotation=None
         if annotation is None
-        else tuple(k.strip() for k in _str(annotation, obj, TOPOLOGY_KEYS_ANNOTATION).split(",")),
+        else tuple(k.strip() for k in _str(annotation, obj, annotation_field).split(",")),
         traffic_distribution=_str(spec.get("trafficDistribution"), obj, "spec.trafficDistribution"),
         external_traffic_policy=_str(
             spec.get("externalTrafficPolicy"), obj, "spec.externalTrafficPolicy"
@@ -158,17 +160,18 @@ def _endpoint_slice(
         addresses = _list(ep.get("addresses"), obj, f"{where}.addresses")
         if address_type == "FQDN":
             continue  # FQDN slices are deprecated and never served by CoreDNS.
-        addrs = tuple(_ip(a, obj, f"{where}.addresses") for a in addresses)
+        addrs = tuple(_ip(a, obj, f"{where}.addresses[{j}]") for j, a in enumerate(addresses))
         target = _mapping(ep.get("targetRef"), obj, f"{where}.targetRef")
         pod_name = _str(target.get("name"), obj, f"{where}.targetRef.name")
         hints = ep.get("hints")
         hint_zones = None
         if hints is not None:
-            zones = _list(_mapping(hints, obj, f"{where}.hints").get("forZones"), obj, where)
+            field = f"{where}.hints.forZones"
+            zones = _list(_mapping(hints, obj, f"{where}.hints").get("forZones"), obj, field)
             hint_zones = (
                 tuple(
-                    _str(_mapping(z, obj, f"{where}.hints.forZones").get("name"), obj, where)
-                    for z in zones
+                    _str(_mapping(z, obj, f"{field}[{j}]").get("name"), obj, f"{field}[{j}].name")
+                    for j, z in enumerate(zones)
                 )
                 or None
             )
@@ -193,8 +196,8 @@ def _pod_locator(
     raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
 ) -> PodLocator:
     addresses = tuple(
-        _ip(a, obj, "addresses", canonical=True)
-        for a in _list(raw.get("addresses"), obj, "addresses")
+        _ip(a, obj, f"addresses[{i}]", canonical=True)
+        for i, a in enumerate(_list(raw.get("addresses"), obj, "addresses"))
     )
     labels = _mapping(raw.get("nodeLabels"), obj, "nodeLabels")
     node_labels = _intern_labels(

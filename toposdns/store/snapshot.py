@@ -1,44 +1,82 @@
 """The immutable snapshot the resolver reads, with the indexes its lookups need.
 
 A snapshot is built off the query path (store/builder.py) and swapped in whole, so a query always
-sees one consistent view of the cluster.
+sees one consistent view of the cluster. Its indexes are persistent maps (`immutables.Map`, a
+hash array mapped trie): a new snapshot shares every unchanged part of them with the previous
+one, so publishing a change costs about the same in a large cluster as in a small one.
+
+A snapshot also says what changed since the one before it (`changes`), in the vocabulary of
+`Dependency`, so that caches built from the old snapshot drop only what the change touched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import count
+
+from immutables import Map
 
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service
 from toposdns.store.topology import Policy
+
+#: What an answer read from a snapshot, and what a change touches (the same words for both):
+#: ("svc", namespace, name): a Service, its EndpointSlices and its topology policy;
+#: ("ns", name): whether a Namespace exists;
+#: ("ip", address): the Services and endpoints holding an address (PTR, own NS records);
+#: ("loc", address): the PodLocators claiming an address (client and endpoint placement);
+#: ("node", name): a node's PodLocator.
+Dependency = tuple[str, ...]
+
+_lineages = count(1)
+
+
+def new_lineage() -> int:
+    """A number no other builder of this process has: snapshots of one lineage follow each
+    other change by change; a snapshot of another lineage replaces everything."""
+    return next(_lineages)
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything DNS answers from, indexed; never mutated after it is built."""
 
-    services: Mapping[tuple[str, str], Service] = field(default_factory=dict)
+    services: Mapping[tuple[str, str], Service] = field(default_factory=Map)
     #: EndpointSlices by (namespace, service name), in input order.
-    slices: Mapping[tuple[str, str], tuple[EndpointSlice, ...]] = field(default_factory=dict)
-    namespaces: frozenset[str] = frozenset()
+    slices: Mapping[tuple[str, str], tuple[EndpointSlice, ...]] = field(default_factory=Map)
+    #: Namespace name -> True (a persistent set).
+    namespaces: Mapping[str, bool] = field(default_factory=Map)
     #: Canonical cluster IP -> the Services holding it, in input order (PTR answers the first).
-    service_ips: Mapping[str, tuple[Service, ...]] = field(default_factory=dict)
+    service_ips: Mapping[str, tuple[Service, ...]] = field(default_factory=Map)
     #: Canonical endpoint IP -> every (slice, endpoint, address as written) holding it.
     endpoint_ips: Mapping[str, tuple[tuple[EndpointSlice, Endpoint, str], ...]] = field(
-        default_factory=dict
+        default_factory=Map
     )
     #: Canonical IP -> the PodLocator holding it; pod locators win over node locators.
-    locators: Mapping[str, PodLocator] = field(default_factory=dict)
+    locators: Mapping[str, PodLocator] = field(default_factory=Map)
     #: Node name -> that node's locator.
-    node_locators: Mapping[str, PodLocator] = field(default_factory=dict)
+    node_locators: Mapping[str, PodLocator] = field(default_factory=Map)
     #: Canonical IP -> every locator claiming it, for the few addresses claimed twice.
-    shared_ips: Mapping[str, tuple[PodLocator, ...]] = field(default_factory=dict)
+    shared_ips: Mapping[str, tuple[PodLocator, ...]] = field(default_factory=Map)
     #: Headless services that ask for a topology policy, valid or not, by (namespace, name).
-    policies: Mapping[tuple[str, str], Policy] = field(default_factory=dict)
+    policies: Mapping[tuple[str, str], Policy] = field(default_factory=Map)
     #: SOA serial: unix seconds of the last change that DNS can see.
     serial: int = 0
     #: False until every source has delivered its first full list (live source only).
     synced: bool = True
+    #: Which builder made it (0: none) and its place in that builder's sequence.
+    lineage: int = 0
+    generation: int = 0
+    #: What changed since the snapshot of the same lineage one generation before.
+    changes: frozenset[Dependency] = frozenset()
+
+    def follows(self, previous: Snapshot) -> bool:
+        """True if this snapshot is `previous` plus exactly `changes`."""
+        return (
+            self.lineage != 0
+            and self.lineage == previous.lineage
+            and self.generation == previous.generation + 1
+        )
 
     def holds_pod(self, namespace: str, ip: str) -> bool:
         """True if a pod's PodLocator in `namespace` holds `ip` (canonical): `--pods verified`."""

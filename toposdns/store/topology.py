@@ -1,7 +1,7 @@
 """Topology policies of headless services: which one applies, whether it is valid, what it picks.
 
 A headless service answers a client with the endpoints of the client's topology domain. The
-policy comes from the first of these that the service sets (SPEC.md §4):
+policy comes from the first of these that the service sets (docs/topology.md):
 
 1. `spec.topologyKeys` (Service Topology, Kubernetes 1.17-1.21);
 2. the `toposdns.io/topology-keys` annotation (the same list, for clusters without the field);
@@ -13,18 +13,18 @@ policy comes from the first of these that the service sets (SPEC.md §4):
 Key lists are validated as the API server validated `topologyKeys`; an invalid policy is
 ignored (every endpoint is returned) and its errors are kept for logs and `explain`.
 
-Selection by keys is kube-proxy's `FilterTopologyEndpoint` (shared/spec/topology.md §3): the
-first tier with any endpoint wins whole, tiers never mix, and a client whose labels are unknown
-gets everything only if the last key is "*".
+Selection by keys is kube-proxy's `FilterTopologyEndpoint` (kubernetes/kubernetes
+pkg/proxy/topology.go, 1.17-1.21): the first tier with any endpoint wins whole, tiers never mix,
+and a client whose labels are unknown gets everything only if the last key is "*".
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from toposdns.kube.names import qualified_name_errors
 from toposdns.store.convert import TOPOLOGY_KEYS_ANNOTATION
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service, canonical_ip
 
@@ -32,6 +32,8 @@ HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 REGION = "topology.kubernetes.io/region"
 ANY = "*"
+#: The tier of a selection that chose nothing.
+NO_TIER = "none"
 MAX_KEYS = 16
 
 TRAFFIC_DISTRIBUTIONS = {
@@ -39,19 +41,6 @@ TRAFFIC_DISTRIBUTIONS = {
     "PreferSameZone": (ZONE, ANY),
     "PreferClose": (ZONE, ANY),
 }
-
-_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_NAME_MESSAGE = (
-    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
-    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
-)
-_SUBDOMAIN_MESSAGE = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
 
 Labels = Mapping[str, str]
 
@@ -124,12 +113,18 @@ def policy_for(service: Service, slices: Iterable[EndpointSlice]) -> Policy:
 
 
 def invalid_changes(
-    old: Mapping[tuple[str, str], Policy], new: Mapping[tuple[str, str], Policy]
+    old: Mapping[tuple[str, str], Policy],
+    new: Mapping[tuple[str, str], Policy],
+    keys: Iterable[tuple[str, str]] | None = None,
 ) -> list[tuple[tuple[str, str], Policy]]:
-    """Invalid policies in `new` that `old` did not have in that form: each is reported once."""
-    return [
-        (key, policy) for key, policy in new.items() if policy.errors and old.get(key) != policy
-    ]
+    """Invalid policies in `new` that `old` did not have in that form: each is reported once.
+    `keys`: the only services that may differ (default: look at every one)."""
+    found = []
+    for key in new.keys() if keys is None else keys:
+        policy = new.get(key)
+        if policy is not None and policy.errors and old.get(key) != policy:
+            found.append((key, policy))
+    return found
 
 
 def _keys_policy(service: Service, source: str, keys: tuple[str, ...], field: str) -> Policy:
@@ -166,34 +161,6 @@ def _go_strings(values: Sequence[str]) -> str:
     return "[]string{" + ", ".join(json.dumps(v) for v in values) + "}"
 
 
-def qualified_name_errors(value: str) -> list[str]:
-    """apimachinery's IsQualifiedName: `[prefix/]name`, as label keys are. Errors accumulate."""
-    parts = value.split("/")
-    if len(parts) > 2:
-        return [
-            f"a qualified name {_NAME_MESSAGE} with an optional DNS subdomain prefix and '/' "
-            "(e.g. 'example.com/MyName')"
-        ]
-    errors = []
-    name = parts[-1]
-    if len(parts) == 2:
-        prefix = parts[0]
-        if not prefix:
-            errors.append("prefix part must be non-empty")
-        else:
-            if len(prefix) > 253:
-                errors.append("prefix part must be no more than 253 characters")
-            if not _DNS1123_SUBDOMAIN.fullmatch(prefix):
-                errors.append(f"prefix part {_SUBDOMAIN_MESSAGE}")
-    if not name:
-        errors.append("name part must be non-empty")
-    elif len(name) > 63:
-        errors.append("name part must be no more than 63 characters")
-    if not _NAME_PART.fullmatch(name):
-        errors.append(f"name part {_NAME_MESSAGE}")
-    return errors
-
-
 def endpoint_labels(
     endpoint: Endpoint, locators: Mapping[str, PodLocator], node_locators: Mapping[str, PodLocator]
 ) -> Labels:
@@ -219,6 +186,10 @@ class Selection:
 
     chosen: tuple[int, ...]
     rule: str
+    #: The tier that matched: a label key, "*" for every endpoint (the catch-all, hints falling
+    #: back, or no policy to apply), or "none" when no tier matched (the answer is NODATA).
+    #: Zone hints that matched count as the zone key's tier.
+    tier: str
 
 
 def select(
@@ -227,29 +198,31 @@ def select(
     """Choose among candidates (endpoint, its topology labels); returns indexes into them."""
     everyone = tuple(range(len(candidates)))
     if policy.errors:
-        return Selection(everyone, "policy ignored (invalid): every endpoint")
+        return Selection(everyone, "policy ignored (invalid): every endpoint", ANY)
     if policy.hints:
         zone = client.get(ZONE)
         hinted = tuple(
             i for i, (ep, _) in enumerate(candidates) if zone and zone in (ep.hint_zones or ())
         )
         if hinted:
-            return Selection(hinted, f"hinted for zone {zone}")
-        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint")
+            return Selection(hinted, f"hinted for zone {zone}", ZONE)
+        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint", ANY)
     keys = policy.keys
     if not keys:
-        return Selection(everyone, "no policy: every endpoint")
+        return Selection(everyone, "no policy: every endpoint", ANY)
     if not client:
         if keys[-1] == ANY:
-            return Selection(everyone, 'client labels unknown, last key is "*": every endpoint')
-        return Selection((), 'client labels unknown and no "*": no endpoint')
+            return Selection(
+                everyone, 'client labels unknown, last key is "*": every endpoint', ANY
+            )
+        return Selection((), 'client labels unknown and no "*": no endpoint', NO_TIER)
     for key in keys:
         if key == ANY:
-            return Selection(everyone, '"*": every endpoint')
+            return Selection(everyone, '"*": every endpoint', ANY)
         value = client.get(key)
         if value is None:
             continue
         tier = tuple(i for i, (_, labels) in enumerate(candidates) if labels.get(key) == value)
         if tier:
-            return Selection(tier, f"{key}={value}")
-    return Selection((), "no tier matched: no endpoint")
+            return Selection(tier, f"{key}={value}", key)
+    return Selection((), "no tier matched: no endpoint", NO_TIER)

@@ -8,15 +8,15 @@ counts no query can have gets FORMERR.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from struct import error as StructError
 from struct import unpack_from
+from typing import NamedTuple
 
-from toposdns.resolve.answer import FORMERR, NOTIMP, OPT, Name
+from toposdns.wire.codes import CLIENT_SUBNET, FORMERR, NOTIMP, OPCODE, OPT, QR, SOA, Name
 
 HEADER_SIZE = 12
 MAX_NAME_WIRE = 255
-ECS_OPTION = 8
+ECS_OPTION = CLIENT_SUBNET
 
 
 class Dropped(Exception):
@@ -32,8 +32,7 @@ class Rejected(Exception):
         self.rcode = rcode
 
 
-@dataclass(frozen=True, slots=True)
-class Edns:
+class Edns(NamedTuple):
     """The query's OPT record."""
 
     udp_size: int
@@ -47,8 +46,7 @@ class Edns:
         return (self.ttl >> 16) & 0xFF
 
 
-@dataclass(frozen=True, slots=True)
-class ClientSubnet:
+class ClientSubnet(NamedTuple):
     """An EDNS Client Subnet option (RFC 7871)."""
 
     family: int  # 1 IPv4, 2 IPv6
@@ -59,8 +57,7 @@ class ClientSubnet:
     raw_address: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Query:
+class Query(NamedTuple):
     """A decoded query: its header fields, its one question and its OPT record."""
 
     id: int
@@ -70,6 +67,9 @@ class Query:
     qclass: int
     edns: Edns | None = None
     ecs: ClientSubnet | None = None
+    #: The question section as sent (name, type, class), when its name was not compressed:
+    #: a reply repeats it byte for byte.
+    question: bytes = b""
 
 
 def decode_query(data: bytes) -> Query:
@@ -77,9 +77,9 @@ def decode_query(data: bytes) -> Query:
     if len(data) < HEADER_SIZE:
         raise Dropped("shorter than a DNS header")
     qid, flags, qdcount, ancount, nscount, arcount = unpack_from("!6H", data)
-    if flags & 0x8000:
+    if flags & QR:
         raise Dropped("a response, not a query")
-    if (flags >> 11) & 0xF != 0:
+    if flags & OPCODE:
         raise Rejected(data, NOTIMP, "opcode is not QUERY")
     if qdcount != 1 or ancount > 1 or nscount > 1 or arcount > 2:
         raise Rejected(data, FORMERR, "section counts no query can have")
@@ -87,6 +87,9 @@ def decode_query(data: bytes) -> Query:
         name, offset = read_name(data, HEADER_SIZE)
         qtype, qclass = unpack_from("!HH", data, offset)
         offset += 4
+        question = data[HEADER_SIZE:offset]
+        if data[offset - 6] != 0:  # the name ended in a compression pointer
+            question = b""
         edns = None
         for index in range(ancount + nscount + arcount):
             _, offset = read_name(data, offset)
@@ -107,11 +110,46 @@ def decode_query(data: bytes) -> Query:
                     ecs = read_client_subnet(value)
     except (ValueError, IndexError, StructError) as exc:
         raise Rejected(data, FORMERR, f"malformed query: {exc}") from None
-    return Query(qid, flags, name, qtype, qclass, edns, ecs)
+    return Query(qid, flags, name, qtype, qclass, edns, ecs, question)
+
+
+def decode_plain(data: bytes) -> Query:
+    """Decode a plain query (one that wire/edns.py `split_query` cut) as if it carried no EDNS
+    options: the query its cached reply answers. ValueError for a name over 255 octets."""
+    name, offset = read_name(data, HEADER_SIZE)
+    end = offset + 4  # the question's end; an OPT record may follow
+    edns = None
+    if end < len(data):  # root name, type, class (the buffer size), TTL (flags): 11 bytes in all
+        edns = Edns((data[end + 3] << 8) | data[end + 4], int.from_bytes(data[end + 5 : end + 9]))
+    return Query(
+        (data[0] << 8) | data[1],
+        (data[2] << 8) | data[3],
+        name,
+        (data[offset] << 8) | data[offset + 1],
+        (data[offset + 2] << 8) | data[offset + 3],
+        edns,
+        None,
+        data[HEADER_SIZE:end],
+    )
 
 
 def read_name(data: bytes, offset: int) -> tuple[Name, int]:
     """Read a possibly compressed name; return its labels (latin-1) and the offset after it."""
+    # Most names are not compressed: read them with as few steps as a label allows.
+    start = offset
+    labels: list[str] = []
+    length = data[offset]
+    while 0 < length < 64:
+        end = offset + 1 + length
+        labels.append(data[offset + 1 : end].decode("latin-1"))
+        offset = end
+        length = data[offset]  # IndexError past the end of the data
+    if length == 0 and offset - start < MAX_NAME_WIRE:
+        return tuple(labels), offset + 1
+    return _read_compressed_name(data, start)
+
+
+def _read_compressed_name(data: bytes, offset: int) -> tuple[Name, int]:
     labels: list[str] = []
     end = -1
     wire_length = 1
@@ -197,3 +235,14 @@ def record_spans(message: bytes) -> list[tuple[int, int, int, int, int]]:
     if offset > len(message):
         raise ValueError("records run past the end of the message")
     return spans
+
+
+def serial_offset(message: bytes) -> int:
+    """Where the serial of a message's SOA record is, so that a cached reply can be given a
+    new serial in place; ValueError without one."""
+    for _start, ttl_at, _end, rtype, _section in record_spans(message):
+        if rtype == SOA:
+            offset = ttl_at + 6  # past TTL and data length: the MNAME
+            offset = read_name(message, offset)[1]
+            return read_name(message, offset)[1]  # past the RNAME
+    raise ValueError("no SOA record in the message")

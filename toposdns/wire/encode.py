@@ -10,21 +10,10 @@ from __future__ import annotations
 
 from socket import AF_INET, AF_INET6, inet_pton
 from struct import pack
+from typing import cast
 
-from toposdns.resolve.answer import (
-    AAAA,
-    CNAME,
-    NS,
-    OPT,
-    PTR,
-    RR,
-    TXT,
-    A,
-    Answer,
-    Name,
-    Soa,
-    Srv,
-)
+from toposdns.resolve.answer import RR, Answer, Soa, Srv
+from toposdns.wire.codes import AAAA, CNAME, NS, OPT, PTR, TXT, A, Name
 from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
 
 MIN_UDP_SIZE = 512
@@ -80,13 +69,79 @@ def encode_reply(
     opt = b""
     if query.edns is not None:
         opt = encode_opt(query.edns, answer.rcode, query.ecs, ecs_scope)
-    writer = _Writer(query, compress=False)
-    message = writer.finish(answer, opt, None)
+    message = _uncompressed(query, answer, opt)
     if len(message) <= limit:
         if fragment_limit and len(message) > fragment_limit:
             return _Writer(query, compress=True).finish(answer, opt, None)
         return message
     return _Writer(query, compress=True).finish(answer, opt, limit)
+
+
+def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
+    """The whole reply without name compression: what most replies are, built from the wire
+    forms of its names and records, which repeat from reply to reply."""
+    header = pack(
+        "!6H",
+        query.id,
+        reply_flags(query, answer.rcode, answer.authoritative),
+        1,
+        len(answer.answer),
+        len(answer.authority),
+        len(answer.additional) + (1 if opt else 0),
+    )
+    question = query.question or name_wire(query.name) + pack("!HH", query.qtype, query.qclass)
+    parts = [header, question]
+    for section in (answer.answer, answer.authority, answer.additional):
+        for rr in section:
+            wire = _records.get(rr)
+            if wire is None:
+                wire = _record_wire(rr)
+            parts.append(wire)
+    parts.append(opt)
+    return b"".join(parts)
+
+
+#: Wire forms of names and records already written, bounded by emptying them when full.
+_names: dict[Name, bytes] = {}
+_records: dict[RR, bytes] = {}
+_REMEMBERED = 65_536
+
+
+def name_wire(name: Name) -> bytes:
+    """A name in uncompressed wire form."""
+    wire = _names.get(name)
+    if wire is None:
+        raw = [label.encode("latin-1") for label in name]
+        wire = b"".join(bytes((len(label),)) + label for label in raw) + b"\x00"
+        if len(_names) >= _REMEMBERED:
+            _names.clear()
+        _names[name] = wire
+    return wire
+
+
+def _record_wire(rr: RR) -> bytes:
+    data = rr.rdata
+    if rr.rtype == A and isinstance(data, str):
+        rdata = inet_pton(AF_INET, data)
+    elif rr.rtype == AAAA and isinstance(data, str):
+        rdata = inet_pton(AF_INET6, data)
+    elif isinstance(data, Srv):
+        rdata = pack("!HHH", data.priority, data.weight, data.port) + name_wire(data.target)
+    elif isinstance(data, Soa):
+        numbers = pack("!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum)
+        rdata = name_wire(data.mname) + name_wire(data.rname) + numbers
+    elif rr.rtype == TXT:
+        texts = [text.encode() for text in cast(tuple[str, ...], data)]
+        rdata = b"".join(bytes((len(text),)) + text for text in texts)
+    elif rr.rtype in _COMPRESSIBLE:
+        rdata = name_wire(cast(Name, data))
+    else:
+        raise TypeError(f"cannot encode {rr}")
+    wire = name_wire(rr.name) + pack("!HHIH", rr.rtype, 1, rr.ttl, len(rdata)) + rdata
+    if len(_records) >= _REMEMBERED:
+        _records.clear()
+    _records[rr] = wire
+    return wire
 
 
 def encode_bare(query: Query, rcode: int) -> bytes:
@@ -178,12 +233,12 @@ class _Writer:
             self.buf += pack(
                 "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
             )
-        elif rr.rtype == TXT and isinstance(data, tuple):
-            for text in data:
+        elif rr.rtype == TXT:
+            for text in cast(tuple[str, ...], data):
                 raw = text.encode()
                 self.buf += bytes((len(raw),)) + raw
-        elif rr.rtype in _COMPRESSIBLE and isinstance(data, tuple):
-            self.name(data)
+        elif rr.rtype in _COMPRESSIBLE:
+            self.name(cast(Name, data))
         else:
             raise TypeError(f"cannot encode {rr}")
 

@@ -1,4 +1,5 @@
-"""`toposdns controller` as a process: probes, metrics, SIGTERM, and startup errors."""
+"""`toposdns controller` as a process against the stand-in API server: probes, metrics, and
+the Lease released on SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,46 +8,20 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.integration.support import REPO, http_get, wait_until
 from tests.kubeapi import FakeApiServer
-from toposdns.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def fetch(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
 
 
 def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
@@ -62,7 +37,6 @@ def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
     api.fail_next("pods", 500, count=3)  # the first lists fail for a while: not ready
     api.start()
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     command = [
         sys.executable,
         "-m",
@@ -79,18 +53,20 @@ def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
     ]
     process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: fetch(f"{base}/health")[0] == 200, what="/health")
-        status, body = fetch(f"{base}/ready")
+        assert wait_until(lambda: http_get(port, "/health")[0] == 200, 10, 0.02), "/health"
+        status, body = http_get(port, "/ready")
         assert status == 503 and body.startswith("not listed yet: pods")
-        wait_for(lambda: fetch(f"{base}/ready") == (200, "OK"), what="/ready")
-        wait_for(lambda: api.get("podlocators", "toposdns", "n1"), what="the node locator")
-        status, metrics = fetch(f"{base}/metrics")
+        assert wait_until(lambda: http_get(port, "/ready") == (200, "OK"), 10, 0.02), "/ready"
+        assert wait_until(lambda: api.get("podlocators", "toposdns", "n1") is not None, 10, 0.02), (
+            "the node locator"
+        )
+        status, metrics = http_get(port, "/metrics")
         assert status == 200
         assert "toposdns_controller_leader 1.0" in metrics
         assert 'toposdns_controller_writes_total{result="ok",verb="create"} 1.0' in metrics
         assert 'toposdns_controller_locators{kind="node"} 1.0' in metrics
         assert "toposdns_controller_queue_depth 0.0" in metrics
-        assert fetch(f"{base}/health")[0] == 200
+        assert http_get(port, "/health")[0] == 200
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
@@ -110,12 +86,3 @@ def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
     assert messages[-1] == "stopped"
     user_agents = {r.headers.get("User-Agent") for r in api.requests if r.method == "POST"}
     assert user_agents == {"toposdns/0.1.0.dev0 controller (cli-1)"}
-
-
-def test_no_cluster_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    missing = tmp_path / "missing"
-    code = main(
-        ["controller", f"--kubeconfig={missing}", "--namespace=toposdns", "--http=127.0.0.1:0"]
-    )
-    assert code == 1
-    assert f"cannot use the kubeconfig {missing}" in capsys.readouterr().err

@@ -1,0 +1,259 @@
+"""The cluster `bench/run.py` measures with: headless services in namespaces, their endpoints on
+nodes in three zones, written both as a toposdns snapshot (a `kind: List` of Kubernetes objects)
+and as a Knot zone with the same records.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+ZONE = "cluster.local"
+TTL = 5
+SOA_SERIAL = 1
+REGION = "region-1"
+ZONES = ("zone-a", "zone-b", "zone-c")
+TOPOLOGY_KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
+#: The first EDNS Client Subnet address; client i of the ECS scenario is this + i.
+ECS_BASE = ipaddress.IPv4Address("172.20.0.1")
+
+JSON = dict[str, object]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    zone: str
+    ip: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {
+            "kubernetes.io/hostname": self.name,
+            "topology.kubernetes.io/zone": self.zone,
+            "topology.kubernetes.io/region": REGION,
+        }
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    ip: str
+    node: Node
+    pod: str
+
+
+@dataclass
+class Service:
+    name: str
+    namespace: str
+    endpoints: list[Endpoint] = field(default_factory=list)
+
+    @property
+    def fqdn(self) -> str:
+        return f"{self.name}.{self.namespace}.svc.{ZONE}."
+
+    def endpoint_name(self, endpoint: Endpoint) -> str:
+        """The endpoint's own name, as CoreDNS names an endpoint without a hostname."""
+        return f"{dashed(endpoint.ip)}.{self.fqdn}"
+
+
+@dataclass
+class Cluster:
+    nodes: list[Node]
+    namespaces: list[str]
+    services: list[Service]
+
+    @property
+    def endpoints(self) -> int:
+        return sum(len(s.endpoints) for s in self.services)
+
+
+def dashed(ip: str) -> str:
+    return ip.replace(".", "-")
+
+
+def srv_weight(n: int) -> int:
+    """CoreDNS gives each of n equal-priority SRV records weight floor(100 / n)."""
+    return 100 // n
+
+
+def generate_cluster(n_services: int, n_namespaces: int, n_nodes: int, seed: int) -> Cluster:
+    """Deterministic cluster: services round-robin over namespaces, 3-10 pods each."""
+    rng = random.Random(seed)
+    nodes = [
+        Node(name=f"node-{i:02d}", zone=ZONES[i % len(ZONES)], ip=f"172.18.0.{10 + i}")
+        for i in range(n_nodes)
+    ]
+    namespaces = [f"ns{i}" for i in range(n_namespaces)]
+    # Each node owns a /16 of pod addresses (10.(64+i).0.0/16), allocated sequentially.
+    pod_nets = [ipaddress.IPv4Network(f"10.{64 + i}.0.0/16") for i in range(n_nodes)]
+    next_host = [1] * n_nodes
+    services: list[Service] = []
+    for i in range(n_services):
+        svc = Service(name=f"svc{i}", namespace=namespaces[i % n_namespaces])
+        for k in range(rng.randint(3, 10)):
+            ni = rng.randrange(n_nodes)
+            ip = str(pod_nets[ni].network_address + next_host[ni])
+            next_host[ni] += 1
+            svc.endpoints.append(Endpoint(ip=ip, node=nodes[ni], pod=f"{svc.name}-pod-{k}"))
+        services.append(svc)
+    return Cluster(nodes=nodes, namespaces=namespaces, services=services)
+
+
+def ecs_clients(cluster: Cluster) -> dict[str, Node]:
+    """One EDNS Client Subnet address per node (so clients in every zone), address -> node."""
+    return {str(ECS_BASE + i): node for i, node in enumerate(cluster.nodes)}
+
+
+def topology_answer(service: Service, node: Node) -> frozenset[str]:
+    """What [hostname, zone, "*"] gives a client on `node`: the first tier with endpoints."""
+    for tier in (
+        [ep.ip for ep in service.endpoints if ep.node == node],
+        [ep.ip for ep in service.endpoints if ep.node.zone == node.zone],
+    ):
+        if tier:
+            return frozenset(tier)
+    return frozenset(ep.ip for ep in service.endpoints)
+
+
+# --------------------------------------------------------------------------- the snapshot
+
+
+def snapshot_objects(
+    cluster: Cluster, topology: bool = False, clients: Mapping[str, Node] | None = None
+) -> JSON:
+    """The cluster as a Kubernetes `kind: List` of the objects toposdns reads.
+
+    With `topology`, every service asks for [hostname, zone, "*"]. `clients` (address -> node)
+    adds a PodLocator per address that places a client (a querying address, or an ECS address)
+    on that node.
+    """
+    items: list[JSON] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        for ns in cluster.namespaces
+    ]
+    for svc in cluster.services:
+        items.append(service_object(svc, topology))
+        items.append(slice_object(svc))
+        items.extend(
+            locator_object(ep.pod, svc.namespace, ep.ip, ep.node, "pod") for ep in svc.endpoints
+        )
+    items.extend(
+        locator_object(node.name, "kube-system", node.ip, node, "node") for node in cluster.nodes
+    )
+    for i, (address, node) in enumerate((clients or {}).items()):
+        items.append(locator_object(f"bench-client-{i}", cluster.namespaces[0], address, node))
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+def service_object(svc: Service, topology: bool) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": svc.name, "namespace": svc.namespace},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "None",
+            "clusterIPs": ["None"],
+            "selector": {"app": svc.name},
+            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80}],
+            **({"topologyKeys": TOPOLOGY_KEYS} if topology else {}),
+        },
+    }
+
+
+def slice_object(svc: Service) -> JSON:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{svc.name}-abcde",
+            "namespace": svc.namespace,
+            "labels": {"kubernetes.io/service-name": svc.name},
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {
+                "addresses": [ep.ip],
+                "nodeName": ep.node.name,
+                "zone": ep.node.zone,
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "namespace": svc.namespace, "name": ep.pod},
+            }
+            for ep in svc.endpoints
+        ],
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
+    }
+
+
+def locator_object(name: str, namespace: str, ip: str, node: Node, kind: str = "") -> JSON:
+    """A PodLocator placing `ip` on `node` (`kind` is its toposdns.io/locator label, if any)."""
+    metadata: JSON = {"name": name, "namespace": namespace}
+    if kind:
+        metadata["labels"] = {"toposdns.io/locator": kind}
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": metadata,
+        "addresses": [ip],
+        "nodeName": node.name,
+        "nodeLabels": node.labels,
+    }
+
+
+# --------------------------------------------------------------------------- the Knot zone
+
+
+def zone_text(cluster: Cluster, with_srv: bool, pods: Iterable[tuple[str, str]] = ()) -> str:
+    """The zone file: SOA, NS, each service's A RRset and each endpoint's own name (with_srv:
+    the SRV RRsets too), plus an A record per (name, address) in `pods`."""
+    lines = [
+        f"$ORIGIN {ZONE}.",
+        f"$TTL {TTL}",
+        f"@ {TTL} IN SOA ns.dns.{ZONE}. hostmaster.{ZONE}. {SOA_SERIAL} 7200 1800 86400 {TTL}",
+        f"@ {TTL} IN NS ns.dns.{ZONE}.",
+        f"ns.dns {TTL} IN A 127.0.0.1",
+    ]
+    for svc in cluster.services:
+        weight = srv_weight(len(svc.endpoints))
+        for ep in svc.endpoints:
+            lines.append(f"{svc.fqdn} {TTL} IN A {ep.ip}")
+            lines.append(f"{svc.endpoint_name(ep)} {TTL} IN A {ep.ip}")
+            if with_srv:
+                target = svc.endpoint_name(ep)
+                lines.append(f"_http._tcp.{svc.fqdn} {TTL} IN SRV 0 {weight} 80 {target}")
+    lines.extend(f"{name} {TTL} IN A {ip}" for name, ip in pods)
+    return "\n".join(lines) + "\n"
+
+
+def knot_conf(workdir: str, host: str, port: int, zonefile: str) -> str:
+    """Knot DNS: 1 UDP worker, no DNSSEC, EDNS Client Subnet answered (RFC 7871, scope 0)."""
+    return f"""\
+server:
+    rundir: "{workdir}/knot-run"
+    listen: {host}@{port}
+    udp-workers: 1
+    tcp-workers: 1
+    background-workers: 1
+    edns-client-subnet: on
+
+log:
+  - target: stderr
+    any: warning
+
+database:
+    storage: "{workdir}/knot-db"
+
+template:
+  - id: default
+    storage: "{workdir}"
+    semantic-checks: off
+    journal-content: none
+    zonefile-sync: -1
+
+zone:
+  - domain: {ZONE}.
+    file: "{zonefile}"
+"""

@@ -1,0 +1,265 @@
+"""The cluster of `bench/live.py` and `bench/churn.py`: Kubernetes API objects as a real API server
+returns them (Namespaces, Services, EndpointSlices, PodLocators), loaded into the stand-in."""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.harness import FakeApiServer
+
+ZONE = "cluster.local"
+REGION = "region-1"
+ZONES = ("zone-a", "zone-b", "zone-c")
+LOCATOR_NAMESPACE = "toposdns"
+NODE_BASE = int(ipaddress.IPv4Address("172.16.0.10"))
+POD_BASE = int(ipaddress.IPv4Address("10.128.0.1"))
+CLUSTER_IP_BASE = int(ipaddress.IPv4Address("10.96.0.10"))
+
+JSON = dict[str, Any]
+#: (name, labels, address) of a node
+NodeInfo = tuple[str, dict[str, str], str]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    services: int
+    slices: int  # slice i belongs to service i % services
+    nodes: int
+    namespaces: int
+    #: pod locators: one per endpoint pod first, then pods behind no service up to this many;
+    #: None: exactly one per endpoint pod
+    locators: int | None = None
+    headless_every: int = 2  # service i is headless when i % headless_every == headless_every - 1
+
+
+@dataclass
+class Cluster:
+    """The objects, by API resource, plus what the event phases need to find again."""
+
+    namespaces: list[JSON] = field(default_factory=list)
+    services: list[JSON] = field(default_factory=list)
+    slices: list[JSON] = field(default_factory=list)
+    locators: list[JSON] = field(default_factory=list)
+    endpoint_pods: int = 0
+    pod_locators: int = 0
+    node_locators: int = 0
+
+    def by_resource(self) -> dict[str, list[JSON]]:
+        return {
+            "namespaces": self.namespaces,
+            "services": self.services,
+            "endpointslices": self.slices,
+            "podlocators": self.locators,
+        }
+
+    def headless_slices(self) -> list[JSON]:
+        """The EndpointSlices of headless services."""
+        headless = {
+            (s["metadata"]["namespace"], s["metadata"]["name"])
+            for s in self.services
+            if s["spec"]["clusterIP"] == "None"
+        }
+        return [eps for eps in self.slices if (namespace(eps), service_of(eps)) in headless]
+
+
+def namespace(obj: JSON) -> str:
+    return str(obj["metadata"]["namespace"])
+
+
+def service_of(eps: JSON) -> str:
+    return str(eps["metadata"]["labels"]["kubernetes.io/service-name"])
+
+
+def fqdn(obj: JSON) -> str:
+    """A Service's name, or the name of an EndpointSlice's service."""
+    name = service_of(obj) if obj["kind"] == "EndpointSlice" else obj["metadata"]["name"]
+    return f"{name}.{namespace(obj)}.svc.{ZONE}."
+
+
+def generate(sizes: Sizes, seed: int) -> Cluster:
+    """A deterministic cluster.
+
+    Services round-robin over the namespaces, every `headless_every`th one headless, port
+    http/80->8080. EndpointSlice i belongs to service i % services and has 3-10 ready endpoints,
+    each a pod on a random node (nodeName and zone set). Pod locators carry their node's three
+    labels; node locators (label toposdns.io/locator: node) live in namespace `toposdns`.
+    """
+    rng = random.Random(seed)
+    cluster = Cluster()
+    namespaces = [f"ns-{i:02d}" for i in range(sizes.namespaces)]
+    cluster.namespaces = [
+        namespace_object(ns) for ns in [*namespaces, LOCATOR_NAMESPACE, "kube-system", "default"]
+    ]
+    nodes = [node_info(i) for i in range(sizes.nodes)]
+    cluster.services = [
+        service_object(i, namespaces[i % sizes.namespaces], sizes.headless_every)
+        for i in range(sizes.services)
+    ]
+    wanted = sizes.locators
+    for i in range(sizes.slices):
+        svc = cluster.services[i % sizes.services]
+        room = None if wanted is None else wanted - len(cluster.locators)
+        eps, locators = slice_object(svc, nodes, cluster.endpoint_pods, room, rng)
+        cluster.slices.append(eps)
+        cluster.locators += locators
+        cluster.endpoint_pods += len(eps["endpoints"])
+    pods = cluster.endpoint_pods
+    while wanted is not None and len(cluster.locators) < wanted:
+        node = nodes[rng.randrange(sizes.nodes)]
+        ns = namespaces[rng.randrange(sizes.namespaces)]
+        pods += 1
+        ip = str(ipaddress.IPv4Address(POD_BASE + pods - 1))
+        cluster.locators.append(pod_locator(f"job-{pods:06d}-{_suffix(rng)}", ns, ip, node, rng))
+    cluster.pod_locators = len(cluster.locators)
+    cluster.locators += [node_locator(node) for node in nodes]
+    cluster.node_locators = sizes.nodes
+    return cluster
+
+
+def load(server: FakeApiServer, cluster: Cluster) -> None:
+    """Add every object to the stand-in, then drop the load's history (etcd compacts too)."""
+    for objs in cluster.by_resource().values():
+        for obj in objs:
+            server.add(obj)
+    server.compact()
+
+
+def _uid(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _suffix(rng: random.Random, n: int = 5) -> str:
+    return "".join(rng.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(n))
+
+
+def node_info(i: int) -> NodeInfo:
+    name = f"node-{i:05d}"
+    labels = {
+        "kubernetes.io/hostname": name,
+        "topology.kubernetes.io/zone": ZONES[i % len(ZONES)],
+        "topology.kubernetes.io/region": REGION,
+    }
+    return name, labels, str(ipaddress.IPv4Address(NODE_BASE + i))
+
+
+def namespace_object(ns: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }
+
+
+def service_object(i: int, ns: str, headless_every: int) -> JSON:
+    name = f"svc-{i:05d}"
+    headless = i % headless_every == headless_every - 1
+    ip = "None" if headless else str(ipaddress.IPv4Address(CLUSTER_IP_BASE + i))
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": ns},
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": ip,
+            "clusterIPs": [ip],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "internalTrafficPolicy": "Cluster",
+            "sessionAffinity": "None",
+            "selector": {"app.kubernetes.io/name": name},
+            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+        },
+        "status": {"loadBalancer": {}},
+    }
+
+
+def slice_object(
+    svc: JSON, nodes: list[NodeInfo], first_pod: int, room: int | None, rng: random.Random
+) -> tuple[JSON, list[JSON]]:
+    """A slice of 3-10 ready endpoints of `svc`, pods numbered from `first_pod`, and a
+    PodLocator for each of its pods while `room` (None: no limit) allows."""
+    ns, name = namespace(svc), svc["metadata"]["name"]
+    endpoints: list[JSON] = []
+    locators: list[JSON] = []
+    for k in range(rng.randint(3, 10)):
+        node = nodes[rng.randrange(len(nodes))]
+        pod = f"{name}-{_suffix(rng, 10)}-{_suffix(rng)}"
+        ip = str(ipaddress.IPv4Address(POD_BASE + first_pod + k))
+        endpoints.append(
+            {
+                "addresses": [ip],
+                "conditions": {"ready": True, "serving": True, "terminating": False},
+                "nodeName": node[0],
+                "zone": node[1]["topology.kubernetes.io/zone"],
+                "targetRef": {"kind": "Pod", "namespace": ns, "name": pod, "uid": _uid(rng)},
+            }
+        )
+        if room is None or len(locators) < room:
+            locators.append(pod_locator(pod, ns, ip, node, rng))
+    slice_name = f"{name}-{_suffix(rng)}"
+    managed_by = "endpointslice-controller.k8s.io"
+    owner = {"apiVersion": "v1", "kind": "Service", "name": name, "uid": _uid(rng),
+             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    eps = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": slice_name,
+            "generateName": f"{name}-",
+            "namespace": ns,
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": managed_by,
+                "app.kubernetes.io/name": name,
+            },
+            "ownerReferences": [owner],
+        },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+    }
+    return eps, locators
+
+
+def pod_locator(name: str, ns: str, ip: str, node: NodeInfo, rng: random.Random) -> JSON:
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"toposdns.io/locator": "pod"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": _uid(rng)}
+            ],
+        },
+        "addresses": [ip],
+        "nodeName": node[0],
+        "nodeLabels": dict(node[1]),
+    }
+
+
+def node_locator(node: NodeInfo) -> JSON:
+    name, labels, ip = node
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": {
+            "name": name,
+            "namespace": LOCATOR_NAMESPACE,
+            "labels": {"toposdns.io/locator": "node"},
+        },
+        "addresses": [ip],
+        "nodeName": name,
+        "nodeLabels": dict(labels),
+    }

@@ -1,0 +1,893 @@
+"""Differential test: what the real frontends serve is, byte for byte, what the reference says.
+
+A seeded random cluster goes through rounds of random changes (services, slices, namespaces,
+locators, node labels), each published as a new snapshot. After each, generated queries (every
+name form, qtype, EDNS option and client placement, and some malformed packets) go to the real
+UDP and TCP protocols, each twice so that the second is served from the caches; every reply must
+equal tests/differential.py's `reference_reply`, which has no cache at all. Queries are drawn
+from a fixed pool, so a reply cached before a change is asked for again after it.
+
+Environment: TOPOSDNS_DIFF_ROUNDS and TOPOSDNS_DIFF_QUERIES (per round) make longer runs,
+TOPOSDNS_DIFF_SEED picks the seed (an integer, or "random").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from struct import pack
+from typing import Any, TypeVar
+
+import dnslib
+import pytest
+
+from tests.differential import Frontends, frame, reference_reply, render
+from tests.helpers import config_of
+from toposdns.config import DEFAULT_ZONES
+from toposdns.resolve.client import Network
+from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
+from toposdns.store.builder import StoreBuilder
+from toposdns.store.model import (
+    CLUSTER_IP,
+    EXTERNAL_NAME,
+    HEADLESS,
+    NO_PORT,
+    Endpoint,
+    EndpointSlice,
+    Namespace,
+    PodLocator,
+    Port,
+    Record,
+    Service,
+    canonical_ip,
+)
+from toposdns.store.snapshot import Snapshot
+from toposdns.store.topology import HOSTNAME, REGION, ZONE
+from toposdns.wire.codes import AAAA, ANY, AXFR, CNAME, MX, NS, PTR, SOA, SRV, TXT, A
+from toposdns.wire.decode import Dropped, Rejected, decode_query
+
+ROUNDS = int(os.environ.get("TOPOSDNS_DIFF_ROUNDS", "20"))
+QUERIES = int(os.environ.get("TOPOSDNS_DIFF_QUERIES", "200"))
+SEED = os.environ.get("TOPOSDNS_DIFF_SEED", "")
+POOL_SIZE = 300
+FIRST_SERIAL = 1_700_000_000
+
+# The universe the cluster and the queries draw from: small, so that names and addresses collide.
+NAMESPACES = ("default", "shop", "data", "ghost")
+SERVICES = ("web", "db", "api", "alias", "big")
+NODES = ("node-a", "node-b", "node-c", "node-d", "node-e")
+ZONES = ("z1", "z2", "z3")
+NODE_IPS = {node: (f"192.168.0.{i}", f"127.0.0.{21 + i}") for i, node in enumerate(NODES)}
+CLUSTER_V4 = tuple(f"10.96.0.{i}" for i in range(1, 6))
+CLUSTER_V6 = ("fd00:96::1", "fd00:96::2", "fd00:96:0:0::3")  # as written, not canonical
+ENDPOINT_V4 = (*(f"10.1.0.{i}" for i in range(1, 8)), "127.0.0.3")  # a client is a pod too
+ENDPOINT_V6 = ("fd00:1::1", "fd00:1::2", "fd00:1:0::3", "fd00:1::a")
+BIG_V4 = tuple(f"10.2.0.{i}" for i in range(1, 46))  # enough to truncate and fragment
+BIG_V6 = tuple(f"fd00:2::{i:x}" for i in range(1, 46))
+PORTS = (
+    Port("http", "TCP", 80),
+    Port("dns", "UDP", 53),
+    Port("", "TCP", 8080),  # unnamed
+    Port("grpc", "TCP", 9090),
+    Port("metrics", "SCTP", 9100),
+    Port("all", "TCP", 0),  # a slice port without a number
+)
+HOSTNAMES = ("", "", "", "pod-0", "pod-1", "db-0")
+POD_NAMES = ("", "web-7f9c-abcde", "db-0")
+EXTERNAL_NAMES = (
+    "web.shop.svc.cluster.local",
+    "db.data.svc.cluster.local.",
+    "Alias.Default.SVC.cluster.local",
+    "big.shop.svc.cluster.local",
+    "nothing.shop.svc.cluster.local",
+    "example.com",
+    "www.example.org.",
+    "10.0.0.1",  # an IP in externalName is ignored
+)
+KEY_LISTS = (
+    (HOSTNAME, ZONE, "*"),
+    (HOSTNAME, ZONE, "*"),
+    (ZONE,),
+    (ZONE,),
+    (ZONE, "*"),
+    (HOSTNAME,),
+    (REGION, "*"),
+    ("*", HOSTNAME),  # invalid: "*" not last
+    ("bad key!",),
+    ("",),  # an empty annotation
+)
+#: The kinds a service of each name may be (most are headless, where topology matters).
+KINDS = {
+    "db": (HEADLESS,),
+    "big": (HEADLESS, HEADLESS, HEADLESS, CLUSTER_IP),
+    "api": (CLUSTER_IP,),
+    "alias": (EXTERNAL_NAME, EXTERNAL_NAME, EXTERNAL_NAME, HEADLESS),
+}
+DISTRIBUTIONS = ("PreferSameNode", "PreferSameZone", "PreferClose", "PreferElsewhere")
+
+#: Client addresses: pod locators may place them; .9 and fd00::11 never are; 127.0.0.22+ are
+#: node addresses (host-network clients).
+CLIENT_V4 = (*(f"127.0.0.{i}" for i in range(2, 10)), "127.0.0.22", "127.0.0.24")
+CLIENT_V6 = ("fd00::10", "fd00::11", "fe80::1")
+#: Forwarders whose ECS is believed (and which may be placed themselves).
+FORWARDERS = ("127.0.0.53", "fd00::53")
+ECS_TRUST: tuple[Network, ...] = (
+    ipaddress.ip_network("127.0.0.53/32"),
+    ipaddress.ip_network("fd00::53/128"),
+)
+ECS_ADDRESSES = ("127.0.0.2", "127.0.0.4", "10.1.0.1", "192.168.0.3", "203.0.113.9", "fd00::10")
+
+CONFIGS = {
+    "defaults": (
+        config_of(zones=list(DEFAULT_ZONES), pods="verified", ns_addresses=["10.1.0.1"]),
+        (("cluster", "local"),),
+    ),
+    "options": (
+        config_of(
+            zones=["Cluster.Local", "example.org", "in-addr.arpa", "ip6.arpa"],
+            ttl=30,
+            pods="insecure",
+            endpoint_pod_names=True,
+            namespaces=["shop", "data", "ghost"],
+            ns_addresses=["192.0.2.53", "fd00:1::1"],
+        ),
+        (("cluster", "local"), ("example", "org")),
+    ),
+}
+
+R = TypeVar("R", bound=Record)
+
+
+class Cluster:
+    """A random cluster kept in a StoreBuilder, changed at random one object at a time."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.builder = StoreBuilder()
+        #: What the builder holds, by (kind, namespace, name).
+        self.objects: dict[tuple[str, str, str], Record] = {}
+        self.nodes = {node: self.random_node_labels(node) for node in NODES}
+        self.synced = True
+
+    def populate(self) -> None:
+        for namespace in NAMESPACES[:3]:
+            self.put(Namespace(namespace))
+            for name in SERVICES:
+                if self.rng.random() < 0.9:
+                    self.put(self.random_service(namespace, name))
+                    for index in range(self.rng.randint(1, 2)):
+                        self.put(self.random_slice(namespace, name, index))
+        # Two services start with a valid policy whatever the seed, until changes touch them.
+        ports = (PORTS[0],)
+        self.put(Service("shop", "db", HEADLESS, (), ports, topology_keys=KEY_LISTS[0]))
+        self.put(Service("shop", "big", HEADLESS, (), ports, traffic_distribution=DISTRIBUTIONS[1]))
+        self.put(self.random_slice("shop", "big", 0))
+        for node in NODES:
+            self.put(self.node_locator(node))
+        node_ips = {ip for ips in NODE_IPS.values() for ip in ips}
+        for address in CLIENT_V4 + CLIENT_V6:
+            if address not in ("127.0.0.9", "fd00::11") and address not in node_ips:
+                self.put(self.pod_locator(address))
+        for address in ENDPOINT_V4 + ENDPOINT_V6:
+            if self.rng.random() < 0.6:
+                self.put(self.pod_locator(address))
+
+    def put(self, record: Record) -> str:
+        self.builder.put(record)
+        namespace = getattr(record, "namespace", "")
+        self.objects[(type(record).__name__, namespace, record.name)] = record
+        return f"put {record}"
+
+    def remove(self, kind: type, namespace: str, name: str) -> str:
+        self.builder.remove(kind, namespace, name)
+        del self.objects[(kind.__name__, namespace, name)]
+        return f"remove {kind.__name__} {namespace}/{name}"
+
+    def stored(self, kind: type[R]) -> list[R]:
+        """The objects of a kind, in a fixed order (so that a seed replays the same run)."""
+        return [obj for key, obj in sorted(self.objects.items()) if isinstance(obj, kind)]
+
+    # Random objects
+
+    def random_node_labels(self, node: str) -> dict[str, str]:
+        labels = {HOSTNAME: node, REGION: self.rng.choice(("r1", "r1", "r2"))}
+        if self.rng.random() < 0.9:
+            labels[ZONE] = self.rng.choice(ZONES)
+        return labels
+
+    def labels_of(self, node: str) -> dict[str, str]:
+        # Usually the node's one dict, as convert.py interns them; sometimes an equal copy.
+        labels = self.nodes[node]
+        return dict(labels) if self.rng.random() < 0.3 else labels
+
+    def node_locator(self, node: str) -> PodLocator:
+        return PodLocator(
+            "toposdns-system", node, NODE_IPS[node], node, self.labels_of(node), is_node=True
+        )
+
+    def pod_locator(self, address: str) -> PodLocator:
+        ip = canonical_ip(address)
+        node = self.rng.choice(NODES)
+        namespace = self.rng.choice(NAMESPACES)
+        return PodLocator(
+            namespace, "pod-" + ip.replace(":", "-"), (ip,), node, self.labels_of(node)
+        )
+
+    def random_service(self, namespace: str, name: str) -> Service:
+        rng = self.rng
+        kind = rng.choice(KINDS.get(name, (CLUSTER_IP, HEADLESS)))
+        ports = tuple(rng.sample(PORTS[:5], rng.randint(0, 3))) or (NO_PORT,)
+        ips: tuple[str, ...] = ()
+        if kind == CLUSTER_IP:  # one address of each family it has
+            families = rng.choice(((CLUSTER_V4,), (CLUSTER_V6,), (CLUSTER_V4, CLUSTER_V6)))
+            ips = tuple(rng.choice(pool) for pool in families)
+        keys = annotation = None
+        distribution = ""
+        policy = rng.random()
+        if policy < 0.35:
+            keys = rng.choice(KEY_LISTS)
+        elif policy < 0.55:
+            annotation = rng.choice(KEY_LISTS)
+        elif policy < 0.75:
+            distribution = rng.choice(DISTRIBUTIONS)
+        return Service(
+            namespace,
+            name,
+            kind,
+            ips,
+            ports,
+            external_name=rng.choice(EXTERNAL_NAMES) if kind == EXTERNAL_NAME else "",
+            topology_keys=keys,
+            topology_annotation=annotation,
+            traffic_distribution=distribution,
+            external_traffic_policy="Local" if rng.random() < 0.1 else "",
+        )
+
+    def random_slice(self, namespace: str, service: str, index: int) -> EndpointSlice:
+        rng = self.rng
+        v6 = rng.random() < 0.3
+        if service == "big":
+            pool, count = (BIG_V6 if v6 else BIG_V4), rng.randint(15, 45)
+        else:
+            pool, count = (ENDPOINT_V6 if v6 else ENDPOINT_V4), rng.choice((0, 1, 2, 3, 3, 4, 4))
+        hinted = rng.random() < 0.3
+        endpoints = tuple(
+            Endpoint(
+                (address,),
+                hostname=rng.choice(HOSTNAMES),
+                pod_name=rng.choice(POD_NAMES),
+                node_name=rng.choice(NODES + ("",)),
+                zone=rng.choice(ZONES + ("",)),
+                hint_zones=tuple(rng.sample(ZONES, rng.randint(1, 2))) if hinted else None,
+            )
+            for address in rng.sample(pool, count)
+        )
+        ports = tuple(rng.sample(PORTS, rng.randint(0, 2))) or (NO_PORT,)
+        return EndpointSlice(namespace, f"{service}-{index}", service, ports, endpoints)
+
+    # Changes
+
+    def change(self) -> str:
+        """Apply one random change; say what it was."""
+        changes: list[tuple[float, Callable[[], str | None]]] = [
+            (3, self.change_service),
+            (0.5, lambda: self.remove_one(Service)),
+            (3, self.change_slice),
+            (1, lambda: self.remove_one(EndpointSlice)),
+            (2, self.flip_address),
+            (1, self.toggle_namespace),
+            (2, lambda: self.put(self.pod_locator(self.rng.choice(ENDPOINT_V4 + CLIENT_V4)))),
+            (0.3, lambda: self.put(self.pod_locator(self.rng.choice(FORWARDERS)))),
+            (1, lambda: self.remove_one(PodLocator)),
+            (2, self.move_locator),
+            (2, self.relabel_node),
+        ]
+        while True:
+            (action,) = self.rng.choices([c for _, c in changes], [w for w, _ in changes])
+            done = action()
+            if done is not None:
+                return done
+
+    def change_service(self) -> str:
+        return self.put(self.random_service(*self.any_service()))
+
+    def change_slice(self) -> str:
+        namespace, service = self.any_service()
+        return self.put(self.random_slice(namespace, service, self.rng.randint(0, 2)))
+
+    def any_service(self) -> tuple[str, str]:
+        return self.rng.choice(NAMESPACES), self.rng.choice(SERVICES)
+
+    def remove_one(self, kind: type[Service | EndpointSlice | PodLocator]) -> str | None:
+        found = self.stored(kind)
+        if not found:
+            return None
+        chosen = self.rng.choice(found)
+        return self.remove(kind, chosen.namespace, chosen.name)
+
+    def flip_address(self) -> str | None:
+        """Give one endpoint of a slice another address of its family."""
+        slices = [eps for eps in self.stored(EndpointSlice) if eps.endpoints]
+        if not slices:
+            return None
+        eps = self.rng.choice(slices)
+        i = self.rng.randrange(len(eps.endpoints))
+        old = eps.endpoints[i]
+        v6 = ":" in old.addresses[0]
+        pool = (BIG_V6 + ENDPOINT_V6) if v6 else (BIG_V4 + ENDPOINT_V4)
+        endpoint = replace(old, addresses=(self.rng.choice(pool),))
+        endpoints = eps.endpoints[:i] + (endpoint,) + eps.endpoints[i + 1 :]
+        return self.put(replace(eps, endpoints=endpoints))
+
+    def toggle_namespace(self) -> str:
+        name = self.rng.choice(NAMESPACES)
+        exists = ("Namespace", "", name) in self.objects
+        if exists and self.rng.random() < 0.3:  # most of them, most of the time
+            return self.remove(Namespace, "", name)
+        return self.put(Namespace(name))
+
+    def move_locator(self) -> str | None:
+        pods = [locator for locator in self.stored(PodLocator) if not locator.is_node]
+        if not pods:
+            return None
+        locator = self.rng.choice(pods)
+        node = self.rng.choice(NODES)
+        return self.put(replace(locator, node_name=node, node_labels=self.labels_of(node)))
+
+    def relabel_node(self) -> str:
+        """New labels for a node (a new zone, say), and so for every locator on it."""
+        node = self.rng.choice(NODES)
+        self.nodes[node] = self.random_node_labels(node)  # a new dict: snapshots keep the old
+        for locator in self.stored(PodLocator):
+            if locator.node_name == node:
+                self.put(replace(locator, node_labels=self.labels_of(node)))
+        return f"relabel {node}: {self.nodes[node]}"
+
+    def publish(self, serial: int) -> Snapshot:
+        return self.builder.snapshot(serial, self.synced)
+
+
+class Queries:
+    """Random query messages: every name form, qtype, EDNS option; a few malformed."""
+
+    def __init__(self, rng: random.Random, zones: tuple[tuple[str, ...], ...]) -> None:
+        self.rng = rng
+        self.zones = zones
+        self.questions: list[tuple[tuple[str, ...], int, int]] = []
+
+    def message(self) -> bytes:
+        """A query with ID 0 (the sender sets its own)."""
+        rng = self.rng
+        if rng.random() < 0.05:
+            return self.malformed()
+        flags = (
+            rng.choice((0x0100, 0x0100, 0))
+            | rng.choice((0, 0, 0x0010))
+            | rng.choice((0, 0, 0x0020))
+        )
+        if self.questions and rng.random() < 0.3:
+            # A question asked before, with other flags and options (another cookie, subnet...).
+            labels, qtype, qclass = rng.choice(self.questions)
+        else:
+            labels, qtype = self.question()
+            qclass = rng.choices((1, 3, 4, 255, 254), (96, 1, 1, 1, 1))[0]
+            self.questions.append((labels, qtype, qclass))
+        edns = self.opt(self.options()) if rng.random() < 0.6 else b""
+        return self.pack(flags, labels, qtype, qclass, edns)
+
+    @staticmethod
+    def pack(
+        flags: int, labels: tuple[str, ...], qtype: int, qclass: int, opt: bytes, qdcount: int = 1
+    ) -> bytes:
+        header = pack("!6H", 0, flags, qdcount, 0, 0, 1 if opt else 0)
+        name = b"".join(bytes((len(raw),)) + raw for raw in (lb.encode("latin-1") for lb in labels))
+        return header + name + b"\x00" + pack("!HH", qtype, qclass) + opt
+
+    def question(self) -> tuple[tuple[str, ...], int]:
+        """A name of some form, and usually the qtype that form is asked with."""
+        rng = self.rng
+        zone = rng.choice(self.zones)
+        ns = rng.choice(NAMESPACES[:3] * 3 + NAMESPACES[3:] + ("nope",))
+        svc = rng.choice(SERVICES + ("db", "db", "big", "nope"))
+        endpoint = rng.choice(
+            [h for h in HOSTNAMES + POD_NAMES if h]
+            + [dashed(a) for a in ENDPOINT_V4 + ENDPOINT_V6 + BIG_V4[:3] + BIG_V6[:2]]
+        )
+        pod = rng.choice([dashed(a) for a in ENDPOINT_V4 + ENDPOINT_V6] + ["1-2-3-4", "not-ip"])
+        port = rng.choice(("_http", "_http", "_dns", "_grpc", "_metrics", "http", "_", "_https"))
+        proto = rng.choice(("_tcp", "_tcp", "_udp", "_sctp", "tcp", "_TCP"))
+        address = rng.choice(CLUSTER_V4 + CLUSTER_V6 + ENDPOINT_V4 + ENDPOINT_V6 + BIG_V6[:4])
+        forms: list[tuple[float, tuple[str, ...], int]] = [
+            (20, (svc, ns, "svc") + zone, rng.choice((A, A, AAAA, SRV, TXT))),
+            (6, (endpoint, svc, ns, "svc") + zone, rng.choice((A, AAAA))),
+            (6, (port, proto, svc, ns, "svc") + zone, SRV),
+            (3, (pod, ns, "pod") + zone, rng.choice((A, AAAA))),
+            (1, ("extra", pod, ns, "pod") + zone, A),
+            (5, reverse_name(address), PTR),
+            (1, reverse_name(rng.choice(("10.9.9.9", "2001:db8::1"))), PTR),
+            (1, rng.choice((("96", "10", "in-addr", "arpa"), ("in-addr", "arpa"))), PTR),
+            (1, ("x", "1", "0", "1", "10", "in-addr", "arpa"), PTR),
+            (3, zone, rng.choice((SOA, NS))),
+            (1, ("ns", "dns") + zone, A),
+            (1, ("dns-version",) + zone, TXT),
+            (1, rng.choice(((ns, "svc"), ("svc",), ("pod",), (ns, "pod"))) + zone, A),
+            (1, ("a", "b", "c", svc, ns, "svc") + zone, A),
+            (1, (svc, ns, "nope") + zone, A),
+            (1, ("api", "example", "com", ns, "svc") + zone, A),
+            (1, (svc, ns, "svc") + zone + (ns, "svc") + zone, A),
+            (1, ("we.b", ns, "svc") + zone, A),  # a dot inside a label
+            (2, rng.choice((("example", "com"), (), ("local",), zone + ("evil",))), A),
+        ]
+        _, labels, qtype = rng.choices(forms, [weight for weight, _, _ in forms])[0]
+        if rng.random() < 0.3:  # dig users type any case; replies must keep it
+            labels = tuple("".join(rng.choice((c.lower(), c.upper())) for c in lb) for lb in labels)
+        if rng.random() < 0.4:
+            types = (A, AAAA, SRV, PTR, TXT, CNAME, SOA, NS, MX, ANY, 65280, 13, AXFR)  # 13: HINFO
+            qtype = rng.choices(types, (4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 2, 1, 0.5))[0]
+        return labels, qtype
+
+    def options(self) -> list[tuple[int, bytes]]:
+        rng = self.rng
+        options = []
+        if rng.random() < 0.5:
+            options.append((8, self.client_subnet()))
+        if rng.random() < 0.25:
+            cookie = rng.randbytes(8) + (rng.randbytes(16) if rng.random() < 0.5 else b"")
+            options.append((10, cookie))
+        if rng.random() < 0.1:
+            options.append((12, bytes(rng.randint(0, 40))))  # padding
+        if rng.random() < 0.1:
+            options.append((65001, rng.randbytes(rng.randint(0, 6))))  # unknown
+        if rng.random() < 0.05:
+            options.append((rng.choice((3, 11)), b""))  # NSID, TCP keepalive
+        rng.shuffle(options)
+        return options
+
+    def opt(self, options: list[tuple[int, bytes]], version: int = 0) -> bytes:
+        rng = self.rng
+        size = rng.choice((0, 256, 512, 512, 1000, 1232, 1232, 1400, 2048, 4096, 4096, 65535))
+        ttl = (version << 16) | rng.choice((0, 0x8000)) | rng.choice((0, 0, 0x0100))
+        rdata = b"".join(pack("!HH", code, len(value)) + value for code, value in options)
+        return b"\x00" + pack("!HHIH", 41, size, ttl, len(rdata)) + rdata
+
+    def client_subnet(self) -> bytes:
+        rng = self.rng
+        ip = ipaddress.ip_address(rng.choice(ECS_ADDRESSES))
+        family = 1 if ip.version == 4 else 2
+        prefixes = (32, 32, 32, 24, 16, 0) if family == 1 else (128, 128, 64, 56, 0)
+        prefix = rng.choice(prefixes)
+        network = ipaddress.ip_network(f"{ip}/{prefix}", strict=False)
+        raw = network.network_address.packed[: (prefix + 7) // 8]
+        scope = 0
+        if rng.random() < 0.15:  # malformed: FORMERR (RFC 7871 §7.1.1)
+            match rng.randrange(6):
+                case 0:
+                    family = 3
+                case 1:
+                    prefix = 33 if family == 1 else 129
+                case 2:
+                    scope = 8
+                case 3:
+                    raw += b"\x00"
+                case 4:
+                    prefix, raw = 20, ip.packed[:2] + bytes((ip.packed[2] | 0x0F,))
+                case _:
+                    return pack("!HB", family, prefix)
+        return pack("!HBB", family, prefix, scope) + raw
+
+    def malformed(self) -> bytes:
+        rng = self.rng
+        good = self.pack(0x0100, ("web", "shop", "svc", "cluster", "local"), 1, 1, b"")
+        with_opt = self.pack(0x0100, ("web", "shop", "svc", "cluster", "local"), 1, 1, b"\x00")
+        cases = [
+            b"",
+            b"\x00",
+            good[:11],  # shorter than a header
+            good[:2] + bytes((good[2] | 0x80,)) + good[3:],  # a response
+            good[:2] + bytes((good[2] | 0x20,)) + good[3:],  # opcode NOTIFY
+            good[:2] + bytes((good[2] | 0x10,)) + good[3:],  # opcode STATUS
+            self.pack(0x0100, ("a",), 1, 1, b"", qdcount=0),
+            self.pack(0x0100, ("a",), 1, 1, b"", qdcount=2),
+            good[:5] + b"\x03" + good[6:],  # qdcount 3
+            good[:10] + b"\x00\x03" + good[12:],  # arcount 3, records missing
+            good[:-6],  # cut inside the question
+            good[:12] + b"\x40abc" + good[12:],  # an unknown label type
+            good[:12] + b"\xc0\x0c",  # a compression loop
+            good[:12] + b"\x3f" + b"a" * 63 + b"\x3f" + b"a" * 63 + good[12:],  # long but valid
+            good[:12] + (b"\x3f" + b"a" * 63) * 4 + b"\x00\x00\x01\x00\x01",  # over 255
+            self.pack(0x0100, ("web",), 1, 1, self.opt(self.options(), version=1)),  # BADVERS
+            self.pack(0x0100, ("a", "cluster", "local"), 1, 1, self.opt([], version=2)),
+            with_opt[:-1] + b"\x00" + pack("!HHIH", 41, 512, 0, 5) + b"\x00\x08\x00\x10\x00",
+            good + b"garbage after the question",
+        ]
+        return rng.choice(cases)
+
+
+def dashed(address: str) -> str:
+    return address.replace(".", "-").replace(":", "-")
+
+
+def reverse_name(address: str) -> tuple[str, ...]:
+    return tuple(ipaddress.ip_address(address).reverse_pointer.split("."))
+
+
+def clients() -> list[tuple[Transport, Transport, str]]:
+    """(UDP transport, TCP transport, source address as the socket gives it) of each client."""
+    found = []
+    for address in CLIENT_V4:
+        found.append((UDP4, TCP4, address))
+        found.append((UDP6, TCP6, "::ffff:" + address))  # a dual-stack socket
+    for address in CLIENT_V6:
+        found.append((UDP6, TCP6, address + "%lo" if address.startswith("fe80") else address))
+    # A third of the queries come through the forwarders, many with ECS.
+    found += [(UDP4, TCP4, FORWARDERS[0]), (UDP6, TCP6, FORWARDERS[1])] * (len(found) // 4)
+    return found
+
+
+class Mismatch(AssertionError):
+    """A served reply that is not the reference's."""
+
+
+#: What a run of the default size must have met, so that a generator gone dull cannot pass.
+COVERAGE = {
+    "records",
+    "NODATA",
+    "NXDOMAIN",
+    "SERVFAIL",
+    "REFUSED",
+    "FORMERR",
+    "NOTIMP",
+    "BADVERS",
+    "no reply",
+    "truncated",
+    "compressed",
+    "ECS scope",
+    "client-dependent",
+}
+RCODE_NAMES = {1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
+BADVERS_OPT = b"\x00" + pack("!HHIH", 41, 0, 1 << 24, 0)
+
+
+class Run:
+    """One differential run: a cluster, a responder behind the real frontends, the oracle."""
+
+    def __init__(self, seed: int, config_name: str) -> None:
+        self.seed = seed
+        self.config_name = config_name
+        self.config, zones = CONFIGS[config_name]
+        self.rng = random.Random(seed)
+        self.cluster = Cluster(self.rng)
+        self.cluster.populate()
+        self.serial = FIRST_SERIAL
+        self.snapshot = self.cluster.publish(self.serial)
+        self.responder = Responder(self.config, self.snapshot, ecs_trust=ECS_TRUST)
+        self.frontends = Frontends(self.responder)
+        self.queries = Queries(self.rng, zones)
+        self.pool = [self.queries.message() for _ in range(POOL_SIZE)]
+        self.clients = clients()
+        self.history: list[str] = []
+        self.compared = 0
+        #: What the reference answered, by kind of reply (see COVERAGE).
+        self.seen: Counter[str] = Counter()
+        #: This round's distinct replies to each (transport, query after its ID).
+        self.replies: dict[tuple[Transport, bytes], set[bytes]] = {}
+
+    def round(self, number: int, publish: bool = True) -> None:
+        """Change the cluster, publish the snapshot (unless told not to), and ask away."""
+        # Now and then a snapshot from before the first sync: SERVFAIL where NXDOMAIN would be.
+        self.cluster.synced = number % 7 != 3
+        self.history = [self.cluster.change() for _ in range(self.rng.randint(1, 5))]
+        self.serial += self.rng.randint(1, 3)
+        self.snapshot = self.cluster.publish(self.serial)
+        if publish:
+            self.responder.update(self.snapshot)
+        self.replies = {}
+        # Part of the pool, so that each query is asked by several clients in a round.
+        asked = self.rng.sample(self.pool, max(1, QUERIES // 3))
+        for _ in range(QUERIES):
+            fresh = self.rng.random() < 0.2
+            body = (self.queries.message() if fresh else self.rng.choice(asked))[2:]
+            self.send(number, body, *self.rng.choice(self.clients))
+        self.seen["client-dependent"] += sum(len(r) > 1 for r in self.replies.values())
+
+    def send(self, number: int, body: bytes, udp: Transport, tcp: Transport, source: str) -> None:
+        """Ask twice over UDP and twice over TCP (pipelined, in random pieces)."""
+        first, second = (self.rng.randbytes(2) + body for _ in range(2))
+        want = {
+            kind: reference_reply(first, kind, source, self.snapshot, self.config, ECS_TRUST)
+            for kind in (udp, tcp)
+        }
+        self.note(udp, first, want[udp], want[tcp])
+        for kind in (udp, tcp):
+            reply = want[kind]
+            wants = [] if reply is None else [reply, second[:2] + reply[2:]]
+            if kind is udp:
+                got = self.frontends.over_udp(kind, first, source)
+                got += self.frontends.over_udp(kind, second, source)
+            else:
+                stream = frame(first) + frame(second)
+                got = self.frontends.over_tcp(kind, self.pieces(stream), source)
+            self.compared += 2
+            if got != wants:
+                raise Mismatch(self.explain(number, kind, source, (first, second), wants, got))
+
+    def note(self, kind: Transport, query: bytes, reply: bytes | None, tcp: bytes | None) -> None:
+        """Count what kind of UDP reply the reference gave (`tcp`: its TCP reply)."""
+        if reply is None:
+            self.seen["no reply"] += 1
+            return
+        assert tcp is not None
+        self.replies.setdefault((kind, query[2:]), set()).add(reply[2:])
+        rcode = reply[3] & 0xF
+        if reply.endswith(BADVERS_OPT):
+            self.seen["BADVERS"] += 1
+        elif rcode:
+            self.seen[RCODE_NAMES[rcode]] += 1
+        else:
+            self.seen["records" if reply[6:8] != b"\0\0" else "NODATA"] += 1
+        if reply[2] & 0x02:
+            self.seen["truncated"] += 1
+        elif len(reply) < len(tcp):  # over the fragment limit, not the buffer
+            self.seen["compressed"] += 1
+        if rcode or b"\x00\x08" not in query:  # no ECS option: nothing more to count
+            return
+        try:
+            ecs = decode_query(query).ecs
+        except (Dropped, Rejected):
+            return
+        if ecs is not None and reply[-len(ecs.raw_address) - 1]:
+            self.seen["ECS scope"] += 1  # the echoed option is last; its SCOPE byte is set
+
+    def pieces(self, stream: bytes) -> list[bytes]:
+        """A TCP stream, whole or cut at random places (in a length prefix, at times)."""
+        if self.rng.random() < 0.5:
+            return [stream]
+        cuts = sorted(self.rng.sample(range(1, len(stream)), min(2, len(stream) - 1)))
+        return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+    def explain(
+        self,
+        number: int,
+        kind: Transport,
+        source: str,
+        queries: tuple[bytes, bytes],
+        wants: list[bytes],
+        got: list[bytes],
+    ) -> str:
+        lines = [
+            f"served bytes differ from the reference (seed {self.seed}, config {self.config_name},"
+            f" round {number}, serial {self.serial}, {kind.name} from {source}; rerun with"
+            f" TOPOSDNS_DIFF_SEED={self.seed})",
+            "changes this round:",
+            *(f"  {change}" for change in self.history),
+        ]
+        for i, query in enumerate(queries):
+            lines += [f"--- query {i + 1}:", render(query)]
+            lines += [f"--- expected reply {i + 1}:", render(wants[i] if i < len(wants) else None)]
+            lines += [f"--- served reply {i + 1}:", render(got[i] if i < len(got) else None)]
+        if len(got) > 2:
+            lines.append(f"--- and {len(got) - 2} more replies were served")
+        return "\n".join(lines)
+
+
+def run_rounds(seed: int, config_name: str, rounds: int = ROUNDS, publish: bool = True) -> Run:
+    """Run the rounds inside an event loop (the TCP protocol sets timers)."""
+
+    async def main() -> Run:
+        run = Run(seed, config_name)
+        try:
+            for number in range(rounds):
+                run.round(number, publish)
+        finally:
+            run.frontends.close()
+        return run
+
+    return asyncio.run(main())
+
+
+def seed_for() -> int:
+    if SEED == "random":
+        return random.SystemRandom().randrange(2**32)
+    return int(SEED) if SEED else 1
+
+
+@pytest.mark.parametrize("config_name", sorted(CONFIGS))
+def test_served_bytes_equal_the_reference_across_changes(config_name: str) -> None:
+    seed = seed_for()
+    print(f"differential seed {seed} ({config_name}): {ROUNDS} rounds of {QUERIES} queries")
+    try:
+        run = run_rounds(seed, config_name)
+    except Mismatch as mismatch:
+        pytest.fail(str(mismatch), pytrace=False)
+    assert run.compared == ROUNDS * QUERIES * 4
+    print(dict(run.seen))
+    if ROUNDS * QUERIES >= 20 * 200:  # a shorter run may miss a rare case, and that is fine
+        assert not COVERAGE - set(run.seen), f"the run never met {COVERAGE - set(run.seen)}"
+
+
+def test_a_server_that_misses_a_change_is_caught() -> None:
+    # The comparison must see changes at all: a responder left on the first snapshot fails it.
+    with pytest.raises(Mismatch, match="served bytes differ"):
+        run_rounds(seed_for(), "defaults", rounds=20, publish=False)
+
+
+# The oracle itself, checked by hand on a small cluster, so that it is not trusted blindly.
+
+SHOP: list[Record] = [
+    Namespace("shop"),
+    Service("shop", "web", CLUSTER_IP, ("10.96.0.5",), (PORTS[0],)),
+    Service("shop", "db", HEADLESS, (), (PORTS[0],), topology_keys=(ZONE,)),
+    EndpointSlice(
+        "shop",
+        "db-0",
+        "db",
+        (PORTS[0],),
+        (
+            Endpoint(("10.1.0.1",), hostname="db-0", node_name="node-a", zone="z1"),
+            Endpoint(("10.3.0.1",), hostname="db-1", node_name="node-c", zone="z2"),
+        ),
+    ),
+    Service("shop", "wide", HEADLESS, (), (PORTS[0],)),
+    EndpointSlice(
+        "shop", "wide-0", "wide", (PORTS[0],), tuple(Endpoint((ip,)) for ip in BIG_V4[:40])
+    ),
+    PodLocator("shop", "a", ("127.0.0.2",), "node-a", {HOSTNAME: "node-a", ZONE: "z1"}),
+    PodLocator("shop", "c", ("127.0.0.4",), "node-c", {HOSTNAME: "node-c", ZONE: "z2"}),
+]
+ORACLE_CONFIG = config_of()
+
+
+def reference(
+    name: str,
+    qtype: str = "A",
+    source: str = "127.0.0.9",
+    transport: Transport = UDP4,
+    edns: dnslib.EDNS0 | None = None,
+    qclass: str = "IN",
+) -> bytes:
+    """The reference's reply, on the wire, to a query that dnslib builds."""
+    builder = StoreBuilder()
+    for record in SHOP:
+        builder.put(record)
+    question = dnslib.DNSQuestion(name, getattr(dnslib.QTYPE, qtype), getattr(dnslib.CLASS, qclass))
+    query = dnslib.DNSRecord(dnslib.DNSHeader(id=4321, rd=1), q=question)
+    if edns is not None:
+        query.add_ar(edns)
+    data = bytes(query.pack())
+    snapshot = builder.snapshot(FIRST_SERIAL)
+    reply = reference_reply(data, transport, source, snapshot, ORACLE_CONFIG, ECS_TRUST)
+    assert reply is not None and reply[:2] == data[:2]
+    return reply
+
+
+def oracle(name: str, qtype: str = "A", **how: Any) -> dnslib.DNSRecord:
+    """The reference's reply, parsed by dnslib."""
+    return dnslib.DNSRecord.parse(reference(name, qtype, **how))
+
+
+def answers(reply: dnslib.DNSRecord) -> list[str]:
+    return sorted(str(rr.rdata) for rr in reply.rr)
+
+
+def client_subnet(address: str, prefix: int, scope: int = 0) -> dnslib.EDNS0:
+    network = ipaddress.ip_network(f"{address}/{prefix}", strict=False)
+    raw = network.network_address.packed[: (prefix + 7) // 8]
+    value = pack("!HBB", 1 if network.version == 4 else 2, prefix, scope) + raw
+    return dnslib.EDNS0(udp_len=1232, opts=[dnslib.EDNSOption(8, value)])
+
+
+def echoed(reply: dnslib.DNSRecord) -> dict[int, bytes]:
+    (opt,) = [rr for rr in reply.ar if rr.rtype == dnslib.QTYPE.OPT]
+    return {option.code: option.data for option in opt.rdata}
+
+
+def test_the_oracle_answers_a_service_in_the_case_asked() -> None:
+    reply = oracle("Web.SHOP.svc.cluster.local")
+    header = reply.header
+    assert (header.id, header.qr, header.aa, header.rd, header.ra, header.tc) == (
+        4321,
+        1,
+        1,
+        1,
+        0,
+        0,
+    )
+    assert header.rcode == dnslib.RCODE.NOERROR and not reply.ar
+    assert str(reply.q.qname) == "Web.SHOP.svc.cluster.local."
+    (rr,) = reply.rr
+    assert (str(rr.rname), rr.rtype, rr.ttl, str(rr.rdata)) == (
+        "Web.SHOP.svc.cluster.local.",
+        dnslib.QTYPE.A,
+        5,
+        "10.96.0.5",
+    )
+
+
+def test_the_oracle_places_clients_by_source_or_trusted_subnet() -> None:
+    assert answers(oracle("db.shop.svc.cluster.local", source="127.0.0.2")) == ["10.1.0.1"]
+    assert answers(oracle("db.shop.svc.cluster.local", source="::ffff:127.0.0.4")) == ["10.3.0.1"]
+    unplaced = oracle("db.shop.svc.cluster.local")  # zone key, no "*": nothing, NODATA
+    assert unplaced.header.rcode == dnslib.RCODE.NOERROR and not unplaced.rr
+    assert [rr.rtype for rr in unplaced.auth] == [dnslib.QTYPE.SOA]
+    # A trusted forwarder's ECS places the client, and the scope says the answer used it.
+    ecs = client_subnet("127.0.0.4", 32)
+    trusted = oracle("db.shop.svc.cluster.local", source="127.0.0.53", edns=ecs)
+    assert answers(trusted) == ["10.3.0.1"]
+    assert echoed(trusted)[8] == bytes((0, 1, 32, 32, 127, 0, 0, 4))
+    # Anyone else's ECS is echoed with scope 0 and ignored.
+    untrusted = oracle("db.shop.svc.cluster.local", source="127.0.0.2", edns=ecs)
+    assert answers(untrusted) == ["10.1.0.1"]
+    assert echoed(untrusted)[8] == bytes((0, 1, 32, 0, 127, 0, 0, 4))
+    # An answer that is the same for everyone has scope 0 even from a trusted forwarder.
+    same = oracle("web.shop.svc.cluster.local", source="127.0.0.53", edns=ecs)
+    assert echoed(same)[8] == bytes((0, 1, 32, 0, 127, 0, 0, 4))
+
+
+def test_the_oracle_writes_srv_with_glue() -> None:
+    reply = oracle("_http._tcp.db.shop.svc.cluster.local", "SRV", source="127.0.0.2")
+    assert [str(rr.rdata) for rr in reply.rr] == ["0 100 80 db-0.db.shop.svc.cluster.local."]
+    assert [(str(rr.rname), str(rr.rdata)) for rr in reply.ar] == [
+        ("db-0.db.shop.svc.cluster.local.", "10.1.0.1")
+    ]
+
+
+def test_the_oracle_truncates_by_transport() -> None:
+    name = "wide.shop.svc.cluster.local"
+    udp = reference(name)  # 40 A records do not fit 512 bytes
+    parsed = dnslib.DNSRecord.parse(udp)
+    assert len(udp) <= 512 and parsed.header.tc == 1 and 0 < len(parsed.rr) < 40
+    tcp = reference(name, transport=TCP4)
+    parsed = dnslib.DNSRecord.parse(tcp)
+    assert len(tcp) > 1480 and parsed.header.tc == 0 and answers(parsed) == sorted(BIG_V4[:40])
+    # 4096 bytes hold them, but the reply is compressed to stay under the fragment limit.
+    big = dnslib.EDNS0(udp_len=4096, flags="do")
+    for transport, limit in ((UDP4, 1480), (UDP6, 1220)):
+        reply = reference(name, transport=transport, edns=big)
+        parsed = dnslib.DNSRecord.parse(reply)
+        assert len(reply) <= limit and parsed.header.tc == 0 and len(parsed.rr) == 40
+        assert parsed.ar[0].ttl == 0x8000  # DO echoed, version 0
+
+
+def test_the_oracle_refuses_and_rejects() -> None:
+    for reply in (oracle("example.com"), oracle("web.shop.svc.cluster.local", qclass="CH")):
+        assert reply.header.rcode == dnslib.RCODE.REFUSED and reply.header.aa == 0
+        assert not reply.rr and not reply.auth
+    missing = oracle("nope.shop.svc.cluster.local")
+    assert missing.header.rcode == dnslib.RCODE.NXDOMAIN and missing.header.aa == 1
+    (soa,) = missing.auth
+    assert str(soa.rdata.mname) == "ns.dns.cluster.local." and soa.rdata.times[0] == FIRST_SERIAL
+    badvers = oracle("web.shop.svc.cluster.local", edns=dnslib.EDNS0(version=1, udp_len=1232))
+    (opt,) = badvers.ar
+    assert (badvers.header.rcode, opt.ttl >> 24, opt.rclass, badvers.rr) == (0, 1, 0, [])
+    malformed = oracle("db.shop.svc.cluster.local", edns=client_subnet("127.0.0.4", 32, scope=8))
+    assert malformed.header.rcode == dnslib.RCODE.FORMERR and not malformed.questions
+
+
+def test_the_oracle_echoes_only_the_options_coredns_echoes() -> None:
+    options = [
+        dnslib.EDNSOption(10, b"client-c"),  # COOKIE
+        dnslib.EDNSOption(12, bytes(4)),  # padding
+        dnslib.EDNSOption(65001, b"x"),  # unknown
+    ]
+    reply = oracle("web.shop.svc.cluster.local", edns=dnslib.EDNS0(udp_len=1232, opts=options))
+    assert echoed(reply) == {10: b"client-c", 12: bytes(4)}
+
+
+def test_the_oracle_answers_bad_headers_as_miekg_dns_does() -> None:
+    good = bytes(dnslib.DNSRecord.question("web.shop.svc.cluster.local").pack())
+    snapshot = StoreBuilder().snapshot(FIRST_SERIAL)
+
+    def reply(data: bytes) -> bytes | None:
+        return reference_reply(data, UDP4, "127.0.0.2", snapshot, ORACLE_CONFIG)
+
+    assert reply(good[:11]) is None  # shorter than a header
+    assert reply(good[:2] + bytes((good[2] | 0x80,)) + good[3:]) is None  # a response
+    two = good[:5] + b"\x02" + good[6:]
+    assert reply(two) == two[:2] + b"\x81\x01" + bytes(8)  # FORMERR, RD copied, no sections
+    notify = good[:2] + bytes((good[2] | 0x20,)) + good[3:]
+    assert reply(notify) == notify[:2] + b"\xa1\x04" + bytes(8)  # NOTIMP, opcode kept

@@ -1,0 +1,195 @@
+"""The forwarder's pure parts and its bounds: which replies are taken (CoreDNS's
+`request.Match`), health per transport, one upstream query per question in flight, REFUSED past
+--max-concurrent, our own queries known when they come back, local shortages not blamed on the
+upstream. The upstream is an asyncio UDP server in the test's own loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import dnslib
+import pytest
+
+from toposdns.serve import forward
+from toposdns.serve.forward import Forwarder, cache_key, question_end
+from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, check_reply
+from toposdns.wire.codes import FORMERR, REFUSED, SERVFAIL
+
+QUERY = dnslib.DNSRecord.question("www.example.test.", "A")
+QUERY.header.id = 0x4242
+WIRE = bytes(QUERY.pack())
+
+
+def reply_to(query: dnslib.DNSRecord, **changes: Any) -> bytes:
+    reply = query.reply()
+    for field, value in changes.items():
+        setattr(reply.header, field, value)
+    return bytes(reply.pack())
+
+
+def other_question(name: str, qtype: str = "A") -> bytes:
+    reply = QUERY.reply()
+    reply.questions = [dnslib.DNSQuestion(name, getattr(dnslib.QTYPE, qtype))]
+    return bytes(reply.pack())
+
+
+CHECKS = [
+    ("the reply", reply_to(QUERY), ""),
+    ("the name in other case", other_question("WWW.Example.TEST."), ""),
+    ("a query, not a reply", WIRE, "not_response"),
+    ("garbage after the header", WIRE[:2] + b"\x81\x80\x00\x01\x00\x05" + bytes(30), "malformed"),
+    ("another name", other_question("evil.example."), "wrong_question"),
+    ("another type", other_question("www.example.test.", "AAAA"), "wrong_question"),
+    ("no question", WIRE[:2] + b"\x81\x80" + bytes(8), "wrong_question"),
+]
+
+
+@pytest.mark.parametrize(("reply", "kind"), [c[1:] for c in CHECKS], ids=[c[0] for c in CHECKS])
+def test_check_reply(reply: bytes, kind: str) -> None:
+    if not kind:
+        assert check_reply(WIRE, reply).q.qname == "www.example.test."
+        return
+    with pytest.raises(UpstreamError) as raised:
+        check_reply(WIRE, reply)
+    assert raised.value.kind == kind
+
+
+def test_cache_key_is_the_question_as_asked_with_the_flags_answers_depend_on() -> None:
+    end = question_end(WIRE)
+    assert WIRE[12:end] == b"\x03www\x07example\x04test\x00\x00\x01\x00\x01"
+    key = cache_key(WIRE, end, tcp=False, limit=512, edns=False)
+    other_id = b"\x00\x01" + WIRE[2:]
+    assert cache_key(other_id, end, False, 512, False) == key
+    assert cache_key(WIRE, end, True, 512, False) != key
+    no_rd = WIRE[:2] + bytes((WIRE[2] & ~0x01,)) + WIRE[3:]
+    assert cache_key(no_rd, end, False, 512, False) != key
+
+
+class FakeUpstream(asyncio.DatagramProtocol):
+    """Answers each query after `delay`, with what `answer` makes of it."""
+
+    def __init__(self, answer: Callable[[dnslib.DNSRecord], bytes], delay: float = 0.0) -> None:
+        self.answer = answer
+        self.delay = delay
+        self.queries: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.DatagramTransport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.queries.append(data)
+        reply = self.answer(dnslib.DNSRecord.parse(data))
+        asyncio.get_running_loop().call_later(self.delay, self.transport.sendto, reply, addr)
+
+
+def with_upstream(
+    test: Callable[[Forwarder, FakeUpstream], Awaitable[None]],
+    answer: Callable[[dnslib.DNSRecord], bytes] = reply_to,
+    delay: float = 0.0,
+    **options: Any,
+) -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        transport, upstream = await loop.create_datagram_endpoint(
+            lambda: FakeUpstream(answer, delay), local_addr=("127.0.0.1", 0)
+        )
+        port = transport.get_extra_info("sockname")[1]
+        forwarder = Forwarder([Upstream("127.0.0.1", port)], **options)
+        try:
+            await test(forwarder, upstream)
+        finally:
+            await forwarder.close()
+            transport.close()
+
+    asyncio.run(run())
+
+
+def query(name: str, qid: int) -> bytes:
+    record = dnslib.DNSRecord.question(name, "A")
+    record.header.id = qid
+    return bytes(record.pack())
+
+
+def test_one_upstream_query_per_question_in_flight() -> None:
+    async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
+        replies = await asyncio.gather(
+            *(forwarder.forward(query("same.example.", qid), False, 512) for qid in (1, 2, 3))
+        )
+        assert [r[:2] for r in replies if isinstance(r, bytes)] == [
+            b"\x00\x01",
+            b"\x00\x02",
+            b"\x00\x03",
+        ]
+        assert len(upstream.queries) == 1
+
+    with_upstream(test, delay=0.05)
+
+
+def test_refused_past_max_concurrent() -> None:
+    async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
+        first = asyncio.ensure_future(forwarder.forward(query("a.example.", 1), False, 512))
+        await asyncio.sleep(0.01)
+        assert await forwarder.forward(query("b.example.", 2), False, 512) == REFUSED
+        assert isinstance(await first, bytes)
+        assert isinstance(await forwarder.forward(query("b.example.", 3), False, 512), bytes)
+
+    with_upstream(test, delay=0.05, max_concurrent=1)
+
+
+def test_a_reply_to_another_question_is_formerr_and_counts_against_the_upstream() -> None:
+    def evil(query: dnslib.DNSRecord) -> bytes:
+        reply = query.reply()
+        reply.questions = [dnslib.DNSQuestion("evil.example.")]
+        reply.add_answer(*dnslib.RR.fromZone("evil.example. 300 IN A 6.6.6.6"))
+        return bytes(reply.pack())
+
+    async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
+        assert await forwarder.forward(query("bank.example.com.", 7), False, 512) == FORMERR
+        assert forwarder.upstreams[0].udp.fails >= 1
+        assert not forwarder.cache.success and not forwarder.cache.denial
+
+    with_upstream(test, answer=evil)
+
+
+def test_our_own_query_coming_back_is_not_forwarded_again() -> None:
+    async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
+        data = query("loop.example.", 9)
+        end = question_end(data)
+        qid = forwarder.loops.sending(forwarder.upstreams[0], data[12:end])
+        assert await forwarder.forward(qid + data[2:], False, 512) == SERVFAIL
+        assert upstream.queries == []
+        forwarder.loops.answered(qid, data[12:end])
+        assert isinstance(await forwarder.forward(qid + data[2:], False, 512), bytes)
+
+    with_upstream(test)
+
+
+def test_running_out_of_sockets_is_not_the_upstreams_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def no_files(*_: object) -> bytes:
+        raise LocalError("Too many open files")
+
+    async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
+        monkeypatch.setattr(forward, "send_udp", no_files)
+        assert await forwarder.forward(query("a.example.", 1), False, 512) == SERVFAIL
+        assert forwarder.upstreams[0].udp.fails == 0 and forwarder.short_of
+        monkeypatch.undo()
+        assert isinstance(await forwarder.forward(query("a.example.", 2), False, 512), bytes)
+        assert not forwarder.short_of
+
+    with_upstream(test)
+
+
+def test_health_is_kept_per_transport() -> None:
+    async def test() -> None:
+        upstream = Upstream("127.0.0.1", 9)  # the discard port: nothing answers DNS there
+        forwarder = Forwarder([upstream], timeout=0.1)
+        for _ in range(2):
+            upstream.failed(True, UpstreamError("closed", "closed the connection"))
+        assert upstream.tcp.down and not upstream.udp.down
+        assert upstream.tcp.probe is not None and upstream.udp.probe is None
+        assert forwarder.order(tcp=False) == [upstream]
+        await forwarder.close()
+
+    asyncio.run(test())

@@ -1,0 +1,131 @@
+"""The official client: how it is built, and the one way its raw API calls are made.
+
+Every call goes through a `*_without_preload_content` method, so that bodies stay raw JSON
+(dicts): no OpenAPI model is built per object, and every status is the caller's to handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import aiohttp
+
+#: What a request that got no answer raises: the API server is down, unreachable or too slow.
+NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+class ConnectError(Exception):
+    """No way to reach the cluster: neither in-cluster credentials nor a usable kubeconfig."""
+
+
+@dataclass(frozen=True, slots=True)
+class Apis:
+    """The typed API groups of the official client that reflectors and writers call."""
+
+    client: Any
+    core: Any
+    discovery: Any
+    custom: Any
+    coordination: Any
+
+
+async def connect(kubeconfig: Path | None) -> Any:
+    """An ApiClient: in-cluster service account, else the kubeconfig (default ~/.kube/config)."""
+    from kubernetes.aio import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig is None:
+        try:
+            # Re-reads the projected token as it rotates.
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    try:
+        await config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
+        )
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "~/.kube/config"
+        raise ConnectError(
+            f"not in a cluster, and cannot use the kubeconfig {where}: {exc}; "
+            "pass --kubeconfig FILE"
+        ) from None
+    return client.ApiClient(configuration)
+
+
+def apis_of(api_client: Any) -> Apis:
+    """The API groups over one ApiClient."""
+    from kubernetes.aio import client
+
+    return Apis(
+        api_client,
+        client.CoreV1Api(api_client),
+        client.DiscoveryV1Api(api_client),
+        client.CustomObjectsApi(api_client),
+        client.CoordinationV1Api(api_client),
+    )
+
+
+class Reply(NamedTuple):
+    """What the API server answered."""
+
+    status: int
+    #: The decoded JSON; None for an empty body; the start of the text for one not JSON.
+    body: Any
+    #: The Retry-After header in seconds (429 and 503 answers), None if absent.
+    retry_after: float | None
+
+    @property
+    def message(self) -> str:
+        """The message of a Status body, or the start of whatever came instead."""
+        return message_of(self.body)
+
+
+async def request(
+    method: Callable[..., Awaitable[aiohttp.ClientResponse]],
+    *args: Any,
+    timeout: float,
+    **kwargs: Any,
+) -> Reply:
+    """Call one `*_without_preload_content` method of the client, bounded by `timeout`.
+
+    Any status is returned; raises one of NETWORK_ERRORS when no answer came in time."""
+    async with asyncio.timeout(timeout):
+        response = await method(*args, _request_timeout=timeout, **kwargs)
+        try:
+            data = await response.read()
+            status = int(response.status)
+            after = _seconds(response.headers.get("Retry-After"))
+        finally:
+            response.release()
+    return Reply(status, decode(data), after)
+
+
+def decode(data: bytes) -> Any:
+    """A body decoded: its JSON, None if empty, else the start of its text (for messages)."""
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data[:200].decode("utf-8", "replace")
+
+
+def message_of(body: Any) -> str:
+    """The message of a decoded Status (or watch ERROR) object, or the start of what came."""
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("reason") or body)[:300]
+    return "" if body is None else str(body)[:200]
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None

@@ -1,0 +1,324 @@
+"""The cache in front of forwarding, with the rules and knobs of CoreDNS's `cache` plugin.
+
+- Two caches, *success* (answers, referrals) and *denial* (NXDOMAIN, NODATA, SERVFAIL), each with
+  a capacity, a maximum TTL (3600 and 1800 s by default; `cache 30` in kubeadm's Corefile caps
+  both at 30 s) and a minimum TTL (5 s), and zones where it is off (`disable success
+  cluster.local`).
+- A reply is classified as CoreDNS's `response.Typify` does. It is kept for the smallest TTL of
+  its records, raised to the minimum and capped at the maximum; SERVFAIL and NOTIMP for 5 s.
+  Every record's TTL is set to that number, in the reply that fills the cache as in those served
+  from it (where it counts down), so a client never keeps an answer longer than the cache does.
+- Not kept: truncated replies, NXDOMAIN without an SOA, a NOERROR whose CNAME chain does not end
+  in the type asked and has no SOA, zone transfers and updates, replies with an expired RRSIG for
+  a client that asked for DNSSEC, anything with a TTL of 0, other rcodes.
+- Entries are kept without their OPT record, which is per hop: each client gets its own. A reply
+  served from the cache is authoritative (AA set), as CoreDNS's are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from struct import pack, unpack_from
+
+import dnslib
+from cachetools import TLRUCache
+
+from toposdns.wire.codes import (
+    AA,
+    AD,
+    ANY,
+    AXFR,
+    CNAME,
+    DO,
+    IXFR,
+    NOERROR,
+    NOTIMP,
+    NS,
+    NXDOMAIN,
+    OPT,
+    SERVFAIL,
+    SOA,
+    Name,
+)
+from toposdns.wire.decode import record_spans
+
+RRSIG = 46
+NOTIFY, UPDATE = 4, 5  # opcodes
+#: The lowest TTL CoreDNS uses: for replies without records and for referrals.
+MINIMAL_TTL = 5
+#: RFC 1982 serial arithmetic window for RRSIG times, as miekg/dns's ValidityPeriod.
+YEAR68 = 1 << 31
+
+
+class ReplyType(Enum):
+    """CoreDNS's `response.Type`, the classes its cache tells apart."""
+
+    NO_ERROR = "NOERROR"
+    NAME_ERROR = "NXDOMAIN"
+    SERVER_ERROR = "SERVERERROR"
+    NO_DATA = "NODATA"
+    DELEGATION = "DELEGATION"
+    META = "META"
+    UPDATE = "UPDATE"
+    OTHER_ERROR = "OTHERERROR"
+
+
+SUCCESS_TYPES = frozenset({ReplyType.NO_ERROR, ReplyType.DELEGATION})
+DENIAL_TYPES = frozenset({ReplyType.NAME_ERROR, ReplyType.NO_DATA, ReplyType.SERVER_ERROR})
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """One of the two caches: `success CAPACITY TTL MINTTL` or `denial ...`, and `disable`."""
+
+    capacity: int = 10_000
+    max_ttl: int = 3600
+    min_ttl: int = MINIMAL_TTL
+    #: Zones (lower-case) whose replies this cache does not keep; `()` for the root: none kept.
+    disabled: tuple[Name, ...] = field(default=())
+
+    def keeps(self, name: Name) -> bool:
+        """False if the name is in a zone where this cache is disabled."""
+        return not any(name[len(name) - len(zone) :] == zone for zone in self.disabled)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    """Both caches, with CoreDNS's defaults."""
+
+    success: CachePolicy = CachePolicy(max_ttl=3600)
+    denial: CachePolicy = CachePolicy(max_ttl=1800)
+    #: How long SERVFAIL and NOTIMP are kept (CoreDNS's `servfail` default).
+    servfail_ttl: int = 5
+
+
+@dataclass(slots=True)
+class Entry:
+    """A reply as the cache gives it out: no OPT, every TTL at `ttl`, counted down from `stored`."""
+
+    reply: bytes
+    ttl: int
+    stored: float
+    ttl_offsets: tuple[int, ...]
+    #: Which cache holds it ("success" or "denial"), or "" if it is not kept.
+    kind: str = ""
+
+    def fits(self, limit: int, opt: bytes) -> bool:
+        return len(self.reply) + len(opt) <= limit
+
+    def render(self, qid: bytes, now: float, opt: bytes, ad: bool, hit: bool) -> bytes:
+        """The reply for one client: its ID, TTLs counted down, its OPT record if it sent one;
+        AD cleared when it asked for neither DNSSEC nor AD; AA set when it comes from the cache."""
+        out = bytearray(qid + self.reply[2:])
+        elapsed = int(now - self.stored)
+        if elapsed:
+            remaining = pack("!I", max(0, self.ttl - elapsed))
+            for offset in self.ttl_offsets:
+                out[offset : offset + 4] = remaining
+        if hit:
+            out[2] |= AA >> 8
+        if not ad:
+            out[3] &= ~AD
+        if opt:
+            out[10:12] = pack("!H", unpack_from("!H", out, 10)[0] + 1)
+            out += opt
+        return bytes(out)
+
+
+class ForwardCache:
+    """The success and denial caches of forwarded replies."""
+
+    def __init__(
+        self, settings: CacheSettings = CacheSettings(), clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.success: TLRUCache[bytes, Entry] = _lru(settings.success.capacity, clock)
+        self.denial: TLRUCache[bytes, Entry] = _lru(settings.denial.capacity, clock)
+
+    def get(self, key: bytes) -> Entry | None:
+        return self.success.get(key) or self.denial.get(key)
+
+    def store(self, key: bytes, reply: bytes, message: dnslib.DNSRecord) -> Entry:
+        """The entry for a checked reply to the query keyed `key`; kept if the rules allow."""
+        kind, ttl = placement(message, self.settings, time.time())
+        body = without_opt(reply)
+        offsets = tuple(at for _, at, _, _, _ in record_spans(body))
+        stamp = pack("!I", ttl)
+        out = bytearray(body)
+        for offset in offsets:
+            out[offset : offset + 4] = stamp
+        entry = Entry(bytes(out), ttl, self.clock(), offsets, kind)
+        if kind:
+            keeping, other = (
+                (self.success, self.denial) if kind == "success" else (self.denial, self.success)
+            )
+            keeping[key] = entry
+            other.pop(key, None)
+        return entry
+
+
+def _lru(capacity: int, clock: Callable[[], float]) -> TLRUCache[bytes, Entry]:
+    return TLRUCache(
+        maxsize=capacity, ttu=lambda _key, entry, _now: entry.stored + entry.ttl, timer=clock
+    )
+
+
+def placement(message: dnslib.DNSRecord, settings: CacheSettings, now: float) -> tuple[str, int]:
+    """Which cache keeps a reply ("success", "denial", or "" for neither) and the TTL its
+    records get. `now` is wall-clock time, for RRSIG validity."""
+    kind = classify(message, now)
+    ttl = cache_ttl(message, kind, settings)
+    if ttl <= 0 or not cacheable(message, kind):
+        return "", ttl
+    name = tuple(label.decode("latin-1").lower() for label in message.q.qname.label)
+    if kind in SUCCESS_TYPES and settings.success.keeps(name):
+        return "success", ttl
+    if kind in DENIAL_TYPES and settings.denial.keeps(name):
+        return "denial", ttl
+    return "", ttl
+
+
+def classify(message: dnslib.DNSRecord, now: float) -> ReplyType:
+    """What kind of reply this is, as CoreDNS's cache sees it (`response.Typify`, then a NOERROR
+    whose answer does not answer the question but has an SOA is NODATA). `now` is wall-clock
+    time, for the validity of RRSIGs, checked when the reply's OPT has the DO bit."""
+    header = message.header
+    if header.opcode == UPDATE:
+        return ReplyType.UPDATE
+    if header.opcode == NOTIFY or any(q.qtype in (AXFR, IXFR) for q in message.questions):
+        return ReplyType.META
+    do = any(rr.rtype == OPT and rr.ttl & DO for rr in message.ar)
+    if do and any(_expired(rr, now) for rr in _records(message)):
+        return ReplyType.OTHER_ERROR
+    rcode = header.rcode
+    if message.rr:
+        if rcode == NOERROR:
+            if _has_soa(message) and not answers_question(message):
+                return ReplyType.NO_DATA
+            return ReplyType.NO_ERROR
+        if rcode == NXDOMAIN:
+            return ReplyType.OTHER_ERROR
+    if rcode == NOERROR and _has_soa(message):
+        return ReplyType.NO_DATA
+    if rcode == NXDOMAIN:
+        return ReplyType.NAME_ERROR
+    if rcode in (SERVFAIL, NOTIMP):
+        return ReplyType.SERVER_ERROR
+    if rcode == NOERROR and any(rr.rtype == NS for rr in message.auth):
+        return ReplyType.DELEGATION
+    return ReplyType.NO_ERROR if rcode == NOERROR else ReplyType.OTHER_ERROR
+
+
+def cacheable(message: dnslib.DNSRecord, kind: ReplyType) -> bool:
+    """Whether CoreDNS's cache would keep a reply of this kind at all (its `key` function)."""
+    if message.header.tc or kind in (ReplyType.OTHER_ERROR, ReplyType.META, ReplyType.UPDATE):
+        return False
+    if kind is ReplyType.NAME_ERROR:
+        return _has_soa(message)  # the denial TTL comes from the SOA
+    if kind is ReplyType.NO_ERROR and message.rr and not _has_soa(message):
+        return answers_question(message)  # else an SOA-less NODATA (RFC 2308 section 5)
+    return True
+
+
+def cache_ttl(message: dnslib.DNSRecord, kind: ReplyType, settings: CacheSettings) -> int:
+    """How long a reply is kept, in seconds: the smallest TTL in it (`minimal_ttl`) raised to the
+    cache's minimum and capped at its maximum (CoreDNS's `computeTTL`)."""
+    if kind is ReplyType.SERVER_ERROR:
+        return settings.servfail_ttl
+    policy = (
+        settings.denial if kind in (ReplyType.NAME_ERROR, ReplyType.NO_DATA) else settings.success
+    )
+    return clamp_ttl(minimal_ttl(message, kind, policy.max_ttl), policy.min_ttl, policy.max_ttl)
+
+
+def clamp_ttl(ttl: int, min_ttl: int, max_ttl: int) -> int:
+    """`ttl` raised to `min_ttl`, then capped at `max_ttl`."""
+    return min(max(ttl, min_ttl), max_ttl)
+
+
+def minimal_ttl(message: dnslib.DNSRecord, kind: ReplyType, maximum: int) -> int:
+    """The smallest TTL of the records outside OPT, at most `maximum`; MINIMAL_TTL for a reply
+    that is neither an answer nor a denial, or that has no records (dnsutil.MinimalTTL)."""
+    if kind not in (ReplyType.NO_ERROR, ReplyType.NAME_ERROR, ReplyType.NO_DATA):
+        return MINIMAL_TTL
+    records = [rr for rr in _records(message) if rr.rtype != OPT]
+    if not message.rr and not message.auth and not records:
+        return MINIMAL_TTL
+    return int(min([maximum, *(rr.ttl for rr in records)]))
+
+
+def answers_question(message: dnslib.DNSRecord) -> bool:
+    """True if a NOERROR reply's answer holds the type asked at the end of the CNAME chain that
+    starts at the question name (CoreDNS cache's `answersQuestion`)."""
+    if message.header.rcode != NOERROR or not message.questions or not message.rr:
+        return False
+    question = message.q
+    name, qtype, qclass = _lower(question.qname), question.qtype, question.qclass
+    records = [rr for rr in message.rr if qclass == ANY or rr.rclass == qclass]
+    if qtype == ANY:
+        return any(_lower(rr.rname) == name for rr in records)
+    if qtype == CNAME:
+        target = _cname_target(records, name)
+        return target is not None and target != ()
+    seen: set[tuple[bytes, ...]] = set()
+    while True:
+        if name in seen:
+            return False  # a CNAME loop
+        seen.add(name)
+        target = _cname_target(records, name)
+        if target is None:
+            return False  # two different targets: no canonical name
+        if target == ():
+            break
+        name = target
+    return any(rr.rtype == qtype and _lower(rr.rname) == name for rr in records)
+
+
+def _cname_target(
+    records: Iterable[dnslib.RR], owner: tuple[bytes, ...]
+) -> tuple[bytes, ...] | None:
+    """The one CNAME target of `owner`; () if it has none, None if it has several."""
+    target: tuple[bytes, ...] = ()
+    for rr in records:
+        if rr.rtype == CNAME and _lower(rr.rname) == owner:
+            found = _lower(rr.rdata.label)
+            if target and found != target:
+                return None
+            target = found
+    return target
+
+
+def _lower(name: dnslib.DNSLabel | tuple[bytes, ...]) -> tuple[bytes, ...]:
+    labels = name.label if isinstance(name, dnslib.DNSLabel) else name
+    return tuple(label.lower() for label in labels)
+
+
+def _records(message: dnslib.DNSRecord) -> list[dnslib.RR]:
+    return [*message.rr, *message.auth, *message.ar]
+
+
+def _has_soa(message: dnslib.DNSRecord) -> bool:
+    return any(rr.rtype == SOA for rr in message.auth)
+
+
+def _expired(rr: dnslib.RR, now: float) -> bool:
+    """An RRSIG outside its validity period, in RFC 1982 serial arithmetic."""
+    if rr.rtype != RRSIG:
+        return False
+    utc = int(now)
+    inception = rr.rdata.sig_inc + int((rr.rdata.sig_inc - utc) / YEAR68) * YEAR68
+    expiration = rr.rdata.sig_exp + int((rr.rdata.sig_exp - utc) / YEAR68) * YEAR68
+    return not inception <= utc <= expiration
+
+
+def without_opt(reply: bytes) -> bytes:
+    """The reply without its OPT record, so another client can be given its own."""
+    for start, _, end, rtype, _ in record_spans(reply):
+        if rtype == OPT:
+            count = unpack_from("!H", reply, 10)[0] - 1
+            return reply[:10] + pack("!H", count) + reply[12:start] + reply[end:]
+    return reply
