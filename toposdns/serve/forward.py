@@ -56,6 +56,9 @@ from toposdns.wire.codes import (
     AD,
     CNAME,
     FORMERR,
+    OPT,
+    POINTER,
+    RCODE,
     RCODE_NAMES,
     REFUSED,
     SERVFAIL,
@@ -203,7 +206,7 @@ class Forwarder:
                     self.short_of = ""
                     log.info("forwarding works again")
                 upstream.succeeded(tcp)
-                rcode = RCODE_NAMES.get(reply[3] & 0x0F, str(reply[3] & 0x0F))
+                rcode = RCODE_NAMES.get(reply[3] & RCODE, str(reply[3] & RCODE))
                 seconds = time.perf_counter() - started
                 PROXY_DURATION.labels("forward", str(upstream), rcode).observe(seconds)
                 return self.cache.store(key, reply, message)
@@ -256,7 +259,7 @@ def question_end(data: bytes) -> int:
     end = HEADER_SIZE
     while True:
         length = data[end]
-        if length >= 0xC0:  # a compression pointer ends the name
+        if length >= POINTER:  # a compression pointer ends the name
             return end + 6
         if length == 0:
             return end + 5
@@ -275,7 +278,7 @@ def cache_key(data: bytes, end: int, tcp: bool, limit: int, edns: bool) -> bytes
 def _do_bit(data: bytes) -> int:
     """The DO bit of a query's OPT record (0 if none)."""
     for _start, at, _, rtype, _ in record_spans(data):
-        if rtype == 41:
+        if rtype == OPT:
             return data[at + 2] >> 7
     return 0
 

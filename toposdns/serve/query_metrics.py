@@ -98,7 +98,9 @@ class QueryMetrics(Collector):
 
     def add(self, labels: Labels, seconds: float, query_size: int, reply_size: int) -> None:
         """Count one query in the totals."""
-        row = self.totals.setdefault(labels, _row())
+        row = self.totals.get(labels)
+        if row is None:
+            row = self.totals[labels] = _row()
         row[QUERY_SIZE] += query_size
         row[REPLY_SIZE] += reply_size
         _count_sizes(row, query_size, reply_size, 1)

@@ -33,7 +33,7 @@ from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
-from toposdns.wire.codes import AA, CLASS_IN, NOERROR, REFUSED, SERVFAIL, SOA, TC, Name
+from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions, read_options, splice_options, split_query
 from toposdns.wire.encode import (
@@ -189,7 +189,8 @@ class Responder:
             subnet = echo.subnet[0] if echo.subnet is not None else None
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
-            if answer.chase is not None and self.forwarder is not None:
+            if self.forwarder is not None and (answer.chase or not answer.authoritative):
+                # Outside the zones, or ending outside them: the upstream's to answer.
                 return self.decoded(data, transport, source, started)
             plain = self.encoded(query, answer, transport, 0)
             row = None
@@ -248,12 +249,10 @@ class Responder:
         return self.counted(data, reply, transport, started, qtype)
 
     def zones_answer(self, query: Query) -> bool:
-        """True if the zones answer a query that decoded: it is not for the server to refuse
-        (BADVERS, another class) nor for an upstream."""
-        return (
-            (query.edns is None or query.edns.version == 0)
-            and (query.qclass == CLASS_IN or self.forwarder is not None)
-            and (self.forwarder is None or self.in_zones(query.name))
+        """False if the server answers a query before the zones do: BADVERS, another class.
+        (Names outside the zones are told by the resolver's bare REFUSED.)"""
+        return (query.edns is None or query.edns.version == 0) and (
+            query.qclass == CLASS_IN or self.forwarder is not None
         )
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
@@ -302,7 +301,7 @@ class Responder:
         if metrics is not None:
             # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
             plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
-            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & 0x0F, plugin)
+            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & RCODE, plugin)
             metrics.observe(transport, labels, started, len(data), len(reply), key)
         return reply
 

@@ -42,6 +42,9 @@ RCODE = 0x000F
 #: What a reply copies from its query: the opcode, RD and CD (miekg/dns SetReply, CoreDNS).
 COPIED_FLAGS = OPCODE | RD | CD
 
+#: The top bits of a label length byte that make it a compression pointer (RFC 1035 4.1.4).
+POINTER = 0xC0
+
 # EDNS option codes.
 NSID, CLIENT_SUBNET, EXPIRE, COOKIE, TCP_KEEPALIVE, PADDING = 3, 8, 9, 10, 11, 12
 #: The OPT TTL field's DO bit.

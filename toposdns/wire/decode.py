@@ -12,7 +12,7 @@ from struct import error as StructError
 from struct import unpack_from
 from typing import NamedTuple
 
-from toposdns.wire.codes import CLIENT_SUBNET, FORMERR, NOTIMP, OPCODE, OPT, QR, SOA, Name
+from toposdns.wire.codes import CLIENT_SUBNET, FORMERR, NOTIMP, OPCODE, OPT, POINTER, QR, SOA, Name
 
 HEADER_SIZE = 12
 MAX_NAME_WIRE = 255
@@ -159,7 +159,7 @@ def _read_compressed_name(data: bytes, offset: int) -> tuple[Name, int]:
         if length == 0:
             offset += 1
             break
-        if length & 0xC0 == 0xC0:
+        if length & POINTER == POINTER:
             jumps += 1
             if jumps > 64:
                 raise ValueError("compression pointer loop")
@@ -167,7 +167,7 @@ def _read_compressed_name(data: bytes, offset: int) -> tuple[Name, int]:
                 end = offset + 2
             offset = ((length & 0x3F) << 8) | data[offset + 1]
             continue
-        if length & 0xC0:
+        if length & POINTER:
             raise ValueError("unknown label type")
         label = data[offset + 1 : offset + 1 + length]
         if len(label) != length:

@@ -13,7 +13,22 @@ from struct import pack
 from typing import cast
 
 from toposdns.resolve.answer import RR, Answer, Soa, Srv
-from toposdns.wire.codes import AAAA, CNAME, NS, OPT, PTR, TXT, A, Name
+from toposdns.wire.codes import (
+    AA,
+    AAAA,
+    CNAME,
+    COPIED_FLAGS,
+    NS,
+    OPT,
+    POINTER,
+    PTR,
+    QR,
+    RCODE,
+    TC,
+    TXT,
+    A,
+    Name,
+)
 from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
 
 MIN_UDP_SIZE = 512
@@ -33,12 +48,11 @@ def udp_limit(edns: Edns | None) -> int:
 
 def reply_flags(query: Query, rcode: int, authoritative: bool, truncated: bool = False) -> int:
     """Header flags of a reply: QR, the query's opcode, RD and CD copied; RA and AD clear."""
-    flags = 0x8000 | (query.flags & 0x7900) | (query.flags & 0x0010) | (rcode & 0xF)
-    flags &= ~0x0600  # AA and TC are the reply's own
+    flags = QR | (query.flags & COPIED_FLAGS) | (rcode & RCODE)
     if authoritative:
-        flags |= 0x0400
+        flags |= AA
     if truncated:
-        flags |= 0x0200
+        flags |= TC
     return flags
 
 
@@ -50,6 +64,12 @@ def encode_opt(
     Unlike CoreDNS, a Client Subnet option is echoed (RFC 7871 §7.2.2) with SCOPE `scope`: the
     source prefix when the answer depended on it, else 0.
     """
+    if not edns.options and ecs is None:  # most queries: one of a few records, made once
+        key = (edns.udp_size, edns.ttl & 0xFF00, rcode >> 4)
+        opt = _bare_opts.get(key)
+        if opt is None:
+            opt = _bare_opts[key] = _opt(edns.udp_size, key[1] | (key[2] << 24), b"")
+        return opt
     options = b"".join(
         pack("!HH", code, len(value)) + value
         for code, value in edns.options
@@ -58,8 +78,15 @@ def encode_opt(
     if ecs is not None:
         value = pack("!HBB", ecs.family, ecs.source_prefix, scope) + ecs.raw_address
         options += pack("!HH", ECS_OPTION, len(value)) + value
-    ttl = ((rcode >> 4) << 24) | (edns.ttl & 0xFF00)
-    return b"\x00" + pack("!HHIH", OPT, edns.udp_size, ttl, len(options)) + options
+    return _opt(edns.udp_size, ((rcode >> 4) << 24) | (edns.ttl & 0xFF00), options)
+
+
+def _opt(udp_size: int, ttl: int, options: bytes) -> bytes:
+    return b"\x00" + pack("!HHIH", OPT, udp_size, ttl, len(options)) + options
+
+
+#: OPT records without options, by (buffer size, flags, extended rcode): 65536 x 2 x 2 at most.
+_bare_opts: dict[tuple[int, int, int], bytes] = {}
 
 
 def encode_reply(
@@ -162,7 +189,7 @@ def encode_badvers(query: Query) -> bytes:
 def encode_rejection(data: bytes, rcode: int) -> bytes:
     """miekg/dns's reply to a packet it rejects: the header alone, ID and RD/CD copied."""
     flags = (data[2] << 8) | data[3]
-    flags = 0x8000 | (flags & 0x7900) | (flags & 0x0010) | rcode
+    flags = QR | (flags & COPIED_FLAGS) | rcode
     return data[:2] + pack("!5H", flags, 0, 0, 0, 0)
 
 
@@ -250,7 +277,7 @@ class _Writer:
             if names is not None:
                 pointer = names.get(suffix)
                 if pointer is not None:
-                    self.buf += pack("!H", 0xC000 | pointer)
+                    self.buf += pack("!H", (POINTER << 8) | pointer)
                     return
                 if len(self.buf) < 0x4000:
                     names[suffix] = len(self.buf)
