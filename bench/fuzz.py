@@ -32,7 +32,7 @@ from pathlib import Path
 
 import dnslib
 
-from bench.harness import HOST, REPO, ServerProcess, free_port, log, toposdns_command
+from bench.harness import HOST, REPO, ServerProcess, log, toposdns_command
 
 SNAPSHOT = REPO / "examples" / "cluster.yaml"
 #: A name of examples/cluster.yaml and its answer, asked at every check.
@@ -454,20 +454,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    dns_port, http_port = free_port(socket.SOCK_DGRAM), free_port()
     server = ServerProcess(
         toposdns_command(
             "serve",
             f"--snapshot={SNAPSHOT}",
-            f"--listen={HOST}:{dns_port}",
-            f"--http={HOST}:{http_port}",  # so that every query is counted, too
+            f"--listen={HOST}:0",  # the kernel picks a port free for both UDP and TCP
+            f"--http={HOST}:0",  # so that every query is counted, too
             "--ecs-trust=127.0.0.0/8",
             "--pods=insecure",
             "--lameduck=0",
         )
     )
     try:
-        server.wait_for_log(r"serving DNS on", timeout=30)
+        dns_port = int(server.wait_for_log(r"serving DNS on \S+:(\d+)", timeout=30).group(1))
 
         def show(check: Check) -> None:
             log(
@@ -501,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = report.packets / report.seconds if report.seconds else 0.0
         print(
             f"{report.packets:,} packets ({report.udp_packets:,} UDP, {report.tcp_packets:,} TCP "
-            f"on {report.tcp_connections:,} connections) in {report.seconds:.0f} s "
+            f"on {report.tcp_connections:,} connections) in {report.seconds:.1f} s "
             f"({rate:,.0f}/s), seed {report.seed}: {report.replies:,} replies, all DNS "
             f"responses ({', '.join(f'{k} {v:,}' for k, v in sorted(report.rcodes.items()))}); "
             f"{len(report.checks)} checks passed; RSS "
