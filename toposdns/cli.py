@@ -23,6 +23,7 @@ from toposdns.config import (
     parse_listen,
     parse_networks,
     parse_search_domains,
+    parse_size,
     parse_upstreams,
     parse_zones,
 )
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="serve the objects in this YAML/JSON file, reloaded when it changes "
         "(default: watch the cluster)",
+    )
+    serve.add_argument(
+        "--snapshot-max-bytes",
+        default="64Mi",
+        metavar="SIZE",
+        help="refuse a larger --snapshot file, e.g. 512Ki, 64Mi, 1Gi (default %(default)s)",
     )
     serve.add_argument(
         "--kubeconfig",
@@ -139,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="SECONDS",
         help="close TCP connections idle this long (default %(default)s)",
+    )
+    serve.add_argument(
+        "--tcp-read-timeout",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="close a TCP connection when a query's bytes take longer than this to arrive "
+        "(default %(default)s)",
     )
     serve.add_argument(
         "--tcp-max-connections",
@@ -393,11 +408,13 @@ def _serve(args: argparse.Namespace) -> int:
         host, port = parse_listen(args.listen)
         config = ServeConfig(
             snapshot=args.snapshot,
+            snapshot_max_bytes=parse_size(args.snapshot_max_bytes, "--snapshot-max-bytes"),
             listen_host=host,
             listen_port=port,
             resolver=resolver_config(args),
             ecs_trust=parse_networks(args.ecs_trust),
             tcp_idle_timeout=args.tcp_idle_timeout,
+            tcp_read_timeout=args.tcp_read_timeout,
             tcp_max_connections=args.tcp_max_connections,
             http=parse_listen(args.http, "--http") if args.http else None,
             kubeconfig=args.kubeconfig,

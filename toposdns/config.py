@@ -29,12 +29,16 @@ class ServeConfig:
     """Everything `toposdns serve` needs."""
 
     snapshot: Path | None
+    #: Larger snapshot files are refused before they are read.
+    snapshot_max_bytes: int = 64 * 1024 * 1024
     listen_host: str = "0.0.0.0"
     listen_port: int = 53
     resolver: ResolverConfig = field(default_factory=ResolverConfig)
     #: Forwarders whose EDNS Client Subnet is believed (none by default).
     ecs_trust: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     tcp_idle_timeout: float = 10.0
+    #: Once a TCP message's first byte is in, the rest must follow within this many seconds.
+    tcp_read_timeout: float = 3.0
     tcp_max_connections: int = 1024
     #: /health, /ready and /metrics address; None for no HTTP server.
     http: tuple[str, int] | None = None
@@ -180,6 +184,17 @@ def parse_duration(text: str, option: str) -> float:
     if value < 0:
         raise ConfigError(f"{option} {text!r}: must not be negative")
     return value
+
+
+def parse_size(text: str, option: str) -> int:
+    """Bytes from `1048576`, `512Ki`, `64Mi` or `1Gi` (Kubernetes quantity suffixes)."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    number, scale = text, 1
+    if text[-2:] in units:
+        number, scale = text[:-2], units[text[-2:]]
+    if not number.isdigit() or int(number) == 0:
+        raise ConfigError(f"{option} {text!r}: expected a size such as 64Mi, 512Ki or 1048576")
+    return int(number) * scale
 
 
 def parse_upstreams(text: str) -> tuple[Upstream, ...]:

@@ -115,7 +115,9 @@ async def serve(config: ServeConfig) -> None:
             stack.push_async_callback(forwarder.close)
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
         if config.snapshot is not None:
-            files = SnapshotFileSource(config.snapshot, publish)
+            files = SnapshotFileSource(
+                config.snapshot, publish, max_bytes=config.snapshot_max_bytes
+            )
             publish(files.load())
             background = files.watch()
         else:
@@ -224,7 +226,7 @@ async def _serve_dns(
         lambda: UdpProtocol(responder, kind), sock=udp_sock
     )
     stack.callback(udp.close)
-    limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout)
+    limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout, config.tcp_read_timeout)
     tcp = await loop.create_server(
         lambda: TcpProtocol(responder, limits, stream), sock=tcp_sock, backlog=1024
     )

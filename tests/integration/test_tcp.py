@@ -11,7 +11,7 @@ import dns.message
 import dns.rcode
 import pytest
 
-from tests.integration.support import Server, StartServer, addresses, framed, recv_framed
+from tests.integration.support import Server, StartServer, addresses, framed, recv_framed, udp
 
 pytestmark = pytest.mark.integration
 
@@ -140,7 +140,9 @@ def test_connection_cap(start_server: StartServer) -> None:
             assert waited is not None and waited < 1.0, "the third connection was not closed"
         assert addresses(ask(first, "web-0.web.shop.svc.cluster.local.")) == {"10.244.1.10"}
         assert addresses(ask(second, "web-1.web.shop.svc.cluster.local.")) == {"10.244.2.11"}
-    server.wait_for_log(r"WARNING closing a TCP connection: 2 already open", timeout=2.0)
+    server.wait_for_log(
+        r"WARNING refused a TCP connection from 127.0.0.1: 2 already open", timeout=2.0
+    )
     # Once those two are gone, a new connection is served again.
     deadline = time.monotonic() + 3.0
     while True:
@@ -152,3 +154,77 @@ def test_connection_cap(start_server: StartServer) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def trickle(sock: socket.socket, data: bytes, every: float, budget: float) -> float | None:
+    """Send `data` a byte at a time; seconds until the server closed the connection, or None
+    if all of it went out (or `budget` passed) with the connection open."""
+    start = time.monotonic()
+    for i in range(len(data)):
+        if time.monotonic() - start > budget:
+            return None
+        try:
+            sock.send(data[i : i + 1])
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - start
+        waited = closed_by_peer(sock, every)
+        if waited is not None:
+            return time.monotonic() - start
+    return None
+
+
+@pytest.mark.parametrize(
+    ("idle", "read"), [("1", "30"), ("30", "1")], ids=["idle-timeout", "read-timeout"]
+)
+def test_trickled_query_is_closed(start_server: StartServer, idle: str, read: str) -> None:
+    # A byte every 0.3 s restarts neither timer: once its first byte is in, a query has the
+    # read timeout to arrive, and the idle time counts from the last whole query.
+    server = start_server("--tcp-idle-timeout", idle, "--tcp-read-timeout", read)
+    query = framed(dns.message.make_query("frontend.shop.svc.cluster.local.", "A"))
+    with connect(server) as sock:
+        assert addresses(ask(sock, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
+        closed = trickle(sock, query, every=0.3, budget=6.0)
+    assert closed is not None, "a connection trickling a query was kept open for 6 s"
+    if read == "1":
+        server.wait_for_log(
+            r"WARNING closed a TCP connection from 127\.0\.0\.1: a query took longer than 1s "
+            r"to arrive \(--tcp-read-timeout\)",
+            timeout=2.0,
+        )
+    with connect(server) as sock:
+        assert addresses(ask(sock, "web-0.web.shop.svc.cluster.local.")) == {"10.244.1.10"}
+
+
+def test_slow_clients_do_not_hold_the_connection_cap(start_server: StartServer) -> None:
+    """Slowloris: tricklers fill every slot; they are closed within the read timeout, the
+    refusals meanwhile are logged as two lines rather than one per connection, and TCP and
+    UDP answer throughout and after."""
+    server = start_server("--tcp-max-connections", "20", "--tcp-read-timeout", "1")
+    slow = [socket.create_connection(server.address, timeout=2.0) for _ in range(20)]
+    try:
+        for sock in slow:
+            sock.send(b"\x00")  # the first byte of a length prefix, and no more
+        extra = 0
+        for _ in range(30):
+            with connect(server) as sock:
+                extra += closed_by_peer(sock, 1.0) is not None
+        assert extra >= 20, "connections over the cap were not refused"
+        reply = udp(server, dns.message.make_query("frontend.shop.svc.cluster.local.", "A"))
+        assert addresses(reply) == {"10.96.10.10"}
+        for sock in slow:
+            assert closed_by_peer(sock, 3.0) is not None, "a trickler was kept past 1 s"
+    finally:
+        for sock in slow:
+            sock.close()
+    with connect(server) as sock:
+        assert addresses(ask(sock, "web-1.web.shop.svc.cluster.local.")) == {"10.244.2.11"}
+    summary = server.wait_for_log(
+        r"WARNING refused (\d+) more TCP connections in the last 5s, the last from "
+        r"127\.0\.0\.1: 20 already open \(--tcp-max-connections\)",
+        timeout=7.0,
+    )
+    refusals = [line for line in server.log().splitlines() if "refused" in line]
+    assert len(refusals) == 2, refusals
+    assert int(summary.group(1)) == extra - 1
+    closed = [line for line in server.log().splitlines() if "closed" in line and "TCP" in line]
+    assert 1 <= len(closed) <= 3, closed  # one at once, the rest counted

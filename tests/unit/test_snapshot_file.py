@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from toposdns.source.snapshot_file import (
     SnapshotFileSource,
     load_records,
     load_snapshot,
+    parse_records,
+    read_file,
 )
 from toposdns.store.snapshot import Snapshot
 
@@ -58,7 +61,11 @@ def test_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("items: [", "not valid YAML or JSON"),
+        (
+            "items: [",
+            "not valid YAML or JSON: line 2, column 1: did not find expected node content "
+            "(while parsing a flow node)",
+        ),
         (
             json.dumps([NS, {**SVC, "spec": {"clusterIP": "x"}}]),
             "Service shop/web: spec.clusterIP: not an IP address: 'x'; fix or remove that object",
@@ -100,3 +107,109 @@ def test_watch_publishes_changes_and_keeps_data_on_bad_reload(tmp_path: Path) ->
     asyncio.run(scenario())
     assert len(published) == 1 and ("shop", "web") in published[0].services
     assert published[0].serial > first.serial
+
+
+NS_YAML = "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n"
+
+# What cannot be the file its writer meant: refused whole, saying what is wrong.
+INCOMPLETE = [
+    ("", "empty; a snapshot holds at least one object"),
+    (" \n\t\n", "empty"),
+    ("# just a comment\n---\n", "holds no objects; a snapshot holds at least one"),
+    ("apiVersion: v1\nkind: List\nitems: []\n", "holds no objects"),
+    ("[]", "holds no objects"),
+    # A write cut short: YAML that parses but ends mid-line; JSON that does not parse.
+    (NS_YAML[:-1], "ends mid-line, as a file still being written does"),
+    (NS_YAML + "---\napiVersion: v1\nkind: Namesp", "ends mid-line"),
+    (json.dumps([NS, SVC])[:-3], "not valid YAML or JSON: Expecting ',' delimiter"),
+    (
+        "kind: List\nitems:\n- {kind: Service, metadata: {name: w",
+        "line 4, column 1: did not find expected ',' or '}' (while parsing a flow mapping)",
+    ),
+    # Unbounded work from a small file: aliases, nesting past libyaml's C stack.
+    ("a: &x [1, 2]\nb: *x\n", "line 2, column 4: YAML aliases (*name) are not supported"),
+    ("base: &b {x: 1}\nmore: {<<: *b}\n", "YAML aliases"),
+    ("- " * 200_000 + "x\n", "nested deeper than 100 levels"),
+    ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    # Values no YAML type can hold, and bytes that are not text.
+    ("created: 2024-13-45\n", "not valid YAML or JSON: month must be in 1..12"),
+    ('{"kind": "List", "items": 5}', "List ?: items: must be a list, got int"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), INCOMPLETE)
+def test_incomplete_or_unbounded_files_are_refused(content: str, message: str) -> None:
+    path = Path("/srv/snapshot.yaml")
+    with pytest.raises(SnapshotError) as info:
+        parse_records(path, content.encode())
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+    assert "\n" not in str(info.value)  # one log line
+
+
+def test_not_utf8() -> None:
+    with pytest.raises(SnapshotError, match="not UTF-8 text"):
+        parse_records(Path("s.yaml"), b"\xff\xfe" + NS_YAML.encode())
+
+
+def test_json_needs_no_final_newline() -> None:
+    assert len(parse_records(Path("s.json"), json.dumps([NS, SVC]).encode())) == 2
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero"
+    zero.symlink_to("/dev/zero")
+    for path, kind in ((fifo, "a FIFO"), (zero, "a character device"), (tmp_path, "a directory")):
+        with pytest.raises(SnapshotError) as info:
+            read_file(path)  # returns at once: a FIFO is never opened, /dev/zero never read
+        assert str(info.value) == (
+            f"{path}: not a regular file but {kind}; --snapshot takes a YAML or JSON file"
+        )
+
+
+def test_size_limit(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(NS_YAML)
+    assert read_file(path, max_bytes=len(NS_YAML)) == NS_YAML.encode()
+    with pytest.raises(SnapshotError) as info:
+        load_records(path, max_bytes=len(NS_YAML) - 1)
+    assert str(info.value) == (
+        f"{path}: {len(NS_YAML)} bytes, over the limit of {len(NS_YAML) - 1} bytes; "
+        "raise --snapshot-max-bytes if it is meant to be this big"
+    )
+    # A file whose size says nothing (as in /proc) is read up to the limit, and no further.
+    with pytest.raises(SnapshotError, match="over the limit of 10 bytes"):
+        read_file(Path("/proc/self/status"), max_bytes=10)
+
+
+def test_watch_waits_for_a_file_written_in_place_to_settle(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(NS_YAML)
+    published: list[Snapshot] = []
+    source = SnapshotFileSource(path, published.append, interval=0.03)
+    source.load()
+    services = [
+        f"---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: shop}}\n"
+        "spec: {clusterIP: None}\n"
+        for i in range(10)
+    ]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(source.watch())
+        # Every prefix is a whole, valid file; written faster than the polls, none is loaded.
+        with path.open("a") as file:
+            for service in services:
+                file.write(service)
+                file.flush()
+                await asyncio.sleep(0.01)
+        for _ in range(300):
+            if published:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert len(published) == 1
+    assert len(published[0].services) == 10

@@ -1,7 +1,12 @@
-"""The TCP frontend (RFC 7766): 2-byte length framing, pipelining, idle timeout, connection cap.
+"""The TCP frontend (RFC 7766): 2-byte length framing, pipelining, timeouts, connection cap.
 
 Queries on one connection are answered in the order they arrive; each answer is written as soon
 as it is ready, so a client may send many queries without waiting.
+
+Two timers bound a connection, as miekg/dns (under CoreDNS) bounds its reads: a connection with
+no message under way is closed once idle for the idle timeout, counted from its last whole
+message; once a message's first byte is in, the whole message must follow within the read
+timeout. A client trickling bytes therefore holds a slot for seconds, not indefinitely.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, cast
 
+from toposdns.logs import Tally
 from toposdns.serve.responder import Responder, Transport
 
 log = logging.getLogger("toposdns")
@@ -24,10 +30,25 @@ MAX_PENDING = 32
 class TcpLimits:
     """Shared by all connections of one listener."""
 
-    def __init__(self, max_connections: int, idle_timeout: float) -> None:
+    def __init__(
+        self, max_connections: int, idle_timeout: float, read_timeout: float = 3.0
+    ) -> None:
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
+        self.read_timeout = read_timeout
         self.open = 0
+        self.refused = Tally(
+            log,
+            logging.WARNING,
+            "refused a TCP connection %s",
+            "refused %d more TCP connections in the last %gs, the last %s",
+        )
+        self.too_slow = Tally(
+            log,
+            logging.WARNING,
+            "closed a TCP connection %s",
+            "closed %d more TCP connections in the last %gs, the last %s",
+        )
 
 
 class TcpProtocol(asyncio.Protocol):
@@ -40,7 +61,10 @@ class TcpProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
+        #: When the first byte of the message not yet whole came; 0.0 when there is none.
+        self.started = 0.0
         self.timer: asyncio.TimerHandle | None = None
+        self.wake_at = 0.0
         self.counted = False
         self.pending: set[asyncio.Task[None]] = set()
         self.writing_paused = False
@@ -49,21 +73,21 @@ class TcpProtocol(asyncio.Protocol):
         # uvloop's transports implement the interface without subclassing asyncio's.
         self.transport = cast(asyncio.Transport, transport)
         if self.limits.open >= self.limits.max_connections:
-            log.warning("closing a TCP connection: %d already open", self.limits.open)
+            self.limits.refused.add(
+                f"from {self.peer()}: {self.limits.open} already open (--tcp-max-connections)"
+            )
             self.transport.abort()
             return
         self.limits.open += 1
         self.counted = True
         self.last_active = time.monotonic()
-        self.timer = asyncio.get_running_loop().call_later(
-            self.limits.idle_timeout, self.check_idle
-        )
+        self.wake(self.last_active + self.limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
-        self.last_active = time.monotonic()
         buffer = self.buffer
         buffer += data
+        received = len(buffer)
         responder = self.responder
         source = self.transport.get_extra_info("peername")[0]
         while len(buffer) >= 2 and len(self.pending) < MAX_PENDING:
@@ -80,6 +104,21 @@ class TcpProtocol(asyncio.Protocol):
                 self.later(reply)
                 continue
             self.transport.write(len(reply).to_bytes(2, "big") + reply)
+        if len(buffer) < received:  # whole messages came: the connection is in use
+            self.last_active = time.monotonic()
+            self.started = 0.0
+        if buffer and not self.started:
+            self.message_begun()
+
+    def message_begun(self) -> None:
+        """The first bytes of a message are in: the rest must follow within the read timeout."""
+        buffer = self.buffer
+        if len(buffer) >= 2 and len(buffer) >= 2 + ((buffer[0] << 8) | buffer[1]):
+            return  # a whole query waits for this server (MAX_PENDING), not for the client
+        self.started = time.monotonic()
+        deadline = self.started + self.limits.read_timeout
+        if deadline < self.wake_at:
+            self.wake(deadline)
 
     def later(self, answer: Coroutine[Any, Any, bytes | None]) -> None:
         """Write a reply once its upstream lookup is done, if the connection is still open."""
@@ -116,16 +155,40 @@ class TcpProtocol(asyncio.Protocol):
         if self.transport is not None and len(self.pending) < MAX_PENDING:
             self.transport.resume_reading()
 
-    def check_idle(self) -> None:
-        """Close the connection once it has been idle for the whole timeout."""
+    def wake(self, at: float) -> None:
+        """Check the timeouts at monotonic time `at` (instead of when it was due)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.wake_at = at
+        self.timer = asyncio.get_running_loop().call_later(
+            at - time.monotonic(), self.check_timeouts
+        )
+
+    def check_timeouts(self) -> None:
+        """Close the connection if a message is overdue or it has been idle for too long."""
         assert self.transport is not None
-        idle = time.monotonic() - self.last_active
-        if idle >= self.limits.idle_timeout:
+        self.timer = None
+        now = time.monotonic()
+        limits = self.limits
+        if self.started and now - self.started >= limits.read_timeout:
+            limits.too_slow.add(
+                f"from {self.peer()}: a query took longer than {limits.read_timeout:g}s "
+                "to arrive (--tcp-read-timeout)"
+            )
+            self.transport.abort()
+            return
+        if now - self.last_active >= limits.idle_timeout:
             self.transport.close()
             return
-        self.timer = asyncio.get_running_loop().call_later(
-            self.limits.idle_timeout - idle, self.check_idle
-        )
+        deadline = self.last_active + limits.idle_timeout
+        if self.started:
+            deadline = min(deadline, self.started + limits.read_timeout)
+        self.wake(deadline)
+
+    def peer(self) -> str:
+        """The client's address, for logs."""
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return str(peer[0]) if peer else "?"
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:

@@ -3,20 +3,35 @@
 The file is what `kubectl get -o yaml` prints (a `kind: List`, or a typed list such as
 `ServiceList`) or a stream of YAML documents. A file with any bad object is refused whole, with
 the file, the object and the reason, so that a reload never serves half an edit.
+
+The file is bounded before it is trusted. Only a regular file is opened (never a device or a
+FIFO, even through a symlink), of at most `max_bytes`. Only a whole file is served: it must
+parse completely and hold at least one object, and YAML must end with a line break (a write cut
+short ends mid-line; JSON cut short does not parse). YAML aliases are refused and nesting is
+bounded, so that the work stays linear in the file's size. A reload reads and parses in a
+thread, so DNS keeps answering however large the file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
+import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from yaml.composer import Composer, ComposerError
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent
+from yaml.nodes import Node
+from yaml.resolver import Resolver
 
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import ObjectError, convert_object, describe
@@ -25,103 +40,261 @@ from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
 
-# libyaml's loader is many times faster on large files; PyYAML may be built without it.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: The default of `--snapshot-max-bytes`; 10,000 services with their endpoints take ~20 MiB.
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+#: Far deeper than any Kubernetes object nests.
+MAX_DEPTH = 100
+
+T = TypeVar("T")
+
+try:  # libyaml's parser is many times faster; PyYAML may be built without it.
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # pragma: no cover - depends on how PyYAML was built
+    from yaml.parser import Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Parser(Reader, Scanner, Parser):  # type: ignore[no-redef]
+        def __init__(self, stream: str) -> None:
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+
+
+class _Loader(Composer, SafeConstructor, Resolver, _Parser):
+    """libyaml's parser under PyYAML's own composer, which can bound the depth (libyaml's
+    composer recurses in C: 100,000 `[` crash the process) and refuse aliases (each stands for
+    a whole subtree, so a small file could stand for an unbounded one)."""
+
+    def __init__(self, stream: str) -> None:
+        _Parser.__init__(self, stream)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+        self.depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()
+        problem = None
+        if isinstance(event, AliasEvent):
+            problem = "YAML aliases (*name) are not supported"
+        elif self.depth >= MAX_DEPTH:
+            problem = f"nested deeper than {MAX_DEPTH} levels"
+        if problem is not None:
+            mark: Any = getattr(event, "start_mark", None)  # libyaml's own Mark type
+            raise ComposerError(None, None, problem, mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 class SnapshotError(Exception):
     """A snapshot file that cannot be served."""
 
 
-def load_records(path: Path) -> list[Record]:
-    """Read and convert every object in the file; raise SnapshotError naming what is wrong."""
+def read_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`; SnapshotError if it is not one."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SnapshotError(f"{path}: cannot read: {exc}") from None
+        # Checked before opening: opening a FIFO blocks, and opening a device may act on it.
+        _check_file(path, os.stat(path), max_bytes)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with open(fd, "rb") as file:
+            before = os.fstat(fd)
+            _check_file(path, before, max_bytes)  # the path may have been swapped meanwhile
+            data = file.read(max_bytes + 1)
+            after = os.fstat(fd)
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise _too_large(path, max_bytes)
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        raise SnapshotError(
+            f"{path}: changed while being read; it is read again once it stops changing "
+            "(write it to a temporary file, then rename that into place)"
+        )
+    return data
+
+
+def _check_file(path: Path, st: os.stat_result, max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise SnapshotError(
+            f"{path}: not a regular file but {_file_kind(st.st_mode)}; "
+            "--snapshot takes a YAML or JSON file"
+        )
+    if st.st_size > max_bytes:
+        raise _too_large(path, max_bytes, st.st_size)
+
+
+def _too_large(path: Path, max_bytes: int, size: int | None = None) -> SnapshotError:
+    known = f"{size} bytes, " if size is not None else ""  # /proc files say 0 and are not
+    return SnapshotError(
+        f"{path}: {known}over the limit of {max_bytes} bytes; "
+        "raise --snapshot-max-bytes if it is meant to be this big"
+    )
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), f"of mode {mode:o}")
+
+
+def parse_records(path: Path, data: bytes) -> list[Record]:
+    """Parse and convert the bytes of a file (`path` names it in errors); SnapshotError if
+    they are not a whole snapshot."""
     try:
-        if text.lstrip().startswith(("{", "[")):
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SnapshotError(f"{path}: not UTF-8 text: {exc}") from None
+    if not text.strip():
+        raise SnapshotError(f"{path}: empty; a snapshot holds at least one object")
+    is_json = text.lstrip().startswith(("{", "["))
+    try:
+        if is_json:
             documents: list[Any] = [json.loads(text)]
         else:
-            documents = list(yaml.load_all(text, Loader=_Loader))
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            # The stubs list only PyYAML's own loaders.
+            documents = list(yaml.load_all(text, Loader=_Loader))  # type: ignore[arg-type]
+    except yaml.YAMLError as exc:
+        raise SnapshotError(f"{path}: not valid YAML or JSON: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise SnapshotError(f"{path}: not valid YAML or JSON: nested too deeply") from None
+    except ValueError as exc:  # bad JSON, or a YAML value its tag cannot hold (2024-13-45)
         raise SnapshotError(f"{path}: not valid YAML or JSON: {exc}") from None
-
-    records: list[Record] = []
-    seen: set[tuple[str, str, str]] = set()
-    for raw in _objects(documents):
-        try:
-            record = convert_object(raw)
-        except ObjectError as exc:
-            raise SnapshotError(f"{path}: {exc}; fix or remove that object") from None
-        key = (type(record).__name__, getattr(record, "namespace", ""), record.name)
-        if key in seen:
-            raise SnapshotError(f"{path}: {describe(raw)}: appears twice; keep one")
-        seen.add(key)
-        records.append(record)
+    if not is_json and not text.endswith(("\n", "\r")):
+        raise SnapshotError(
+            f"{path}: ends mid-line, as a file still being written does; write the file to a "
+            "temporary name, then rename it into place (if it is whole, end it with a newline)"
+        )
+    records = _convert(path, documents)
+    if not records:
+        raise SnapshotError(f"{path}: holds no objects; a snapshot holds at least one")
     return records
 
 
-def load_snapshot(path: Path, serial: int | None = None) -> Snapshot:
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line: where, what, and while doing what."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        context = f" ({exc.context})" if exc.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}{context}"
+    return " ".join(str(exc).split())
+
+
+def _convert(path: Path, documents: list[Any]) -> list[Record]:
+    records: list[Record] = []
+    seen: set[tuple[str, str, str]] = set()
+    try:
+        for raw in _objects(documents):
+            record = convert_object(raw)
+            key = (type(record).__name__, getattr(record, "namespace", ""), record.name)
+            if key in seen:
+                raise SnapshotError(f"{path}: {describe(raw)}: appears twice; keep one")
+            seen.add(key)
+            records.append(record)
+    except ObjectError as exc:
+        raise SnapshotError(f"{path}: {exc}; fix or remove that object") from None
+    return records
+
+
+def load_records(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Record]:
+    """Read and convert every object in the file; raise SnapshotError naming what is wrong."""
+    return parse_records(path, read_file(path, max_bytes))
+
+
+def load_snapshot(
+    path: Path, serial: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Snapshot:
     """Load a file into a Snapshot whose SOA serial is `serial` (default: now)."""
-    return build_snapshot(load_records(path), int(time.time()) if serial is None else serial)
+    records = load_records(path, max_bytes)
+    return build_snapshot(records, int(time.time()) if serial is None else serial)
 
 
 def _objects(documents: list[Any]) -> Iterator[Any]:
     for doc in documents:
         if doc is None:
             continue
-        if isinstance(doc, list):
-            yield from _objects(doc)
-            continue
-        kind = doc.get("kind", "") if isinstance(doc, dict) else ""
-        if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
-            items = doc.get("items") or []
-            # Typed lists (ServiceList, ...) from the raw API leave kind out of their items.
-            item_kind = kind[: -len("List")]
-            for item in items:
-                if isinstance(item, dict) and item_kind and "kind" not in item:
-                    item = {"kind": item_kind, "apiVersion": doc.get("apiVersion"), **item}
+        # A JSON array, or a YAML document that is a list, holds objects (not more lists).
+        for item in doc if isinstance(doc, list) else (doc,):
+            kind = item.get("kind", "") if isinstance(item, dict) else ""
+            if isinstance(kind, str) and kind.endswith("List") and "items" in item:
+                yield from _list_items(item, kind)
+            else:
                 yield item
-            continue
-        yield doc
+
+
+def _list_items(doc: dict[str, Any], kind: str) -> Iterator[Any]:
+    items = doc.get("items") or []
+    if not isinstance(items, list):
+        raise ObjectError(doc, "items", f"must be a list, got {type(items).__name__}")
+    # Typed lists (ServiceList, ...) from the raw API leave kind out of their items.
+    item_kind = kind[: -len("List")]
+    for item in items:
+        if isinstance(item, dict) and item_kind and "kind" not in item:
+            item = {"kind": item_kind, "apiVersion": doc.get("apiVersion"), **item}
+        yield item
 
 
 class SnapshotFileSource:
     """Polls a snapshot file and publishes a new Snapshot whenever its content changes.
 
     Polling the file's identity (inode, size, mtime) once a second keeps working when the file
-    is a ConfigMap mount, where an update swaps a symlink rather than writing the file.
+    is a ConfigMap mount, where an update swaps a symlink rather than writing the file. A
+    changed file is loaded once it has stayed the same for one more poll, so that a file being
+    written in place is not read half-way.
     """
 
     def __init__(
-        self, path: Path, publish: Callable[[Snapshot], None], interval: float = 1.0
+        self,
+        path: Path,
+        publish: Callable[[Snapshot], None],
+        interval: float = 1.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.path = path
         self.publish = publish
         self.interval = interval
+        self.max_bytes = max_bytes
         self.serial = 0
+        self.objects = 0  # in the last file loaded
         self._signature: tuple[int, int, int] | None = None
 
     def load(self) -> Snapshot:
         """Load the file now; raises SnapshotError. Serials only ever grow."""
         self._signature = self._stat()
+        records = load_records(self.path, self.max_bytes)
+        self.objects = len(records)
         self.serial = max(int(time.time()), self.serial + 1)
-        return load_snapshot(self.path, self.serial)
+        return build_snapshot(records, self.serial)
 
     async def watch(self) -> None:
         """Reload on change forever; a failed reload is logged and the last good data stays."""
+        settling = None
         while True:
             await asyncio.sleep(self.interval)
             signature = self._stat()
             if signature is None or signature == self._signature:
+                settling = None
                 continue
+            if signature != settling:
+                settling = signature  # changed since the last poll: it may still be written
+                continue
+            settling = None
+            started = time.monotonic()
             try:
-                snapshot = self.load()
+                snapshot = await _in_thread(self.load)
             except SnapshotError as exc:
                 log.error("reload refused, still serving the previous data: %s", exc)
                 continue
-            log.info("reloaded %s", self.path)
+            took = time.monotonic() - started
+            log.info("reloaded %s: %d objects in %.2fs", self.path, self.objects, took)
             self.publish(snapshot)
 
     def _stat(self) -> tuple[int, int, int] | None:
@@ -130,3 +303,19 @@ class SnapshotFileSource:
         except OSError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+async def _in_thread(work: Callable[[], T]) -> T:
+    """Run `work` in a daemon thread: the loop goes on meanwhile, and shutting down does not
+    wait for a long parse to end (asyncio.to_thread's executor is joined at exit)."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if done.set_running_or_notify_cancel():
+            try:
+                done.set_result(work())
+            except BaseException as exc:  # handed to the awaiting task
+                done.set_exception(exc)
+
+    threading.Thread(target=run, name="snapshot-load", daemon=True).start()
+    return await asyncio.wrap_future(done)

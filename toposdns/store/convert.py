@@ -65,9 +65,9 @@ def convert_object(raw: Any) -> Record:
     """Convert one raw object; raise ObjectError if it is malformed or of an unknown kind."""
     obj = raw
     if not isinstance(raw, Mapping):
-        raise ObjectError(obj, "", "not a mapping")
+        raise ObjectError(describe(raw), "", "not a mapping")  # a str `obj` is taken as a name
     key = (raw.get("apiVersion"), raw.get("kind"))
-    if key not in KINDS:
+    if not all(isinstance(part, str) for part in key) or key not in KINDS:
         known = ", ".join(sorted(f"{k} ({v})" for v, k in KINDS))
         raise ObjectError(
             obj, "apiVersion/kind", f"unsupported {key[0]}/{key[1]}; expected {known}"

@@ -182,6 +182,8 @@ def _read_compressed_name(data: bytes, offset: int) -> tuple[Name, int]:
 
 def read_client_subnet(value: bytes) -> ClientSubnet:
     """Parse an ECS option; ValueError for what RFC 7871 §7.1.1 answers with FORMERR."""
+    if len(value) < 4:
+        raise ValueError("ECS option shorter than its family and prefix lengths")
     family, source_prefix, scope_prefix = unpack_from("!HBB", value)
     raw = value[4:]
     if family == 1:
