@@ -14,6 +14,7 @@ from toposdns.serve.negative import Negatives
 from toposdns.store.snapshot import Snapshot
 from toposdns.wire.codes import AAAA, A
 from toposdns.wire.decode import decode_query
+from toposdns.wire.edns import split_query
 from toposdns.wire.encode import encode_reply, udp_limit
 
 OBJECTS = [
@@ -67,7 +68,7 @@ def test_templates_say_what_the_resolver_says(config: ResolverConfig) -> None:
         opt = rng.choice((None, (512, 0), (1232, 0x8000), (4096, 0x0010_8000)))
         data = query(name, qtype, opt, rng.choice((0x0100, 0x0110, 0x0000, 0x0010)))
         limit = min(udp_limit(decode_query(data).edns), 1480)
-        found = negatives.reply(data, snapshot, limit)
+        found = negatives.reply(data, split_query(data)[0], snapshot, limit)
         if found is None:
             continue
         answered += 1
@@ -81,7 +82,8 @@ def test_templates_say_what_the_resolver_says(config: ResolverConfig) -> None:
 
 def check(snapshot: Snapshot, config: ResolverConfig, text: str, qtype: int = A) -> bool:
     name = tuple(text.split("."))
-    return Negatives(config).reply(query(name, qtype, None, 0x0100), snapshot, 512) is not None
+    data = query(name, qtype, None, 0x0100)
+    return Negatives(config).reply(data, data[2:], snapshot, 512) is not None
 
 
 def test_what_only_the_resolver_can_tell_is_left_to_it() -> None:

@@ -37,10 +37,17 @@ class Negatives:
         self.soas: dict[tuple[bytes, int], bytes] = {}
 
     def reply(
-        self, data: bytes, snapshot: Snapshot, limit: int
+        self, data: bytes, key: bytes, snapshot: Snapshot, limit: int
     ) -> tuple[bytes, int, frozenset[Dependency]] | None:
-        """(reply, qtype, dependencies) for a plain query (wire/edns.py `split_query`) whose
-        name certainly does not exist, or None."""
+        """(reply, qtype, dependencies) for a plain query whose name certainly does not exist,
+        or None. `key` is the query's cache key (wire/edns.py `split_query`)."""
+        has_opt = data[11] == 1
+        end = len(key) + 2 - (13 if has_opt else 4)  # past the name: the key ends with
+        qtype = (data[end] << 8) | data[end + 1]  # the question, then the OPT's 9 bytes
+        if qtype != A and qtype != AAAA or data[end + 2 : end + 4] != _IN:
+            return None
+        if has_opt and data[end + 10]:  # EDNS version other than 0: BADVERS
+            return None
         starts = []  # where each label of the name starts, from the name's first byte
         offset = 12
         length = data[12]
@@ -48,19 +55,12 @@ class Negatives:
             starts.append(offset - 12)
             offset += length + 1
             length = data[offset]
-        end = offset + 1  # past the name
-        qtype = (data[end] << 8) | data[end + 1]
-        if qtype != A and qtype != AAAA or data[end + 2 : end + 4] != _IN:
-            return None
-        has_opt = len(data) > end + 4
-        if has_opt and data[end + 10]:  # EDNS version other than 0: BADVERS
-            return None
         name = data[12:end]
         if not name.isascii():  # the resolver lower-cases beyond ASCII
             return None
         lower = name.lower()
         zone = _match(lower, starts, self.zones)
-        if zone is None or _match(lower, starts, self.fallthrough) is not None:
+        if zone is None or self.fallthrough and _match(lower, starts, self.fallthrough) is not None:
             return None
         count = len(starts) - zone  # labels left of the zone
         text = lower.decode()

@@ -6,13 +6,17 @@
    without EDNS options) and its EDNS options, without decoding it;
 2. **client placed**, only when the answer depends on the client: `Placer` gives the labels of
    the node a PodLocator puts the source (or a trusted Client Subnet address) on;
-3. **reply found** in the per-transport `ReplyCache`, or **built**: decoded in full, resolved
-   (the pure resolver), encoded, and cached under the key with what it depended on;
+3. **reply found** in the per-transport `ReplyCache` (`found`), or **built** (`built`): from a
+   template when the name certainly does not exist (`negative`, serve/negative.py), else
+   decoded as far as its cached reply needs, resolved by the pure resolver and encoded
+   (`made`); either way cached under the key with what its answer read;
 4. **wire out**: the query's ID, and the query's own EDNS options spliced into the reply's OPT
    record (so options such as cookies and Client Subnet never defeat the cache).
 
-Names outside the zones take their own branch to the forwarder, which returns a coroutine.
-A new snapshot drops only the cached replies that read what it changed (`update`).
+Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
+plain queries, BADVERS, other classes, failures, and names for an upstream, which branch off
+to the forwarder (a coroutine). A new snapshot drops only the cached replies that read what it
+changed (`update`).
 """
 
 from __future__ import annotations
@@ -205,7 +209,7 @@ class Responder:
         cached as any reply is; None when only the resolver can tell."""
         if self.negatives is None:
             return None
-        found = self.negatives.reply(data, self.snapshot, _limit(data, key, transport))
+        found = self.negatives.reply(data, key, self.snapshot, _limit(data, key, transport))
         if found is None:
             return None
         reply, qtype, depends = found
