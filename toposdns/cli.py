@@ -16,6 +16,7 @@ from toposdns.config import (
     ServeConfig,
     check_max_concurrent,
     check_ttl,
+    check_workers,
     parse_cache,
     parse_duration,
     parse_listen,
@@ -129,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="SECONDS",
         help="close TCP connections idle this long (default %(default)s)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="answer DNS in N processes sharing the port, fed by one source (default: the CPUs "
+        "this process may use: its CPU affinity and cgroup CPU limit; 1: a single process)",
     )
     serve.add_argument(
         "--tcp-max-connections",
@@ -325,6 +333,8 @@ def _serve(args: argparse.Namespace) -> int:
     from toposdns.kube.client import ConnectError
     from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
+    from toposdns.workers.cpus import usable_cpus
+    from toposdns.workers.supervisor import WorkerError
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -346,6 +356,7 @@ def _serve(args: argparse.Namespace) -> int:
             cache=parse_cache(
                 args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
             ),
+            workers=check_workers(usable_cpus() if args.workers is None else args.workers),
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
@@ -360,6 +371,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except LoopError as exc:
         log.error("%s", exc)
+        return 1
+    except WorkerError as exc:
+        log.error("cannot start: %s", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", args.listen, exc)
