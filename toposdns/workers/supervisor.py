@@ -236,28 +236,40 @@ class Supervisor:
         """Take a worker's messages until it ends; then reap it, and fork it again."""
         while (message := await receive(reader)) is not None:
             self.handle(worker, message)
-        status = await _reap(worker.pid)
         del self.workers[worker.slot]
         worker.writer.close()
         self.retired.add(worker.families, growing_only=True)
         for scrape in worker.scrapes.values():
             if not scrape.done():
-                scrape.set_result([])  # counted in `retired` now
+                scrape.set_result([])  # no need to wait for it
         self.changed.set()
+        status = await _reap(worker.pid)
         how = _how_it_ended(status)
         if self.life.stopping:
-            if status:
+            if status != 0:
                 log.warning("worker %d (pid %d) %s", worker.slot, worker.pid, how)
-            return
-        if not self.started:
+        elif not self.started:
             self.failure = f"worker {worker.slot} (pid {worker.pid}) {how} before serving"
-            return
-        WORKER_RESTARTS.inc()
-        log.warning("worker %d (pid %d) %s; starting it again", worker.slot, worker.pid, how)
-        if time.monotonic() - worker.started < RESTART_DELAY:
-            await asyncio.sleep(RESTART_DELAY)
-        if not self.life.stopping:
-            await self.spawn(worker.slot)
+            self.changed.set()
+        else:
+            WORKER_RESTARTS.inc()
+            log.warning("worker %d (pid %d) %s; starting it again", worker.slot, worker.pid, how)
+            if time.monotonic() - worker.started < RESTART_DELAY:
+                await asyncio.sleep(RESTART_DELAY)
+            await self.restart(worker.slot)
+
+    async def restart(self, slot: int) -> None:
+        """Fork a worker again, and keep trying (once a second) while the system refuses."""
+        failed = False
+        while not self.life.stopping:
+            try:
+                await self.spawn(slot)
+                return
+            except OSError as exc:
+                if not failed:
+                    log.error("worker %d: cannot start it again, retrying: %s", slot, exc)
+                failed = True
+                await asyncio.sleep(RESTART_DELAY)
 
     def handle(self, worker: Worker, message: Message) -> None:
         if isinstance(message, Applied):
@@ -301,7 +313,9 @@ class Supervisor:
         gone = asyncio.create_task(self._all_gone())
         again = asyncio.create_task(self.life.again.wait())
         await asyncio.wait(
-            {gone, again}, timeout=self.config.lameduck + EXIT_GRACE, return_when=asyncio.FIRST_COMPLETED
+            {gone, again},
+            timeout=self.config.lameduck + EXIT_GRACE,
+            return_when=asyncio.FIRST_COMPLETED,
         )
         if again.done() and not gone.done():
             self.broadcast(Stop(now=True))
@@ -345,13 +359,15 @@ class Supervisor:
     async def exposition(self) -> bytes:
         """/metrics: the supervisor's metrics and every worker's, summed, and each worker's
         request count apart (`toposdns_worker_requests_total{worker}`)."""
-        scrapes = {}
+        loop = asyncio.get_running_loop()
+        scrapes: dict[Worker, tuple[int, asyncio.Future[list[Metric]]]] = {}
         for worker in list(self.workers.values()):
             request = next(self.requests)
-            scrapes[worker] = worker.scrapes[request] = asyncio.get_running_loop().create_future()
+            scrapes[worker] = request, loop.create_future()
+            worker.scrapes[request] = scrapes[worker][1]
             worker.send(frame(Scrape(request)))
         if scrapes:
-            await asyncio.wait(scrapes.values(), timeout=SCRAPE_TIMEOUT)
+            await asyncio.wait([future for _, future in scrapes.values()], timeout=SCRAPE_TIMEOUT)
         summed = Sum()
         summed.add(REGISTRY.collect())
         summed.add(self.retired.collect())
@@ -360,11 +376,12 @@ class Supervisor:
             "DNS requests each worker process answered since it started.",
             "counter",
         )
-        for worker, scrape in scrapes.items():
-            if scrape.done() and scrape.result():
+        for worker, (request, scrape) in scrapes.items():
+            worker.scrapes.pop(request, None)
+            if self.workers.get(worker.slot) is not worker:
+                continue  # it has ended: what it counted is in `retired`
+            if scrape.done():
                 worker.families = scrape.result()
-            else:
-                scrape.cancel()
             summed.add(worker.families)
             total = sample_total(worker.families, "coredns_dns_requests_total")
             per_worker.add_sample(
