@@ -59,14 +59,15 @@ class Live:
     http_port: int = 0
 
     def start(self, extra: Sequence[str]) -> ServerProcess:
-        """`toposdns serve` against the (started) stand-in, on free ports; `extra` flags."""
+        """`toposdns serve` against the (started) stand-in, on free ports, in one process
+        unless `extra` flags (which come last) say `--workers=N`."""
         kubeconfig = self.server.write_kubeconfig(self.workdir / "kubeconfig")
         self.dns_port, self.http_port = free_ports()
         log("starting toposdns")
         self.proc = ServerProcess(
             toposdns_command("serve", "--kubeconfig", str(kubeconfig),
                              "--listen", f"{HOST}:{self.dns_port}",
-                             "--http", f"{HOST}:{self.http_port}", *extra)
+                             "--http", f"{HOST}:{self.http_port}", "--workers=1", *extra)
         )  # fmt: skip
         return self.proc
 

@@ -878,6 +878,12 @@ def test_dns_container() -> None:
         "requests": {"cpu": "100m", "memory": "70Mi"},
         "limits": {"memory": "170Mi"},
     }
+    # As many workers as CPUs requested, rounded up: the pod has no CPU limit, so the default
+    # (every CPU of the node) would not fit what it asked for.
+    workers = re.fullmatch(r"\$\((\w+)\)", options["--workers"])
+    assert workers, "--workers follows the CPU request"
+    (env,) = [var for var in item["env"] if var["name"] == workers.group(1)]
+    assert env["valueFrom"] == {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}
 
 
 def test_controller() -> None:
