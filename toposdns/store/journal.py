@@ -37,8 +37,8 @@ class JournaledBuilder(StoreBuilder):
 
     def __init__(self) -> None:
         super().__init__()
-        #: The changes since the last `take_journal()`; None: not noting (the first sync, or
-        #: a copy that replays).
+        #: The changes since the last `take_journal()`; None: not noting (until
+        #: `start_journal()`, and in a copy that replays).
         self.journal: list[Operation] | None = None
 
     @property

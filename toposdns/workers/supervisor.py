@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -91,6 +92,7 @@ class Worker:
     #: The last batch of changes it serves.
     applied: int
     serving: bool = False
+    killed: bool = False
     #: Its metric families as of the last scrape it answered.
     families: list[Metric] = field(default_factory=list)
     scrapes: dict[int, asyncio.Future[list[Metric]]] = field(default_factory=dict)
@@ -98,9 +100,15 @@ class Worker:
     def send(self, data: bytes) -> None:
         """Queue a framed message; kill the worker if it has stopped reading."""
         self.writer.write(data)
-        if self.writer.transport.get_write_buffer_size() > MAX_UNREAD:
+        if self.writer.transport.get_write_buffer_size() > MAX_UNREAD and not self.killed:
             log.error("worker %d (pid %d) reads no more changes; killing it", self.slot, self.pid)
-            _kill(self.pid)
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: its channel closes, and it is reaped (and forked again) as any that died."""
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
 
 async def supervise(config: ServeConfig) -> None:
@@ -174,8 +182,8 @@ class Supervisor:
                 # CoreDNS's `loop`: the probes go out from here; the worker one comes back to
                 # says so (a `Looped` message).
                 server = f"{config.listen_host}:{self.port}"
-                probes = dict(self.probes)
-                life.start(self.loops.send_probes(probes, server), "loop check", ending=False)
+                check = self.loops.send_probes(self.probes, server)
+                life.start(check, "loop check", ending=False)
             await life.main_loop()
             log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
             await self.stop_workers()
@@ -213,15 +221,8 @@ class Supervisor:
         if self.source is not None and self.builder is not None:
             self.source.flush()  # what the builder has, `self.current` has
             self.builder.start_journal()
-        start = Start(
-            slot,
-            self.config,
-            self.resolver,
-            self.port,
-            self.current,
-            self.builder,
-            self.probes,
-        )
+        config, resolver, probes = self.config, self.resolver, self.probes
+        start = Start(slot, config, resolver, self.port, self.current, self.builder, probes)
         try:
             pid = fork_worker(start, theirs)
         finally:
@@ -234,8 +235,14 @@ class Supervisor:
 
     async def follow(self, worker: Worker, reader: asyncio.StreamReader) -> None:
         """Take a worker's messages until it ends; then reap it, and fork it again."""
-        while (message := await receive(reader)) is not None:
-            self.handle(worker, message)
+        try:
+            while (message := await receive(reader)) is not None:
+                self.handle(worker, message)
+        except Exception:
+            log.exception(
+                "worker %d (pid %d): a message that cannot be handled", worker.slot, worker.pid
+            )
+            worker.kill()
         del self.workers[worker.slot]
         worker.writer.close()
         self.retired.add(worker.families, growing_only=True)
@@ -331,7 +338,7 @@ class Supervisor:
             await asyncio.wait_for(self._all_gone(), EXIT_GRACE)
         except TimeoutError:
             for worker in self.workers.values():
-                _kill(worker.pid)
+                worker.kill()
             await asyncio.wait(self.tasks, timeout=EXIT_GRACE)
 
     async def _all_gone(self) -> None:
@@ -401,15 +408,9 @@ async def _reap(pid: int) -> int:
         if done:
             return status
         await asyncio.sleep(0.01)
-    _kill(pid)
-    return os.waitpid(pid, 0)[1]
-
-
-def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    return os.waitpid(pid, 0)[1]
 
 
 def _how_it_ended(status: int) -> str:
