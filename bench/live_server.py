@@ -155,6 +155,25 @@ class Asker:
         return None
 
 
+class EveryWorker(Asker):
+    """Several UDP sockets asking at once, each from its own source port, so that with
+    `--workers` each worker is asked (the kernel hands each port to one); the answer is the
+    addresses every one of them got, so a change counts once all have it."""
+
+    def __init__(self, port: int, sockets: int) -> None:
+        self.askers = [Asker(port) for _ in range(sockets)]
+
+    def close(self) -> None:
+        for asker in self.askers:
+            asker.close()
+
+    def ask(self, name: str, timeout: float = 0.2) -> set[str] | None:
+        answers = [asker.ask(name, timeout) for asker in self.askers]
+        if any(answer is None for answer in answers):
+            return None
+        return set.intersection(*answers)  # type: ignore[arg-type]
+
+
 def equals(want: set[str]) -> Callable[[set[str]], bool]:
     return lambda got: got == want
 
