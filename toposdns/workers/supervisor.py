@@ -339,7 +339,8 @@ class Supervisor:
         except TimeoutError:
             for worker in self.workers.values():
                 worker.kill()
-            await asyncio.wait(self.tasks, timeout=EXIT_GRACE)
+            if self.tasks:
+                await asyncio.wait(self.tasks, timeout=EXIT_GRACE)
 
     async def _all_gone(self) -> None:
         while self.workers:
