@@ -228,13 +228,14 @@ def zone_text(cluster: Cluster, with_srv: bool, pods: Iterable[tuple[str, str]] 
     return "\n".join(lines) + "\n"
 
 
-def knot_conf(workdir: str, host: str, port: int, zonefile: str) -> str:
-    """Knot DNS: 1 UDP worker, no DNSSEC, EDNS Client Subnet answered (RFC 7871, scope 0)."""
+def knot_conf(workdir: str, host: str, port: int, zonefile: str, workers: int = 1) -> str:
+    """Knot DNS: `workers` UDP workers, no DNSSEC, EDNS Client Subnet answered (RFC 7871,
+    scope 0)."""
     return f"""\
 server:
     rundir: "{workdir}/knot-run"
     listen: {host}@{port}
-    udp-workers: 1
+    udp-workers: {workers}
     tcp-workers: 1
     background-workers: 1
     edns-client-subnet: on

@@ -79,9 +79,11 @@ def run(
     extra: Sequence[str],
     server_cpu: Callable[[], float],
     verbose: bool = False,
+    pin: Sequence[str] = (),
 ) -> PerfResult:
-    """One dnsperf run; `server_cpu()` gives the server's CPU seconds so far."""
-    argv = command(port, qfile, seconds, [*extra, *(["-v"] if verbose else [])])
+    """One dnsperf run; `server_cpu()` gives the server's CPU seconds so far; `pin` prefixes
+    the command (taskset)."""
+    argv = [*pin, *command(port, qfile, seconds, [*extra, *(["-v"] if verbose else [])])]
     log(f"{name}: {' '.join(argv)}")
     before = CpuMark.now(server_cpu)
     res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30, check=False)
@@ -163,9 +165,9 @@ def parse(lines: Iterable[str], before: CpuMark, after: CpuMark, verbose: bool) 
     return out
 
 
-def warm(port: int, qfile: Path, extra: Sequence[str] = ()) -> None:
+def warm(port: int, qfile: Path, extra: Sequence[str] = (), pin: Sequence[str] = ()) -> None:
     """One pass over the query file, 20 queries outstanding."""
-    argv = command(port, qfile, 0, ["-n", "1", "-q", "20", *extra])
+    argv = [*pin, *command(port, qfile, 0, ["-n", "1", "-q", "20", *extra])]
     subprocess.run(argv, capture_output=True, timeout=300, check=True)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.harness import FakeApiServer, ServerProcess, log, machine
 from bench.live_cluster import Cluster, Sizes, fqdn, generate, load
-from bench.live_server import Asker, Delays, equals, holds, live, wait_ready
+from bench.live_server import Asker, Delays, EveryWorker, equals, holds, live, wait_ready
 
 READY_TIMEOUT = 120.0
 PAGE = 500
@@ -282,7 +282,7 @@ def events(
     server: FakeApiServer, cluster: Cluster, dns_port: int, args: argparse.Namespace
 ) -> list[JSON]:
     """Both kinds of event-to-answer measurements, one after the other."""
-    asker = Asker(dns_port)
+    asker = Asker(dns_port) if args.askers == 1 else EveryWorker(dns_port, args.askers)
     try:
         time.sleep(0.2)
         log(f"{args.events} Service events")
@@ -361,6 +361,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--event-budget", type=float, default=120.0, help="seconds at most per kind of event"
     )
+    p.add_argument(
+        "--askers",
+        type=int,
+        default=1,
+        help="UDP sockets asking at once: a change counts when all see it (with --workers, "
+        "8 or more reach every worker)",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--show-log", action="store_true", help="print toposdns's log at the end")
@@ -377,7 +384,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra argument for `toposdns serve` (repeatable)",
     )
     args = p.parse_args(argv)
-    if min(args.services, args.slices, args.nodes, args.namespaces) < 1 or args.locators < 0:
+    if min(args.services, args.slices, args.nodes, args.namespaces, args.askers) < 1 or (
+        args.locators < 0
+    ):
         p.error("sizes must be positive")
     return args
 

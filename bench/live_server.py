@@ -59,14 +59,15 @@ class Live:
     http_port: int = 0
 
     def start(self, extra: Sequence[str]) -> ServerProcess:
-        """`toposdns serve` against the (started) stand-in, on free ports; `extra` flags."""
+        """`toposdns serve` against the (started) stand-in, on free ports, in one process
+        unless `extra` flags (which come last) say `--workers=N`."""
         kubeconfig = self.server.write_kubeconfig(self.workdir / "kubeconfig")
         self.dns_port, self.http_port = free_ports()
         log("starting toposdns")
         self.proc = ServerProcess(
             toposdns_command("serve", "--kubeconfig", str(kubeconfig),
                              "--listen", f"{HOST}:{self.dns_port}",
-                             "--http", f"{HOST}:{self.http_port}", *extra)
+                             "--http", f"{HOST}:{self.http_port}", "--workers=1", *extra)
         )  # fmt: skip
         return self.proc
 
@@ -152,6 +153,25 @@ class Asker:
             if pause > 0:
                 time.sleep(pause)
         return None
+
+
+class EveryWorker(Asker):
+    """Several UDP sockets asking at once, each from its own source port, so that with
+    `--workers` each worker is asked (the kernel hands each port to one); the answer is the
+    addresses every one of them got, so a change counts once all have it."""
+
+    def __init__(self, port: int, sockets: int) -> None:
+        self.askers = [Asker(port) for _ in range(sockets)]
+
+    def close(self) -> None:
+        for asker in self.askers:
+            asker.close()
+
+    def ask(self, name: str, timeout: float = 0.2) -> set[str] | None:
+        answers = [asker.ask(name, timeout) for asker in self.askers]
+        if any(answer is None for answer in answers):
+            return None
+        return set.intersection(*answers)  # type: ignore[arg-type]
 
 
 def equals(want: set[str]) -> Callable[[set[str]], bool]:

@@ -11,6 +11,10 @@ dnsperf, rounds alternating between the servers:
 - ecs: every query with EDNS Client Subnet from a trusted source, clients in 3 zones;
 - cookie: every query with a client COOKIE option.
 
+With `--workers N` both servers use N cores: toposdns `--workers N`, Knot `udp-workers: N`
+(and dnsperf 4 clients per worker, since the kernel sends each client's port to one worker);
+`--server-cpus` and `--load-cpus` pin the servers and dnsperf to CPUs (taskset).
+
 Run from the repository root:  python -m bench.run  (see bench/README.md).
 """
 
@@ -251,7 +255,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> Setup:
     for sub in ("knot-run", "knot-db"):
         (workdir / sub).mkdir()
     conf = workdir / "knot.conf"
-    conf.write_text(knot_conf(str(workdir), HOST, args.port_base, str(zonefile)))
+    conf.write_text(knot_conf(str(workdir), HOST, args.port_base, str(zonefile), args.workers))
     cookie = random.Random(args.seed + 6).randbytes(8)  # fixed per run, as dig's
     scenarios = write_scenarios(args, workdir, cluster, clients, distinct, cookie)
     log(
@@ -308,16 +312,22 @@ def server_commands(
 
     def toposdns(snapshot: str, port: int, *extra: str) -> tuple[list[str], int]:
         serve = ["serve", "--snapshot", str(workdir / snapshot), "--listen", f"{HOST}:{port}",
-                 "--zone", ZONE, "--ttl", str(TTL), "--pods", "insecure", *extra]  # fmt: skip
-        return toposdns_command(*serve), port
+                 "--zone", ZONE, "--ttl", str(TTL), "--pods", "insecure",
+                 "--workers", str(args.workers), *extra]  # fmt: skip
+        return [*pinned(args.server_cpus), *toposdns_command(*serve)], port
 
     return {
-        "knot": (["knotd", "-c", str(conf)], base),
+        "knot": ([*pinned(args.server_cpus), "knotd", "-c", str(conf)], base),
         "toposdns": toposdns("snapshot.json", base + 1),
         "toposdns-topology": toposdns("snapshot-topology.json", base + 2),
         "toposdns-metrics": toposdns("snapshot.json", base + 3, "--http", f"{HOST}:{base + 4}"),
         "toposdns-ecs": toposdns("snapshot-ecs.json", base + 5, "--ecs-trust", ECS_TRUST),
     }
+
+
+def pinned(cpus: str | None) -> list[str]:
+    """The prefix that runs a command on these CPUs only (taskset), or none."""
+    return ["taskset", "-c", cpus] if cpus else []
 
 
 # --------------------------------------------------------------------------- measuring
@@ -356,12 +366,21 @@ def measure(
     runs: Runs = {
         s.name: {srv: {"max": [], "fixed": []} for srv in s.servers(ports)} for s in scenarios
     }
+    pin = pinned(args.load_cpus)
     for scenario in scenarios:
         if scenario.name != "distinct":  # first-time names must stay first-time
             for server in scenario.servers(ports):
-                dnsperf.warm(ports[server], scenario.file(0), ["-a", CLIENT, *scenario.extra])
+                warm = ["-a", CLIENT, *scenario.extra]
+                dnsperf.warm(ports[server], scenario.file(0), warm, pin)
     closed = ["-c", str(args.clients), "-q", str(args.outstanding)]
-    fixed = ["-c", "1", "-q", "1000", "-Q", str(args.rate)]
+    fixed = [
+        "-c",
+        "1" if args.workers == 1 else str(args.clients),
+        "-q",
+        "1000",
+        "-Q",
+        str(args.rate),
+    ]
     for rnd in range(args.rounds):
         log(f"round {rnd + 1}/{args.rounds}")
         for scenario in scenarios:
@@ -371,7 +390,7 @@ def measure(
                     result = dnsperf.run(
                         f"{scenario.name}/{server}", ports[server], scenario.file(rnd),
                         args.seconds, ["-a", CLIENT, *scenario.extra, *load],
-                        procs[server].cpu_seconds, verbose,
+                        procs[server].cpu_seconds, verbose, pin,
                     )  # fmt: skip
                     runs[scenario.name][server][kind].append(result)
     return runs
@@ -392,13 +411,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="rounds (servers alternate); medians")
     ap.add_argument("--distinct", type=int, default=200_000, help="distinct queries per round")
     ap.add_argument("--port-base", type=int, default=15353, help="knot: base, toposdns: base+1..5")
-    ap.add_argument("--clients", type=int, default=1, help="dnsperf -c for the max-QPS run")
+    ap.add_argument("--clients", type=int, help="dnsperf -c for the max-QPS run (default 1, "
+                    "4 per worker with --workers)")  # fmt: skip
     ap.add_argument("--outstanding", type=int, default=100, help="dnsperf -q for max-QPS run")
     ap.add_argument("--rate", type=int, default=5000, help="fixed QPS for the latency run")
     ap.add_argument("--srv", action="store_true", help="also query _http._tcp SRV names")
     ap.add_argument("--verify", type=int, default=20, help="names to compare per scenario")
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma list of: "
                     + ", ".join(SERVERS))  # fmt: skip
+    ap.add_argument("--workers", type=int, default=1, help="toposdns --workers N, Knot "
+                    "udp-workers: N (default 1)")  # fmt: skip
+    ap.add_argument("--server-cpus", metavar="LIST", help="run the servers on these CPUs (taskset)")
+    ap.add_argument("--load-cpus", metavar="LIST", help="run dnsperf on these CPUs (taskset)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--json", action="store_true", help="print results as JSON on stdout")
     args = ap.parse_args(argv)
@@ -411,6 +435,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if min(args.services, args.namespaces, args.nodes, args.rounds, args.distinct) < 1:
         ap.error("sizes and --rounds must be positive")
     args.verify = min(args.verify, args.services)
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
+    if args.clients is None:
+        args.clients = 1 if args.workers == 1 else 4 * args.workers
     return args
 
 
@@ -562,7 +590,8 @@ def report(args: argparse.Namespace, setup: Setup, runs: Runs, mismatches: int) 
     print(
         f"\n{len(cluster.services)} headless services, {cluster.endpoints} endpoints; medians "
         f"of {args.rounds} rounds of {args.seconds:g}s; max: dnsperf -c {args.clients} "
-        f"-q {args.outstanding}; latency: dnsperf -Q {args.rate}",
+        f"-q {args.outstanding}; latency: dnsperf -Q {args.rate}; {args.workers} worker(s) "
+        f"each (toposdns --workers, Knot udp-workers)",
         file=out,
     )
     print(detail_table(outcomes), file=out)

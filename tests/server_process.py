@@ -141,14 +141,40 @@ class ServerProcess:
                 values[key] = int(rest.split()[0]) / 1024
         return values["VmHWM"], values["VmRSS"]
 
+    def processes(self) -> list[int]:
+        """The process and its descendants, such as the workers of `serve --workers N`."""
+        found, waiting = [], [self.pid]
+        while waiting:
+            pid = waiting.pop()
+            found.append(pid)
+            for children in Path(f"/proc/{pid}/task").glob("*/children"):
+                with contextlib.suppress(OSError):
+                    waiting += [int(child) for child in children.read_text().split()]
+        return found
+
     def cpu_seconds(self) -> float:
-        """User + system CPU seconds the process used so far (0 once it is gone)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return 0.0
-        fields = stat.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds the process and its descendants used so far (0 for those
+        gone)."""
+        ticks = 0
+        for pid in self.processes():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def pss_mb(self) -> float:
+        """Proportional set size in MiB, summed over the process and its descendants: memory
+        they share (copy-on-write after a fork) counts once in all."""
+        kib = 0
+        for pid in self.processes():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        kib += int(line.split()[1])
+        return kib / 1024
 
     def send_signal(self, sig: signal.Signals) -> None:
         """Send `sig` to the process group, if the process still runs."""

@@ -17,6 +17,7 @@ from toposdns.config import (
     ServeConfig,
     check_max_concurrent,
     check_ttl,
+    check_workers,
     parse_cache,
     parse_duration,
     parse_fallthrough,
@@ -154,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="close a TCP connection when a query's bytes take longer than this to arrive "
         "(default %(default)s)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="answer DNS in N processes sharing the port, fed by one source (default: the CPUs "
+        "this process may use: its CPU affinity and cgroup CPU limit; 1: a single process)",
     )
     serve.add_argument(
         "--tcp-max-connections",
@@ -402,6 +410,8 @@ def _serve(args: argparse.Namespace) -> int:
     from toposdns.kube.client import ConnectError
     from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
+    from toposdns.workers.cpus import usable_cpus
+    from toposdns.workers.supervisor import WorkerError
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -426,6 +436,7 @@ def _serve(args: argparse.Namespace) -> int:
                 args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
             ),
             loadbalance=args.loadbalance,
+            workers=check_workers(usable_cpus() if args.workers is None else args.workers),
         )
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
@@ -440,6 +451,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except LoopError as exc:
         log.error("%s", exc)
+        return 1
+    except WorkerError as exc:
+        log.error("cannot start: %s", exc)
         return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", args.listen, exc)

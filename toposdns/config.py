@@ -56,6 +56,8 @@ class ServeConfig:
     cache: CacheSettings = field(default_factory=CacheSettings)
     #: Vary the order of A, AAAA and MX records from reply to reply (CoreDNS `loadbalance`).
     loadbalance: bool = False
+    #: Processes answering DNS; above 1, a supervisor runs the source and forks them.
+    workers: int = 1
 
 
 def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
@@ -222,6 +224,19 @@ def parse_upstreams(text: str) -> tuple[Upstream, ...]:
 
 MAX_TTL = 2**31 - 1  # RFC 2181 section 8
 MAX_CACHE_CAPACITY = 1_000_000
+
+
+MAX_WORKERS = 1024
+
+
+def check_workers(value: int) -> int:
+    """`--workers`: from 1 to 1024."""
+    if not 1 <= value <= MAX_WORKERS:
+        raise ConfigError(
+            f"--workers {value}: must be between 1 and {MAX_WORKERS}; one per CPU of the pod "
+            "(the default) is usually best"
+        )
+    return value
 
 
 def check_max_concurrent(value: int) -> int:

@@ -68,6 +68,26 @@ AUTOPATH_SUCCESS = Counter(
     "names that exist as asked are not counted.",
     ["server"],
 )
+#: What a process that answers DNS counts itself: with `--workers N`, each worker serves these
+#: (with its per-query metrics) and /metrics sums them. The supervisor never forwards, so its
+#: own copies (and those a worker inherits) stay empty.
+ANSWERING = (
+    PROXY_DURATION,
+    PROXY_HEALTHCHECK_FAILURES,
+    FORWARD_HEALTHCHECK_BROKEN,
+    FORWARD_MAX_CONCURRENT_REJECTS,
+    UPSTREAM_ERRORS,
+    FORWARD_LOOPS,
+    CACHE_ENTRIES,
+    CACHE_HITS,
+    CACHE_MISSES,
+    AUTOPATH_SUCCESS,
+)
+
+# `--workers N`: the supervisor's view of its workers.
+WORKER_RESTARTS = Counter(
+    "toposdns_worker_restarts", "Worker processes that ended and were started again."
+)
 
 # The PodLocator controller (`toposdns controller`).
 CONTROLLER_WRITES = Counter(

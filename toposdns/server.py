@@ -1,4 +1,8 @@
-"""The server's lifecycle: load the data, bind UDP and TCP, serve, reload, stop on a signal."""
+"""`toposdns serve` assembled: load the data, bind UDP and TCP, serve, reload, stop on a signal.
+
+The pieces (`start_source`, `serve_dns`, ...) are shared with the supervisor and the workers of
+`--workers N` (toposdns/workers/); the lifecycle they all live is toposdns/lifecycle.py.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,20 @@ import gc
 import ipaddress
 import logging
 import resource
-import signal
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
 from prometheus_client import REGISTRY
+from prometheus_client.registry import Collector
 
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
+from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
-from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer
 from toposdns.serve.query_metrics import QueryMetrics
@@ -30,6 +34,7 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
+from toposdns.store.builder import StoreBuilder
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -71,120 +76,139 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
 
 
 async def serve(config: ServeConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then keep answering for the lameduck period.
+    """Serve until SIGTERM or SIGINT, then keep answering for the lameduck period. With
+    `config.workers` above 1, as a supervisor of that many worker processes.
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
+    if config.workers > 1:
+        from toposdns.workers.supervisor import supervise
+
+        await supervise(config)
+        return
     resolver_config = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
-    live = config.snapshot is None
-    metrics = None
-    if config.http is not None:
-        metrics = QueryMetrics(f"dns://:{config.listen_port}")
-        REGISTRY.register(metrics)
-    forwarder = None
-    if config.upstreams:
-        forwarder = Forwarder(
-            list(config.upstreams), max_concurrent=config.max_concurrent, cache=config.cache
+    forwarder = make_forwarder(config)
+    raise_open_files_limit(config)
+    async with Lifecycle() as life:
+        metrics = query_metrics(config, life.stack)
+        responder = Responder(
+            resolver_config,
+            Snapshot(synced=config.snapshot is not None),
+            config.ecs_trust,
+            forwarder,
+            metrics,
+            config.loadbalance,
         )
-    raise_open_files_limit(config.tcp_max_connections + (config.max_concurrent if forwarder else 0))
-    responder = Responder(
-        resolver_config,
-        Snapshot(synced=not live),
-        config.ecs_trust,
-        forwarder,
-        metrics,
-        config.loadbalance,
-    )
-    stopping = False
-
-    def publish(snapshot: Snapshot) -> None:
-        report_invalid_policies(responder.snapshot, snapshot)
-        responder.update(snapshot)
-
-    def not_ready() -> str | None:
-        if stopping:
-            return "Shutting down"
-        return None if responder.snapshot.synced else "kubernetes"
-
-    async with contextlib.AsyncExitStack() as stack:
         if metrics is not None:
-            stack.callback(REGISTRY.unregister, metrics)
-            REGISTRY.register(responder.topology_counts)
-            stack.callback(REGISTRY.unregister, responder.topology_counts)
+            register(life.stack, responder.topology_counts)
         if forwarder is not None:
-            stack.push_async_callback(forwarder.close)
+            life.stack.push_async_callback(forwarder.close)
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
-        if config.snapshot is not None:
-            files = SnapshotFileSource(
-                config.snapshot, publish, max_bytes=config.snapshot_max_bytes
-            )
-            publish(files.load())
-            background = files.watch()
-        else:
-            api_client = await connect(config.kubeconfig)
-            stack.push_async_callback(api_client.close)
-            # Listed objects live as long as the data: freeze what survives each page, so the
-            # cyclic collector does not scan it again and again in a big sync.
-            background = KubeSource(apis_of(api_client), publish, on_page=gc.freeze).run()
-        task = asyncio.create_task(background, name="source")
-        stack.callback(task.cancel)
-        if live:
-            await _wait_for_sync(responder, task, config.startup_timeout)
 
+        def publish(snapshot: Snapshot) -> None:
+            report_invalid_policies(responder.snapshot, snapshot)
+            responder.update(snapshot)
+
+        def not_ready() -> str | None:
+            if life.stopping:
+                return "Shutting down"
+            return None if responder.snapshot.synced else "kubernetes"
+
+        await start_source(config, life, publish, lambda: responder.snapshot.synced)
         if config.http is not None:
             http = HttpServer(not_ready, lambda: (responder.snapshot, responder.config))
-            port = await http.start(*config.http)
-            stack.push_async_callback(http.stop)
-            log.info(
-                "serving /health, /ready, /explain and /metrics on %s:%d", config.http[0], port
-            )
+            await start_http(config.http, http, life.stack)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        port = await _serve_dns(config, resolver_config, responder, stack)
+        life.catch_signals()
+        family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
+        udp_sock, tcp_sock = bind_pair(family, config.listen_host, config.listen_port)
+        port = await serve_dns(config, responder, udp_sock, tcp_sock, life.stack)
+        log.info("serving DNS on %s:%d (udp, tcp) for %s", config.listen_host, port, zones(config))
         server = f"dns://:{port}"  # the label CoreDNS gives its server block
         if metrics is not None:
             metrics.server = server
-        checks: set[asyncio.Task[None]] = set()
         if forwarder is not None:
             forwarder.set_server(server)
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
             check = forwarder.loops.check(config.upstreams, f"{config.listen_host}:{port}")
-            checking = asyncio.create_task(check)
-            stack.callback(checking.cancel)
-            checks.add(checking)
-        await _until_stopped({task, asyncio.create_task(stop.wait())}, checks)
+            life.start(check, "loop check", ending=False)
+        await life.main_loop()
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
-        stopping = True
-        again = asyncio.Event()  # a second signal (Ctrl-C twice) ends the wait at once
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, again.set)
         log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(again.wait(), config.lameduck)
+        await life.lameduck(config.lameduck)
         log.info("stopped")
 
 
-async def _until_stopped(ending: set[asyncio.Task[Any]], checks: set[asyncio.Task[None]]) -> None:
-    """Wait until one of the `ending` tasks (a signal, the source) ends; raise what any task
-    raised, a failed check included. A check that passes just ends."""
-    watched = ending | checks
-    while True:
-        done, watched = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-        for finished in done:
-            if not finished.cancelled() and finished.exception() is not None:
-                raise finished.exception()  # type: ignore[misc]
-        if done & ending:
-            return
+def make_forwarder(config: ServeConfig) -> Forwarder | None:
+    """The forwarder to the upstreams, if there are any."""
+    if not config.upstreams:
+        return None
+    return Forwarder(
+        list(config.upstreams), max_concurrent=config.max_concurrent, cache=config.cache
+    )
 
 
-def raise_open_files_limit(needed: int) -> None:
+def query_metrics(config: ServeConfig, stack: contextlib.AsyncExitStack) -> QueryMetrics | None:
+    """The per-query metrics, registered for /metrics; None without --http."""
+    if config.http is None:
+        return None
+    metrics = QueryMetrics(f"dns://:{config.listen_port}")
+    register(stack, metrics)
+    return metrics
+
+
+def register(stack: contextlib.AsyncExitStack, collector: Collector) -> None:
+    """Serve a collector on /metrics until the stack closes."""
+    REGISTRY.register(collector)
+    stack.callback(REGISTRY.unregister, collector)
+
+
+async def start_source(
+    config: ServeConfig,
+    life: Lifecycle,
+    publish: Callable[[Snapshot], None],
+    synced: Callable[[], bool],
+    builder: StoreBuilder | None = None,
+) -> KubeSource | None:
+    """Load the snapshot file and watch it for changes; or connect to the cluster, watch it
+    (into `builder`, if given) and wait up to --startup-timeout until `synced()`. Returns the
+    cluster's source, None for a file."""
+    if config.snapshot is not None:
+        files = SnapshotFileSource(config.snapshot, publish, max_bytes=config.snapshot_max_bytes)
+        publish(files.load())
+        life.start(files.watch(), "source")
+        return None
+    api_client = await connect(config.kubeconfig)
+    life.stack.push_async_callback(api_client.close)
+    # Listed objects live as long as the data: freeze what survives each page, so the
+    # cyclic collector does not scan it again and again in a big sync.
+    source = KubeSource(apis_of(api_client), publish, on_page=gc.freeze, builder=builder)
+    task = life.start(source.run(), "source")
+    await _wait_for_sync(synced, task, config.startup_timeout)
+    return source
+
+
+async def start_http(
+    address: tuple[str, int], http: HttpServer, stack: contextlib.AsyncExitStack
+) -> None:
+    """Serve /health, /ready, /explain and /metrics until the stack closes."""
+    port = await http.start(*address)
+    stack.push_async_callback(http.stop)
+    log.info("serving /health, /ready, /explain and /metrics on %s:%d", address[0], port)
+
+
+def zones(config: ServeConfig) -> str:
+    """The zones served, as the "serving DNS" line lists them."""
+    return ", ".join(name_text(zone) for zone in config.resolver.zones)
+
+
+def raise_open_files_limit(config: ServeConfig) -> None:
     """Raise the soft limit on open files to the hard one, as Go programs (CoreDNS) do at start;
-    warn when even that leaves too few for the forwarded queries and TCP connections allowed."""
+    warn when even that leaves too few for the forwarded queries and TCP connections allowed
+    (the limit is per process: each worker of `--workers N` may use that many)."""
+    needed = config.tcp_max_connections + (config.max_concurrent if config.upstreams else 0)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
@@ -201,27 +225,28 @@ def raise_open_files_limit(needed: int) -> None:
         )
 
 
-async def _wait_for_sync(responder: Responder, task: asyncio.Task[None], timeout: float) -> None:
+async def _wait_for_sync(
+    synced: Callable[[], bool], task: asyncio.Task[None], timeout: float
+) -> None:
     """Like CoreDNS, wait up to `timeout` for the first full sync, then serve anyway."""
     deadline = time.monotonic() + timeout
-    while not responder.snapshot.synced and time.monotonic() < deadline and not task.done():
+    while not synced() and time.monotonic() < deadline and not task.done():
         await asyncio.sleep(0.05)
-    if not responder.snapshot.synced:
+    if not synced():
         log.warning("starting with unsynced Kubernetes data: names not found get SERVFAIL")
 
 
-async def _serve_dns(
+async def serve_dns(
     config: ServeConfig,
-    resolver_config: ResolverConfig,
     responder: Responder,
+    udp_sock: socket.socket,
+    tcp_sock: socket.socket,
     stack: contextlib.AsyncExitStack,
 ) -> int:
-    """Bind UDP and TCP on the same port; returns the port."""
+    """Answer on a bound UDP socket and a listening TCP socket until the stack closes; returns
+    their port."""
     loop = asyncio.get_running_loop()
-    family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
-    udp_sock, tcp_sock = _bind_pair(family, config.listen_host, config.listen_port)
-    port = int(udp_sock.getsockname()[1])
-    kind, stream = (UDP6, TCP6) if family == socket.AF_INET6 else (UDP4, TCP4)
+    kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
     udp, _ = await loop.create_datagram_endpoint(
         lambda: UdpProtocol(responder, kind), sock=udp_sock
     )
@@ -232,13 +257,14 @@ async def _serve_dns(
     )
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)
-    zones = ", ".join(name_text(zone) for zone in resolver_config.zones)
-    log.info("serving DNS on %s:%d (udp, tcp) for %s", config.listen_host, port, zones)
-    return port
+    return int(udp_sock.getsockname()[1])
 
 
-def _bind_pair(family: int, host: str, port: int) -> tuple[socket.socket, socket.socket]:
-    """A UDP and a TCP socket bound to one port. For port 0 the kernel picks the UDP port,
+def bind_pair(
+    family: int, host: str, port: int, reuse_port: bool = False, listen: bool = True
+) -> tuple[socket.socket, socket.socket]:
+    """A UDP and a TCP socket bound to one port (with `reuse_port`, a port other such sockets
+    share: the kernel spreads queries among them). For port 0 the kernel picks the UDP port,
     which TCP may already use: then try another, a bounded number of times."""
     for attempt in range(1 if port else 20):
         udp = socket.socket(family, socket.SOCK_DGRAM)
@@ -246,10 +272,13 @@ def _bind_pair(family: int, host: str, port: int) -> tuple[socket.socket, socket
         udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UDP_BUFFER_BYTES)
         tcp = socket.socket(family, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        for sock in (udp, tcp) if reuse_port else ():
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             udp.bind((host, port))
             tcp.bind((host, udp.getsockname()[1]))
-            tcp.listen(1024)
+            if listen:
+                tcp.listen(1024)
         except OSError:
             udp.close()
             tcp.close()

@@ -48,8 +48,12 @@ class Server(ServerProcess):
         self.host = ""
         self.port = 0
         source = ["--snapshot", str(snapshot)] if snapshot is not None else []
+        # One process unless a test asks for workers (the default follows the machine's CPUs).
+        workers = [] if any(arg.startswith("--workers") for arg in args) else ["--workers", "1"]
         super().__init__(
-            toposdns_command("serve", *source, "--listen", "127.0.0.1:0", "--lameduck", "0", *args)
+            toposdns_command(
+                "serve", *source, "--listen", "127.0.0.1:0", "--lameduck", "0", *workers, *args
+            )
         )
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:

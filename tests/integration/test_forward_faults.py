@@ -130,10 +130,12 @@ def test_tcp_broken_upstream_is_down_for_tcp_only_and_does_not_flap(
         assert_answers_in_zone(server)
 
 
-def test_a_loop_at_startup_stops_the_server_naming_the_upstream() -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_loop_at_startup_stops_the_server_naming_the_upstream(workers: str) -> None:
     port = free_port()
+    upstream = ("--upstream", f"127.0.0.1:{port}")
     server = Server(
-        FIXTURE_SNAPSHOT, ("--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{port}")
+        FIXTURE_SNAPSHOT, ("--listen", f"127.0.0.1:{port}", *upstream, "--workers", workers)
     )
     try:
         assert server.proc.wait(10) == 1

@@ -35,12 +35,12 @@ def api() -> Iterator[FakeApiServer]:
     server.stop()
 
 
-def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path, workers: str) -> None:
     api.fail_next("services", 500, count=4)  # holds the first sync back for a second or more
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    server = Server(
-        None, ("--kubeconfig", str(kubeconfig), "--http", "127.0.0.1:0", "--startup-timeout", "0.2")
-    )
+    options = ("--http", "127.0.0.1:0", "--startup-timeout", "0.2", "--workers", workers)
+    server = Server(None, ("--kubeconfig", str(kubeconfig), *options))
     try:
         server.wait_ready()
         http = int(server.wait_for_log(r"/metrics on 127\.0\.0\.1:(\d+)").group(1))

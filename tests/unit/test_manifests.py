@@ -873,7 +873,10 @@ def test_dns_container() -> None:
     assert options["--cache-max-ttl"] == "30"
     assert options["--loadbalance"] == ""
     assert "--autopath" not in options, "opt-in: kubeadm's Corefile has no autopath"
-    parsed = build_parser().parse_args(item["args"])  # every argument is one the server takes
+    # Every argument is one the server takes, once the kubelet has expanded `$(VAR)` from the
+    # container's environment (CPU_REQUEST is a whole number of CPUs).
+    expanded = [re.sub(r"\$\(CPU_REQUEST\)", "2", arg) for arg in item["args"]]
+    parsed = build_parser().parse_args(expanded)
     assert parsed.loadbalance and parsed.cache_max_ttl == 30
     assert "--snapshot" not in options, "in a cluster it watches the API"
     lameduck = duration_seconds(options["--lameduck"])
@@ -893,6 +896,12 @@ def test_dns_container() -> None:
         "requests": {"cpu": "100m", "memory": "70Mi"},
         "limits": {"memory": "170Mi"},
     }
+    # As many workers as CPUs requested, rounded up: the pod has no CPU limit, so the default
+    # (every CPU of the node) would not fit what it asked for.
+    workers = re.fullmatch(r"\$\((\w+)\)", options["--workers"])
+    assert workers, "--workers follows the CPU request"
+    (env,) = [var for var in item["env"] if var["name"] == workers.group(1)]
+    assert env["valueFrom"] == {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}
 
 
 def test_controller() -> None:

@@ -9,11 +9,9 @@ while no controller ran), and after that each key whose pod, node or locator cha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
-import signal
 import socket
 import time
 import uuid
@@ -26,6 +24,7 @@ from toposdns.controller.queue import TokenBucket, WorkQueue
 from toposdns.controller.state import WATCHED, ClusterState, Key
 from toposdns.controller.writer import LocatorWriter, NotLeader, Retry
 from toposdns.kube.client import Apis, apis_of, connect
+from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import CONTROLLER_QUEUE_DEPTH
 from toposdns.serve.http import HttpServer
 from toposdns.source.watch import Reflector, WatchSettings
@@ -187,8 +186,8 @@ async def run_controller(config: ControllerConfig) -> None:
     Raises ConnectError when the cluster cannot be reached at all, OSError when the HTTP
     address cannot be bound."""
     api_client = await connect(config.kubeconfig)
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(api_client.close)
+    async with Lifecycle() as life:
+        life.stack.push_async_callback(api_client.close)
         # Listed pods, nodes and locators live as long as the caches: freeze what survives
         # each page, so the cyclic collector does not scan it again and again in a big sync.
         controller = Controller(apis_of(api_client), config, on_page=gc.freeze)
@@ -196,7 +195,7 @@ async def run_controller(config: ControllerConfig) -> None:
         if config.http is not None:
             http = HttpServer(controller.not_ready)
             port = await http.start(*config.http)
-            stack.push_async_callback(http.stop)
+            life.stack.push_async_callback(http.stop)
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
         log.info(
             "controller %s: locators for pods and nodes, node locators and Lease %s in "
@@ -205,17 +204,11 @@ async def run_controller(config: ControllerConfig) -> None:
             config.lease.name,
             config.namespace,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        task = asyncio.create_task(controller.run(), name="controller")
-        waiter = asyncio.create_task(stop.wait())
-        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        failed = task.done() and not task.cancelled() and task.exception() is not None
-        log.info("shutting down")
-        await controller.stop(task)
-        if failed:
-            raise task.exception()  # type: ignore[misc]
+        life.catch_signals()
+        task = life.start(controller.run(), "controller")
+        try:
+            await life.main_loop()
+        finally:
+            log.info("shutting down")
+            await controller.stop(task)
         log.info("stopped")

@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
@@ -45,15 +45,18 @@ HEAD_END = b"\r\n\r\n"
 class HttpServer:
     """A small aiohttp server; `not_ready()` returns None when ready, else why not. With
     `serving`, which gives the snapshot and resolver options answers come from right now, it
-    serves /explain too."""
+    serves /explain too. `exposition` gives what /metrics answers (default: this process's
+    metrics)."""
 
     def __init__(
         self,
         not_ready: Callable[[], str | None],
         serving: Callable[[], tuple[Snapshot, ResolverConfig]] | None = None,
+        exposition: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         self.not_ready = not_ready
         self.serving = serving
+        self.exposition = exposition
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
@@ -121,7 +124,7 @@ class HttpServer:
         return web.Response(status=503, text=reason)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest()
+        body = generate_latest() if self.exposition is None else await self.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def explanation(self, request: web.Request) -> web.Response:

@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from struct import pack
 
 from toposdns.metrics import FORWARD_LOOPS
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, send_udp
 from toposdns.wire.codes import RD
+from toposdns.wire.decode import read_name
 
 log = logging.getLogger("toposdns")
 
@@ -52,6 +54,9 @@ class LoopGuard:
         self.probes: dict[bytes, Upstream] = {}
         self.looped: set[bytes] = set()
         self.reported: set[str] = set()
+        #: Told the question of each probe that comes back (a worker tells its supervisor,
+        #: which sent the probe).
+        self.on_probe: Callable[[bytes], None] | None = None
 
     def sending(self, upstream: Upstream, question: bytes) -> bytes:
         """A new random ID for a query to `upstream`, remembered with its question (the bytes
@@ -82,18 +87,29 @@ class LoopGuard:
             return True
         if question in self.probes:
             self.looped.add(question)
+            if self.on_probe is not None:
+                self.on_probe(question)
             return True
         return False
 
-    async def check(self, upstreams: tuple[Upstream, ...], server: str) -> None:
-        """Send a probe through every upstream; LoopError if one comes back to `server`."""
-        await asyncio.gather(*(self._check(upstream, server) for upstream in upstreams))
-
-    async def _check(self, upstream: Upstream, server: str) -> None:
+    def probe(self, upstream: Upstream) -> bytes:
+        """A new probe question (`<random>.<random>. HINFO`) for `upstream`, known as a probe
+        from now on, also to the processes forked after."""
         labels = (str(secrets.randbits(62)), str(secrets.randbits(62)))
         name = b"".join(bytes((len(label),)) + label.encode() for label in labels) + b"\x00"
         question = name + pack("!HH", HINFO, 1)
         self.probes[question] = upstream
+        return question
+
+    async def check(self, upstreams: tuple[Upstream, ...], server: str) -> None:
+        """Send a probe through every upstream; LoopError if one comes back to `server`."""
+        await self.send_probes({self.probe(upstream): upstream for upstream in upstreams}, server)
+
+    async def send_probes(self, probes: dict[bytes, Upstream], server: str) -> None:
+        """Send probes made with `probe`; LoopError if one comes back to this process."""
+        await asyncio.gather(*(self._check(q, upstream, server) for q, upstream in probes.items()))
+
+    async def _check(self, question: bytes, upstream: Upstream, server: str) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CHECK_PERIOD
         try:
@@ -110,10 +126,16 @@ class LoopGuard:
         finally:
             del self.probes[question]
         if question in self.looped:
-            raise LoopError(
-                f'Loop ({upstream} -> {server}) detected: the query "HINFO {".".join(labels)}." '
-                f"sent to upstream {upstream} came back to this server, so forwarded queries would "
-                "go round forever. Point --upstream (or the resolv.conf it comes from, e.g. "
-                f"kubelet's resolvConf) at a resolver that does not forward to toposdns; see "
-                f"{TROUBLESHOOTING}"
-            )
+            raise loop_error(upstream, question, server)
+
+
+def loop_error(upstream: Upstream, question: bytes, server: str) -> LoopError:
+    """The error that stops the server when the probe `question` came back through `upstream`."""
+    labels, _ = read_name(question, 0)
+    return LoopError(
+        f'Loop ({upstream} -> {server}) detected: the query "HINFO {".".join(labels)}." '
+        f"sent to upstream {upstream} came back to this server, so forwarded queries would "
+        "go round forever. Point --upstream (or the resolv.conf it comes from, e.g. "
+        f"kubelet's resolvConf) at a resolver that does not forward to toposdns; see "
+        f"{TROUBLESHOOTING}"
+    )

@@ -67,6 +67,7 @@ class KubeSource:
         settings: WatchSettings | None = None,
         clock: Callable[[], float] = time.time,
         on_page: Callable[[], None] | None = None,
+        builder: StoreBuilder | None = None,
     ) -> None:
         self.apis = apis
         self.publish = publish
@@ -74,7 +75,7 @@ class KubeSource:
         self.clock = clock
         #: Called after each list page (Reflector's `on_page`).
         self.on_page = on_page
-        self.builder = StoreBuilder()
+        self.builder = builder or StoreBuilder()
         self.synced: set[str] = set()
         self.serial = 0
         self._pending: asyncio.TimerHandle | None = None
@@ -139,6 +140,8 @@ class KubeSource:
 
     def flush(self) -> None:
         """Publish a snapshot now if anything changed."""
+        if self._pending is not None:
+            self._pending.cancel()  # when called before its time
         self._pending = None
         synced = self.is_synced
         if not self.builder.dirty and synced == self._published_synced:

@@ -1,0 +1,102 @@
+"""What the supervisor and its workers say to each other over their socket pair.
+
+One frozen dataclass per kind of message, pickled, after its length (4 bytes, big-endian).
+Both ends are the same program, forked from one process, so pickle is safe here; nothing from
+outside is ever unpickled. Messages on one socket arrive in the order they were sent, which is
+what keeps a worker's data in the supervisor's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from dataclasses import dataclass
+
+from prometheus_client import Metric
+
+from toposdns.store.journal import Operation
+from toposdns.store.snapshot import Snapshot
+
+# Supervisor -> worker
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Replay these changes of the supervisor's builder, then publish a snapshot (the cluster's
+    source). `batch` numbers the data messages, for `Applied`."""
+
+    batch: int
+    serial: int
+    synced: bool
+    operations: tuple[Operation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Serve this snapshot instead (a snapshot file reloaded)."""
+
+    batch: int
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """Send your metric families (`Families`)."""
+
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Shut down: keep answering for --lameduck seconds, or not at all if `now`."""
+
+    now: bool
+
+
+# Worker -> supervisor
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """The worker answers on the DNS port."""
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The worker serves the data of this batch."""
+
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Families:
+    """The worker's metric families, answering `Scrape(request)`."""
+
+    request: int
+    families: list[Metric]
+
+
+@dataclass(frozen=True, slots=True)
+class Looped:
+    """A forwarding loop probe (its question) came back to the worker."""
+
+    question: bytes
+
+
+Message = Changes | Replace | Scrape | Stop | Serving | Applied | Families | Looped
+
+
+def frame(message: Message) -> bytes:
+    """The bytes that carry a message."""
+    data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+    return len(data).to_bytes(4, "big") + data
+
+
+async def receive(reader: asyncio.StreamReader) -> Message | None:
+    """The next message; None when the other end has closed (its process has ended)."""
+    try:
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        message: Message = pickle.loads(await reader.readexactly(size))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    return message

@@ -1,0 +1,421 @@
+"""The supervisor of `toposdns serve --workers N`: one source, N workers, one --http port.
+
+- **startup**: the source starts (the snapshot file loaded, or the cluster listed, waiting up
+  to --startup-timeout as one process does); --http is served; the DNS port is reserved (bound
+  with SO_REUSEPORT and not listening, so that port 0 becomes a port every worker binds); then
+  the workers are forked, after the data is loaded, so that they start with it in copy-on-write
+  memory. Once each says it serves, the reservation is closed and the port announced.
+- **main loop**: each change the source publishes goes to every worker, in order: the store
+  builder's journal of changes for the cluster, the whole snapshot for a reloaded file. A worker
+  that ends is logged and forked again from the data as it is then. /ready is OK once the data
+  has synced and every worker serves the latest change; /metrics sums the workers' metrics and
+  the supervisor's own; /explain answers from the supervisor's data, the same as the workers'.
+- **shutdown**: /ready fails at once; the workers are told to stop and go on answering for
+  --lameduck seconds; the supervisor exits when all have. A second signal stops them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field, replace
+
+from prometheus_client import REGISTRY, Metric, generate_latest
+
+from toposdns.config import ServeConfig
+from toposdns.lifecycle import Lifecycle
+from toposdns.metrics import WORKER_RESTARTS
+from toposdns.serve.http import HttpServer
+from toposdns.serve.loop import LoopGuard, loop_error
+from toposdns.serve.upstream import Upstream
+from toposdns.server import (
+    bind_pair,
+    own_addresses,
+    raise_open_files_limit,
+    report_invalid_policies,
+    start_http,
+    start_source,
+    zones,
+)
+from toposdns.source.kube import KubeSource
+from toposdns.store.journal import JournaledBuilder
+from toposdns.store.snapshot import Snapshot
+from toposdns.workers.exposition import Sum, sample_total
+from toposdns.workers.messages import (
+    Applied,
+    Changes,
+    Families,
+    Looped,
+    Message,
+    Replace,
+    Scrape,
+    Serving,
+    Stop,
+    frame,
+    receive,
+)
+from toposdns.workers.worker import Start, fork_worker
+
+log = logging.getLogger("toposdns")
+
+#: How long the workers may take to bind the port at startup.
+START_TIMEOUT = 10.0
+#: A worker that ends sooner than this after its start is forked again only after this long.
+RESTART_DELAY = 1.0
+#: How long a /metrics scrape waits for the workers; a late one counts with its last figures.
+SCRAPE_TIMEOUT = 2.0
+#: How long a worker may take past the lameduck to exit before it is killed.
+EXIT_GRACE = 5.0
+#: A worker that lets this many bytes of changes queue up unread is stuck: it is killed (and
+#: forked again from the current data).
+MAX_UNREAD = 256 * 1024 * 1024
+
+
+class WorkerError(Exception):
+    """The workers could not be started."""
+
+
+@dataclass(eq=False)
+class Worker:
+    """The supervisor's side of one worker process."""
+
+    slot: int
+    pid: int
+    writer: asyncio.StreamWriter
+    started: float
+    #: The last batch of changes it serves.
+    applied: int
+    serving: bool = False
+    killed: bool = False
+    #: Its metric families as of the last scrape it answered.
+    families: list[Metric] = field(default_factory=list)
+    scrapes: dict[int, asyncio.Future[list[Metric]]] = field(default_factory=dict)
+
+    def send(self, data: bytes) -> None:
+        """Queue a framed message; kill the worker if it has stopped reading."""
+        self.writer.write(data)
+        if self.writer.transport.get_write_buffer_size() > MAX_UNREAD and not self.killed:
+            log.error("worker %d (pid %d) reads no more changes; killing it", self.slot, self.pid)
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: its channel closes, and it is reaped (and forked again) as any that died."""
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+async def supervise(config: ServeConfig) -> None:
+    """Run the source once and `config.workers` worker processes, until SIGTERM or SIGINT."""
+    await Supervisor(config).run()
+
+
+class Supervisor:
+    """The source, the workers, and the HTTP endpoints."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.resolver = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
+        self.life = Lifecycle()
+        #: What every worker serves, or will once it has applied the last batch.
+        self.current = Snapshot(synced=config.snapshot is not None)
+        self.builder = JournaledBuilder() if config.snapshot is None else None
+        self.source: KubeSource | None = None
+        self.batch = 0
+        self.port = config.listen_port
+        self.workers: dict[int, Worker] = {}
+        self.started = False
+        self.failure: str | None = None
+        #: Set when a worker starts serving or ends.
+        self.changed = asyncio.Event()
+        #: What workers that ended had counted, so that sums never go backwards.
+        self.retired = Sum()
+        self.requests = itertools.count(1)
+        self.loops = LoopGuard()
+        self.probes: dict[bytes, Upstream] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        config = self.config
+        raise_open_files_limit(config)
+        if config.upstreams:
+            log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
+        async with self.life as life:
+            self.source = await start_source(
+                config, life, self.publish, lambda: self.current.synced, self.builder
+            )
+            if config.http is not None:
+                http = HttpServer(
+                    self.not_ready, lambda: (self.current, self.resolver), self.exposition
+                )
+                await start_http(config.http, http, life.stack)
+            life.catch_signals()
+            family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
+            reserved = bind_pair(
+                family, config.listen_host, config.listen_port, reuse_port=True, listen=False
+            )
+            self.port = int(reserved[0].getsockname()[1])
+            life.stack.push_async_callback(self.end_workers)
+            self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
+            try:
+                for slot in range(1, config.workers + 1):
+                    await self.spawn(slot)
+                await self.until_serving()
+            finally:
+                for sock in reserved:
+                    sock.close()
+            self.started = True
+            log.info(
+                "serving DNS on %s:%d (udp, tcp) for %s (%d workers)",
+                config.listen_host,
+                self.port,
+                zones(config),
+                config.workers,
+            )
+            if self.probes:
+                # CoreDNS's `loop`: the probes go out from here; the worker one comes back to
+                # says so (a `Looped` message).
+                server = f"{config.listen_host}:{self.port}"
+                check = self.loops.send_probes(self.probes, server)
+                life.start(check, "loop check", ending=False)
+            await life.main_loop()
+            log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
+            await self.stop_workers()
+            log.info("stopped")
+
+    # ----- the data
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """The source's new snapshot: served by the supervisor, and sent to every worker."""
+        report_invalid_policies(self.current, snapshot)
+        previous, self.current = self.current, snapshot
+        self.batch += 1
+        message: Message
+        if self.builder is not None and snapshot.follows(previous):
+            operations = self.builder.take_journal()
+            message = Changes(self.batch, snapshot.serial, snapshot.synced, operations)
+        else:
+            message = Replace(self.batch, snapshot)
+        if self.workers:
+            self.broadcast(message)
+
+    def broadcast(self, message: Message) -> None:
+        data = frame(message)
+        for worker in list(self.workers.values()):
+            worker.send(data)
+
+    # ----- the workers
+
+    async def spawn(self, slot: int) -> None:
+        """Fork a worker from the data as it is now, and follow it."""
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        # From here to the fork nothing else runs: the worker starts from `self.current`
+        # exactly, and each later change reaches it as a message.
+        if self.source is not None and self.builder is not None:
+            self.source.flush()  # what the builder has, `self.current` has
+            self.builder.start_journal()
+        config, resolver, probes = self.config, self.resolver, self.probes
+        start = Start(slot, config, resolver, self.port, self.current, self.builder, probes)
+        try:
+            pid = fork_worker(start, theirs)
+        finally:
+            theirs.close()
+        worker = Worker(slot, pid, writer, time.monotonic(), self.batch)
+        self.workers[slot] = worker
+        task = asyncio.create_task(self.follow(worker, reader), name=f"worker {slot}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def follow(self, worker: Worker, reader: asyncio.StreamReader) -> None:
+        """Take a worker's messages until it ends; then reap it, and fork it again."""
+        try:
+            while (message := await receive(reader)) is not None:
+                self.handle(worker, message)
+        except Exception:
+            log.exception(
+                "worker %d (pid %d): a message that cannot be handled", worker.slot, worker.pid
+            )
+            worker.kill()
+        del self.workers[worker.slot]
+        worker.writer.close()
+        self.retired.add(worker.families, growing_only=True)
+        for scrape in worker.scrapes.values():
+            if not scrape.done():
+                scrape.set_result([])  # no need to wait for it
+        self.changed.set()
+        status = await _reap(worker.pid)
+        how = _how_it_ended(status)
+        if self.life.stopping:
+            if status != 0:
+                log.warning("worker %d (pid %d) %s", worker.slot, worker.pid, how)
+        elif not self.started:
+            self.failure = f"worker {worker.slot} (pid {worker.pid}) {how} before serving"
+            self.changed.set()
+        else:
+            WORKER_RESTARTS.inc()
+            log.warning("worker %d (pid %d) %s; starting it again", worker.slot, worker.pid, how)
+            if time.monotonic() - worker.started < RESTART_DELAY:
+                await asyncio.sleep(RESTART_DELAY)
+            await self.restart(worker.slot)
+
+    async def restart(self, slot: int) -> None:
+        """Fork a worker again, and keep trying (once a second) while the system refuses."""
+        failed = False
+        while not self.life.stopping:
+            try:
+                await self.spawn(slot)
+                return
+            except OSError as exc:
+                if not failed:
+                    log.error("worker %d: cannot start it again, retrying: %s", slot, exc)
+                failed = True
+                await asyncio.sleep(RESTART_DELAY)
+
+    def handle(self, worker: Worker, message: Message) -> None:
+        if isinstance(message, Applied):
+            worker.applied = message.batch
+        elif isinstance(message, Families):
+            scrape = worker.scrapes.pop(message.request, None)
+            if scrape is not None and not scrape.done():
+                scrape.set_result(message.families)
+        elif isinstance(message, Serving):
+            worker.serving = True
+            log.info("worker %d (pid %d) serving", worker.slot, worker.pid)
+            self.changed.set()
+        elif isinstance(message, Looped):
+            upstream = self.probes.get(message.question)
+            if upstream is not None:
+                server = f"{self.config.listen_host}:{self.port}"
+                self.life.fail(loop_error(upstream, message.question, server))
+
+    async def until_serving(self) -> None:
+        """Wait until every worker serves; WorkerError if one ends first, or too late."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while (
+            not all(worker.serving for worker in self.workers.values())
+            or len(self.workers) < self.config.workers
+        ):
+            if self.failure is not None:
+                raise WorkerError(f"{self.failure}; its error is in the lines above")
+            self.changed.clear()
+            remaining = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(self.changed.wait(), max(remaining, 0))
+            except TimeoutError:
+                raise WorkerError(
+                    f"the workers did not all serve within {START_TIMEOUT:g}s"
+                ) from None
+
+    async def stop_workers(self) -> None:
+        """Tell the workers to stop after the lameduck (at once on a second signal), and wait
+        until they have."""
+        self.broadcast(Stop(now=False))
+        gone = asyncio.create_task(self._all_gone())
+        again = asyncio.create_task(self.life.again.wait())
+        await asyncio.wait(
+            {gone, again},
+            timeout=self.config.lameduck + EXIT_GRACE,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if again.done() and not gone.done():
+            self.broadcast(Stop(now=True))
+            await asyncio.wait({gone}, timeout=EXIT_GRACE)
+        again.cancel()
+        gone.cancel()
+
+    async def end_workers(self) -> None:
+        """At the very end (a failure included): stop every worker at once, kill the slow."""
+        self.life.stopping = True
+        self.broadcast(Stop(now=True))
+        try:
+            await asyncio.wait_for(self._all_gone(), EXIT_GRACE)
+        except TimeoutError:
+            for worker in self.workers.values():
+                worker.kill()
+            if self.tasks:
+                await asyncio.wait(self.tasks, timeout=EXIT_GRACE)
+
+    async def _all_gone(self) -> None:
+        while self.workers:
+            self.changed.clear()
+            await self.changed.wait()
+
+    # ----- HTTP
+
+    def not_ready(self) -> str | None:
+        """/ready: None when the data has synced and every worker serves the latest."""
+        if self.life.stopping:
+            return "Shutting down"
+        if not self.current.synced:
+            return "kubernetes"
+        behind = [
+            str(slot)
+            for slot in range(1, self.config.workers + 1)
+            if (worker := self.workers.get(slot)) is None
+            or not worker.serving
+            or worker.applied < self.batch
+        ]
+        return f"workers not serving the latest data: {', '.join(behind)}" if behind else None
+
+    async def exposition(self) -> bytes:
+        """/metrics: the supervisor's metrics and every worker's, summed, and each worker's
+        request count apart (`toposdns_worker_requests_total{worker}`)."""
+        loop = asyncio.get_running_loop()
+        scrapes: dict[Worker, tuple[int, asyncio.Future[list[Metric]]]] = {}
+        for worker in list(self.workers.values()):
+            request = next(self.requests)
+            scrapes[worker] = request, loop.create_future()
+            worker.scrapes[request] = scrapes[worker][1]
+            worker.send(frame(Scrape(request)))
+        if scrapes:
+            await asyncio.wait([future for _, future in scrapes.values()], timeout=SCRAPE_TIMEOUT)
+        summed = Sum()
+        summed.add(REGISTRY.collect())
+        summed.add(self.retired.collect())
+        per_worker = Metric(
+            "toposdns_worker_requests",
+            "DNS requests each worker process answered since it started.",
+            "counter",
+        )
+        for worker, (request, scrape) in scrapes.items():
+            worker.scrapes.pop(request, None)
+            if self.workers.get(worker.slot) is not worker:
+                continue  # it has ended: what it counted is in `retired`
+            if scrape.done():
+                worker.families = scrape.result()
+            summed.add(worker.families)
+            total = sample_total(worker.families, "coredns_dns_requests_total")
+            per_worker.add_sample(
+                "toposdns_worker_requests_total", {"worker": str(worker.slot)}, total
+            )
+        summed.add([per_worker])
+        return generate_latest(summed)
+
+
+async def _reap(pid: int) -> int:
+    """Wait for a worker whose channel has closed to end (killing it if it does not end
+    soon); its wait status."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + EXIT_GRACE
+    while loop.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        await asyncio.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def _how_it_ended(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with status {code}"
