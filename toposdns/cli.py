@@ -14,25 +14,11 @@ from toposdns.config import (
     DEFAULT_RESOLV_CONF,
     POD_MODES,
     ConfigError,
-    ServeConfig,
-    check_max_concurrent,
-    check_ttl,
-    check_workers,
-    parse_cache,
-    parse_duration,
-    parse_fallthrough,
-    parse_listen,
-    parse_networks,
-    parse_search_domains,
-    parse_size,
-    parse_upstreams,
-    parse_zones,
+    resolver_config,
+    serve_config,
 )
 from toposdns.logs import configure_logging
-from toposdns.resolve.resolver import ResolverConfig
-from toposdns.serve.forward import Upstream, resolv_conf_upstreams
 from toposdns.source.snapshot_file import SnapshotError
-from toposdns.wire.codes import Name
 
 log = logging.getLogger("toposdns")
 
@@ -324,47 +310,6 @@ def _add_answer_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolver_config(args: argparse.Namespace) -> ResolverConfig:
-    """The answer options shared by `serve` and `explain`."""
-    zones, primary = parse_zones(args.zone)
-    if args.autopath_resolv_conf is not None and not args.autopath:
-        raise ConfigError("--autopath-resolv-conf: only read with --autopath; add --autopath")
-    return ResolverConfig(
-        zones=zones,
-        ttl=check_ttl(args.ttl),
-        pods=args.pods,
-        endpoint_pod_names=args.endpoint_pod_names,
-        namespaces=frozenset(ns.strip() for ns in args.namespaces.split(",") if ns.strip()),
-        primary_zone=primary,
-        fallthrough=parse_fallthrough(args.fallthrough, zones),
-        autopath=args.autopath,
-        autopath_search=read_search_domains(args.autopath_resolv_conf) if args.autopath else (),
-    )
-
-
-#: A resolv.conf is a few lines; reading more than this is a mistake in the path.
-MAX_RESOLV_CONF_BYTES = 65536
-
-
-def read_search_domains(path: Path | None) -> tuple[Name, ...]:
-    """The node's search domains for --autopath. A missing default file gives none, as in
-    CoreDNS; a file named on the command line must be readable."""
-    try:
-        with open(path or DEFAULT_RESOLV_CONF, "rb") as file:
-            data = file.read(MAX_RESOLV_CONF_BYTES + 1)
-    except OSError as exc:
-        if path is None:
-            return ()
-        raise ConfigError(
-            f"--autopath-resolv-conf {path}: cannot read it ({exc.strerror or exc}); "
-            "name the node's resolv.conf"
-        ) from None
-    source = str(path or DEFAULT_RESOLV_CONF)
-    if len(data) > MAX_RESOLV_CONF_BYTES:
-        raise ConfigError(f"{source}: larger than {MAX_RESOLV_CONF_BYTES} bytes: not a resolv.conf")
-    return parse_search_domains(data.decode("latin-1"), source)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = build_parser().parse_args(argv)
@@ -398,46 +343,15 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _upstreams(args: argparse.Namespace) -> tuple[Upstream, ...]:
-    if args.upstream is not None:
-        return parse_upstreams(args.upstream)
-    if args.snapshot is not None:
-        return ()  # a snapshot is a closed world: a demo or a test must not reach out
-    return tuple(resolv_conf_upstreams())
-
-
 def _serve(args: argparse.Namespace) -> int:
     from toposdns.kube.client import ConnectError
     from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
-    from toposdns.workers.cpus import usable_cpus
     from toposdns.workers.supervisor import WorkerError
 
     configure_logging(args.log_level, args.log_format)
     try:
-        host, port = parse_listen(args.listen)
-        config = ServeConfig(
-            snapshot=args.snapshot,
-            snapshot_max_bytes=parse_size(args.snapshot_max_bytes, "--snapshot-max-bytes"),
-            listen_host=host,
-            listen_port=port,
-            resolver=resolver_config(args),
-            ecs_trust=parse_networks(args.ecs_trust),
-            tcp_idle_timeout=args.tcp_idle_timeout,
-            tcp_read_timeout=args.tcp_read_timeout,
-            tcp_max_connections=args.tcp_max_connections,
-            http=parse_listen(args.http, "--http") if args.http else None,
-            kubeconfig=args.kubeconfig,
-            startup_timeout=args.startup_timeout,
-            upstreams=_upstreams(args),
-            lameduck=parse_duration(args.lameduck, "--lameduck"),
-            max_concurrent=check_max_concurrent(args.max_concurrent),
-            cache=parse_cache(
-                args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
-            ),
-            loadbalance=args.loadbalance,
-            workers=check_workers(usable_cpus() if args.workers is None else args.workers),
-        )
+        config = serve_config(args)
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
         return 2
@@ -463,40 +377,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _controller(args: argparse.Namespace) -> int:
     from toposdns.controller.app import run_controller
-    from toposdns.controller.config import (
-        ControllerConfig,
-        LabelFilter,
-        LeaseSettings,
-        check_lease,
-        check_namespace,
-        check_rate,
-        parse_label_keys,
-        parse_label_prefixes,
-    )
+    from toposdns.controller.config import controller_config
     from toposdns.kube.client import ConnectError
     from toposdns.server import run
 
     configure_logging(args.log_level, args.log_format)
     try:
-        config = ControllerConfig(
-            namespace=check_namespace(args.namespace),
-            labels=LabelFilter(
-                parse_label_keys(args.node_label_keys),
-                parse_label_prefixes(args.node_label_prefixes),
-            ),
-            lease=check_lease(
-                LeaseSettings(
-                    name=args.lease_name,
-                    duration=parse_duration(args.lease_duration, "--lease-duration"),
-                    renew_deadline=parse_duration(args.renew_deadline, "--renew-deadline"),
-                    retry_period=parse_duration(args.retry_period, "--retry-period"),
-                )
-            ),
-            identity=args.identity,
-            writes_per_second=check_rate(args.writes_per_second),
-            http=parse_listen(args.http, "--http"),
-            kubeconfig=args.kubeconfig,
-        )
+        config = controller_config(args)
     except ConfigError as exc:
         print(f"toposdns controller: {exc}", file=sys.stderr)
         return 2

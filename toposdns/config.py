@@ -1,15 +1,22 @@
-"""Validated settings for the server, built from the command line; no I/O here."""
+"""Validated settings for the server, built from its parsed command line.
+
+Every option is checked here, with a message that says what to do; `cli.py` only parses and
+reports. The only files read are the small ones options name: resolv.conf for upstreams and
+search domains.
+"""
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
-from toposdns.serve.forward import Upstream
+from toposdns.serve.forward import Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.wire.codes import Name
+from toposdns.workers.cpus import usable_cpus
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
 POD_MODES = ("disabled", "insecure", "verified")
@@ -309,3 +316,94 @@ def parse_domain(text: str, option: str) -> Name:
     if any(not label or len(label) > 63 for label in labels):
         raise ConfigError(f"{option}: {text!r} is not a domain name")
     return labels
+
+
+def resolver_config(args: argparse.Namespace) -> ResolverConfig:
+    """The answer options shared by `serve` and `explain`."""
+    zones, primary = parse_zones(args.zone)
+    if args.autopath_resolv_conf is not None and not args.autopath:
+        raise ConfigError("--autopath-resolv-conf: only read with --autopath; add --autopath")
+    return ResolverConfig(
+        zones=zones,
+        ttl=check_ttl(args.ttl),
+        pods=args.pods,
+        endpoint_pod_names=args.endpoint_pod_names,
+        namespaces=frozenset(ns.strip() for ns in args.namespaces.split(",") if ns.strip()),
+        primary_zone=primary,
+        fallthrough=parse_fallthrough(args.fallthrough, zones),
+        autopath=args.autopath,
+        autopath_search=read_search_domains(args.autopath_resolv_conf) if args.autopath else (),
+    )
+
+
+#: A resolv.conf is a few lines; reading more than this is a mistake in the path.
+MAX_RESOLV_CONF_BYTES = 65536
+
+
+def read_search_domains(path: Path | None) -> tuple[Name, ...]:
+    """The node's search domains for --autopath. A missing default file gives none, as in
+    CoreDNS; a file named on the command line must be readable."""
+    try:
+        with open(path or DEFAULT_RESOLV_CONF, "rb") as file:
+            data = file.read(MAX_RESOLV_CONF_BYTES + 1)
+    except OSError as exc:
+        if path is None:
+            return ()
+        raise ConfigError(
+            f"--autopath-resolv-conf {path}: cannot read it ({exc.strerror or exc}); "
+            "name the node's resolv.conf"
+        ) from None
+    source = str(path or DEFAULT_RESOLV_CONF)
+    if len(data) > MAX_RESOLV_CONF_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_RESOLV_CONF_BYTES} bytes: not a resolv.conf")
+    return parse_search_domains(data.decode("latin-1"), source)
+
+
+def upstreams_of(args: argparse.Namespace) -> tuple[Upstream, ...]:
+    """--upstream, or with none the nameservers of resolv.conf (none with --snapshot)."""
+    if args.upstream is not None:
+        return parse_upstreams(args.upstream)
+    if args.snapshot is not None:
+        return ()  # a snapshot is a closed world: a demo or a test must not reach out
+    return tuple(resolv_conf_upstreams())
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """`toposdns serve`'s settings from its parsed command line, every one validated."""
+    host, port = parse_listen(args.listen)
+    return ServeConfig(
+        snapshot=args.snapshot,
+        snapshot_max_bytes=parse_size(args.snapshot_max_bytes, "--snapshot-max-bytes"),
+        listen_host=host,
+        listen_port=port,
+        resolver=resolver_config(args),
+        ecs_trust=parse_networks(args.ecs_trust),
+        tcp_idle_timeout=check_seconds("--tcp-idle-timeout", args.tcp_idle_timeout),
+        tcp_read_timeout=check_seconds("--tcp-read-timeout", args.tcp_read_timeout),
+        tcp_max_connections=check_count("--tcp-max-connections", args.tcp_max_connections),
+        http=parse_listen(args.http, "--http") if args.http else None,
+        kubeconfig=args.kubeconfig,
+        startup_timeout=check_seconds("--startup-timeout", args.startup_timeout, low=0.0),
+        upstreams=upstreams_of(args),
+        lameduck=parse_duration(args.lameduck, "--lameduck"),
+        max_concurrent=check_max_concurrent(args.max_concurrent),
+        cache=parse_cache(
+            args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
+        ),
+        loadbalance=args.loadbalance,
+        workers=check_workers(usable_cpus() if args.workers is None else args.workers),
+    )
+
+
+def check_seconds(option: str, value: float, low: float = 0.001, high: float = 3600.0) -> float:
+    """A time in seconds within sane bounds, as `--ttl` is checked."""
+    if not low <= value <= high:
+        raise ConfigError(f"{option} {value:g}: must be between {low:g} and {high:g} seconds")
+    return value
+
+
+def check_count(option: str, value: int, low: int = 1, high: int = 1_000_000) -> int:
+    """A count within sane bounds."""
+    if not low <= value <= high:
+        raise ConfigError(f"{option} {value}: must be between {low} and {high}")
+    return value

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import toposdns.cli as cli
+import toposdns.config as config
 from toposdns.cli import main
 from toposdns.config import (
     ConfigError,
@@ -60,18 +60,18 @@ def test_search_domains_are_checked() -> None:
 
 def test_resolv_conf_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A missing default file gives no search domains, as CoreDNS; a named one must be there.
-    monkeypatch.setattr(cli, "DEFAULT_RESOLV_CONF", tmp_path / "missing")
-    assert cli.read_search_domains(None) == ()
+    monkeypatch.setattr(config, "DEFAULT_RESOLV_CONF", tmp_path / "missing")
+    assert config.read_search_domains(None) == ()
     with pytest.raises(ConfigError, match="cannot read it"):
-        cli.read_search_domains(tmp_path / "missing")
+        config.read_search_domains(tmp_path / "missing")
     huge = tmp_path / "huge"
     huge.write_text("#" * 70000)
     with pytest.raises(ConfigError, match="larger than 65536 bytes"):
-        cli.read_search_domains(huge)
+        config.read_search_domains(huge)
     node = tmp_path / "resolv.conf"
     node.write_text("search Corp.Example\n")
-    monkeypatch.setattr(cli, "DEFAULT_RESOLV_CONF", node)
-    assert cli.read_search_domains(None) == (("corp", "example"),)
+    monkeypatch.setattr(config, "DEFAULT_RESOLV_CONF", node)
+    assert config.read_search_domains(None) == (("corp", "example"),)
 
 
 # `cache` of CoreDNS (plugin/cache/setup_test.go TestSetup), as toposdns's flags:
@@ -158,3 +158,19 @@ def test_serve_checks_forwarding_flags_before_starting(
     else:  # `disable success` with no zones: everywhere
         assert code == 0 and len(started) == 1
         started[0].close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--tcp-idle-timeout", "0", "--tcp-idle-timeout 0: must be between 0.001 and 3600 seconds"),
+        ("--tcp-read-timeout", "-1", "--tcp-read-timeout -1: must be between"),
+        ("--startup-timeout", "99999", "--startup-timeout 99999: must be between 0 and 3600"),
+        ("--tcp-max-connections", "0", "--tcp-max-connections 0: must be between 1 and"),
+    ],
+)
+def test_numeric_options_are_checked(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--snapshot", "examples/cluster.yaml", option, value]) == 2
+    assert message in capsys.readouterr().err

@@ -157,7 +157,7 @@ def test_our_own_query_coming_back_is_not_forwarded_again() -> None:
     async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
         data = query("loop.example.", 9)
         end = question_end(data)
-        qid = forwarder.loops.sending(forwarder.upstreams[0], data[12:end])
+        qid = forwarder.loops.sending(forwarder.upstreams[0].upstream, data[12:end])
         assert await forwarder.forward(qid + data[2:], False, 512) == SERVFAIL
         assert upstream.queries == []
         forwarder.loops.answered(qid, data[12:end])
@@ -183,8 +183,8 @@ def test_running_out_of_sockets_is_not_the_upstreams_fault(monkeypatch: pytest.M
 
 def test_health_is_kept_per_transport() -> None:
     async def test() -> None:
-        upstream = Upstream("127.0.0.1", 9)  # the discard port: nothing answers DNS there
-        forwarder = Forwarder([upstream], timeout=0.1)
+        forwarder = Forwarder([Upstream("127.0.0.1", 9)], timeout=0.1)  # the discard port
+        (upstream,) = forwarder.upstreams
         for _ in range(2):
             upstream.failed(True, UpstreamError("closed", "closed the connection"))
         assert upstream.tcp.down and not upstream.udp.down

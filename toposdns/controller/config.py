@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toposdns.config import ConfigError
+from toposdns.config import ConfigError, parse_duration, parse_listen
 from toposdns.kube.names import is_dns_label, is_dns_subdomain, qualified_name_errors
 
 #: The node labels topology needs, copied by default.
@@ -149,3 +150,26 @@ def check_rate(rate: float) -> float:
     if rate < 0:
         raise ConfigError(f"--writes-per-second {rate:g}: must be positive (or 0: no limit)")
     return rate
+
+
+def controller_config(args: argparse.Namespace) -> ControllerConfig:
+    """`toposdns controller`'s settings from its parsed command line, every one validated."""
+    return ControllerConfig(
+        namespace=check_namespace(args.namespace),
+        labels=LabelFilter(
+            parse_label_keys(args.node_label_keys),
+            parse_label_prefixes(args.node_label_prefixes),
+        ),
+        lease=check_lease(
+            LeaseSettings(
+                name=args.lease_name,
+                duration=parse_duration(args.lease_duration, "--lease-duration"),
+                renew_deadline=parse_duration(args.renew_deadline, "--renew-deadline"),
+                retry_period=parse_duration(args.retry_period, "--retry-period"),
+            )
+        ),
+        identity=args.identity,
+        writes_per_second=check_rate(args.writes_per_second),
+        http=parse_listen(args.http, "--http"),
+        kubeconfig=args.kubeconfig,
+    )

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from struct import pack
 
 import dnslib
@@ -47,6 +47,7 @@ from toposdns.serve.upstream import (
     LocalError,
     Upstream,
     UpstreamError,
+    UpstreamHealth,
     check_reply,
     send_tcp,
     send_udp,
@@ -85,13 +86,13 @@ class Forwarder:
 
     def __init__(
         self,
-        upstreams: list[Upstream],
+        upstreams: Sequence[Upstream],
         timeout: float = 2.0,
         max_concurrent: int = MAX_CONCURRENT,
         cache: CacheSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.upstreams = upstreams
+        self.upstreams = [UpstreamHealth(upstream) for upstream in upstreams]
         self.timeout = timeout
         self.max_concurrent = max_concurrent
         self.clock = clock
@@ -212,7 +213,7 @@ class Forwarder:
                 return self.cache.store(key, reply, message)
         return failure
 
-    def order(self, tcp: bool) -> list[Upstream]:
+    def order(self, tcp: bool) -> list[UpstreamHealth]:
         """The upstreams healthy over this transport, shuffled; all of them if none is."""
         healthy = [u for u in self.upstreams if not u.health(tcp).down]
         if not healthy:
@@ -222,16 +223,22 @@ class Forwarder:
         return healthy
 
     async def _exchange(
-        self, upstream: Upstream, data: bytes, end: int, tcp: bool, limit: int, deadline: float
+        self,
+        upstream: UpstreamHealth,
+        data: bytes,
+        end: int,
+        tcp: bool,
+        limit: int,
+        deadline: float,
     ) -> tuple[bytes, dnslib.DNSRecord]:
         """One try with one upstream: the checked reply and its parse."""
         loop = asyncio.get_running_loop()
         question = data[HEADER_SIZE:end]
-        qid = self.loops.sending(upstream, question)
+        qid = self.loops.sending(upstream.upstream, question)
         query = qid + data[2:]
         try:
             timeout = min(self.timeout, deadline - loop.time())
-            reply = await (send_tcp if tcp else send_udp)(upstream, query, timeout)
+            reply = await (send_tcp if tcp else send_udp)(upstream.upstream, query, timeout)
             message = check_reply(query, reply)
             if tcp or not reply[2] & TC >> 8:
                 return reply, message
@@ -241,7 +248,7 @@ class Forwarder:
             if timeout <= 0:
                 return reply, message
             try:
-                whole = await send_tcp(upstream, query, timeout)
+                whole = await send_tcp(upstream.upstream, query, timeout)
                 whole_message = check_reply(query, whole)
             except LocalError:
                 return reply, message

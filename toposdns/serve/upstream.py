@@ -82,17 +82,28 @@ class Health:
         return self.fails >= MAX_FAILS
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Upstream:
-    """One upstream server and its health over UDP and over TCP."""
+    """An upstream server, as the configuration names it."""
 
     host: str
     port: int = 53
-    udp: Health = field(default_factory=Health, compare=False, repr=False)
-    tcp: Health = field(default_factory=Health, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(eq=False)
+class UpstreamHealth:
+    """An upstream as a forwarder uses it: its health over UDP and over TCP, and the probes that
+    run while it fails. (Kept apart from `Upstream`, which the frozen configuration holds.)"""
+
+    upstream: Upstream
+    udp: Health = field(default_factory=Health, repr=False)
+    tcp: Health = field(default_factory=Health, repr=False)
+
+    def __str__(self) -> str:
+        return str(self.upstream)
 
     def health(self, tcp: bool) -> Health:
         return self.tcp if tcp else self.udp
@@ -141,7 +152,8 @@ class Upstream:
                 query = pack("!6H", secrets.randbits(16), RD, 1, 0, 0, 0) + HEALTH_QUESTION
                 try:
                     check_reply(
-                        query, await (send_tcp if tcp else send_udp)(self, query, HEALTH_TIMEOUT)
+                        query,
+                        await (send_tcp if tcp else send_udp)(self.upstream, query, HEALTH_TIMEOUT),
                     )
                 except LocalError:
                     pass  # not the upstream's doing: ask again later
