@@ -102,7 +102,7 @@ def decode_query(data: bytes) -> Query:
             if rtype == OPT and index >= ancount + nscount:
                 if edns is not None:
                     raise ValueError("more than one OPT record")
-                edns = Edns(rclass, ttl, read_options(rdata))
+                edns = Edns(rclass, ttl, split_options(rdata))
         ecs = None
         if edns is not None:
             for code, value in edns.options:
@@ -203,11 +203,13 @@ def read_client_subnet(value: bytes) -> ClientSubnet:
     return ClientSubnet(family, source_prefix, address, raw)
 
 
-def read_options(rdata: bytes) -> tuple[tuple[int, bytes], ...]:
+def split_options(rdata: bytes) -> tuple[tuple[int, bytes], ...]:
     """Split OPT rdata into (code, data) options."""
     options = []
     offset = 0
     while offset < len(rdata):
+        if offset + 4 > len(rdata):
+            raise ValueError("EDNS option shorter than its code and length")
         code, length = unpack_from("!HH", rdata, offset)
         value = rdata[offset + 4 : offset + 4 + length]
         if len(value) != length:

@@ -9,12 +9,10 @@ they are read on their own (`read_options`) and the reply's OPT record is splice
 
 from __future__ import annotations
 
-import ipaddress
-from socket import AF_INET, AF_INET6, inet_ntop
-from struct import error as StructError
-from struct import pack, unpack_from
+from struct import pack
 
 from toposdns.wire.codes import CLIENT_SUBNET, COOKIE, EXPIRE, NSID, PADDING, TCP_KEEPALIVE
+from toposdns.wire.decode import read_client_subnet, split_options
 
 _ONE_QUESTION = b"\x00\x01\x00\x00\x00\x00\x00\x00"
 _ONE_QUESTION_OPT = b"\x00\x01\x00\x00\x00\x00\x00\x01"
@@ -74,64 +72,26 @@ NO_OPTIONS = EchoedOptions(b"", b"", None)
 
 
 def read_options(options: bytes) -> EchoedOptions:
-    """Read the OPT record's options; ValueError when they are malformed (FORMERR)."""
-    try:
-        return _read_options(options)
-    except StructError:
-        raise ValueError("EDNS option shorter than its header") from None
-
-
-def _read_options(options: bytes) -> EchoedOptions:
+    """What a reply echoes of an OPT record's options; ValueError when they are malformed
+    (FORMERR), as the full decoder reads them. Callers remember the result per options."""
     echoed = []
     subnet = None
-    offset = 0
-    while offset < len(options):
-        code, length = unpack_from("!HH", options, offset)
-        value = options[offset + 4 : offset + 4 + length]
-        if len(value) != length:
-            raise ValueError("EDNS option runs past the end of the OPT record")
+    for code, value in split_options(options):
         if code in ECHOED_OPTIONS:
-            echoed.append(options[offset : offset + 4 + length])
+            echoed.append(pack("!HH", code, len(value)) + value)
         elif code == CLIENT_SUBNET:
-            subnet = value  # the last one counts, as the full decoder reads them
-            check_client_subnet(value)
-        offset += 4 + length
+            subnet = read_client_subnet(value)  # the last one counts
     plain = b"".join(echoed)
     if subnet is None:
         return EchoedOptions(plain, plain, None)
-    family, source_prefix = unpack_from("!HB", subnet)
-    raw = subnet[4:]
-    head = pack("!HHHB", CLIENT_SUBNET, len(subnet), family, source_prefix)
-    address = subnet_address(family, raw)
-    return EchoedOptions(
-        plain + head + b"\x00" + raw,
-        plain + head + bytes((source_prefix,)) + raw,
-        (address, source_prefix),
+    head = pack(
+        "!HHHB", CLIENT_SUBNET, 4 + len(subnet.raw_address), subnet.family, subnet.source_prefix
     )
-
-
-def check_client_subnet(value: bytes) -> None:
-    """ValueError for what RFC 7871 §7.1.1 answers with FORMERR."""
-    family, source_prefix, scope_prefix = unpack_from("!HBB", value)
-    if family not in (1, 2):
-        raise ValueError(f"ECS family {family} is neither IPv4 (1) nor IPv6 (2)")
-    raw = value[4:]
-    if source_prefix > (32 if family == 1 else 128) or scope_prefix != 0:
-        raise ValueError("ECS prefix lengths out of range")
-    if len(raw) != (source_prefix + 7) // 8:
-        raise ValueError("ECS address longer or shorter than its source prefix")
-    if raw and source_prefix % 8 and raw[-1] & (0xFF >> (source_prefix % 8)):
-        raise ValueError("ECS address has bits set past its source prefix")
-
-
-def subnet_address(family: int, raw: bytes) -> str:
-    """The canonical text of a Client Subnet address (zero-padded), as the locators key it."""
-    if family == 1:
-        return inet_ntop(AF_INET, raw + bytes(4 - len(raw)))
-    padded = raw + bytes(16 - len(raw))
-    text = inet_ntop(AF_INET6, padded)
-    # inet_ntop writes IPv4-mapped addresses with a dotted tail; ipaddress does not.
-    return str(ipaddress.IPv6Address(padded)) if "." in text else text
+    return EchoedOptions(
+        plain + head + b"\x00" + subnet.raw_address,
+        plain + head + bytes((subnet.source_prefix,)) + subnet.raw_address,
+        (subnet.address, subnet.source_prefix),
+    )
 
 
 def splice_options(reply: bytes, rdata: bytes) -> bytes:
