@@ -73,7 +73,11 @@ CLIENT = "127.0.0.2"
 ECS_TRUST = "127.0.0.0/8"
 SCENARIOS = ("repeated", "distinct", "ecs", "cookie")
 #: toposdns variants measured against the plain one in the repeated scenario.
-VARIANTS = {"toposdns-topology": "topology filtering on", "toposdns-metrics": "metrics on"}
+VARIANTS = {
+    "toposdns-topology": "topology filtering on",
+    "toposdns-metrics": "metrics on",
+    "toposdns-loadbalance": "--loadbalance on",
+}
 SERVERS = ("knot", "toposdns", *VARIANTS, "toposdns-ecs")
 
 
@@ -322,6 +326,7 @@ def server_commands(
         "toposdns-topology": toposdns("snapshot-topology.json", base + 2),
         "toposdns-metrics": toposdns("snapshot.json", base + 3, "--http", f"{HOST}:{base + 4}"),
         "toposdns-ecs": toposdns("snapshot-ecs.json", base + 5, "--ecs-trust", ECS_TRUST),
+        "toposdns-loadbalance": toposdns("snapshot.json", base + 6, "--loadbalance"),
     }
 
 
