@@ -178,6 +178,7 @@ async def start_source(
     if config.snapshot is not None:
         files = SnapshotFileSource(config.snapshot, publish, max_bytes=config.snapshot_max_bytes)
         publish(files.load())
+        gc.freeze()  # the data lives long: the cyclic collector need not walk it again and again
         life.start(files.watch(), "source")
         return None
     api_client = await connect(config.kubeconfig)
