@@ -249,3 +249,29 @@ def test_the_api_server_sees_one_client(api: FakeApiServer, tmp_path: Path) -> N
     alone = api_requests(api, tmp_path, "1")
     assert alone[("GET", "services", "watch")] == 1
     assert api_requests(api, tmp_path, "2") == alone
+
+
+def test_workers_forked_before_the_first_sync_start_again_from_it(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    # Forked before the sync, workers get the rest of the data as messages: a copy each. Once
+    # synced, the supervisor forks them again from the data, so that they share it.
+    api.fail_next("services", 500, count=4)  # holds the first sync back past the timeout
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    options = ("--startup-timeout", "0.2", "--workers", "2", "--lameduck", "0.5")
+    server = Server(None, ("--kubeconfig", str(kubeconfig), *options))
+    try:
+        server.wait_ready()
+        first = worker_pids(server)
+        server.wait_for_log(r"first sync done: starting the workers again", timeout=15)
+        assert wait_until(
+            lambda: all(worker_pids(server).get(slot) not in (None, first[slot]) for slot in first),
+            timeout=15,
+        ), server.log()
+        query = dns.message.make_query(WEB, "A")
+        assert wait_until(
+            lambda: all(addresses(udp(server, query)) == {"10.96.0.5"} for _ in range(8)), 5
+        )
+        assert "starting it again" not in server.log()  # not counted as workers that died
+    finally:
+        assert server.stop(STOP_TIMEOUT) == 0, server.log()

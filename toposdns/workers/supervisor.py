@@ -93,6 +93,8 @@ class Worker:
     applied: int
     serving: bool = False
     killed: bool = False
+    #: Told to stop so that it starts again from the first synced data (`Supervisor.renew`).
+    renewing: bool = False
     #: Its metric families as of the last scrape it answered.
     families: list[Metric] = field(default_factory=list)
     scrapes: dict[int, asyncio.Future[list[Metric]]] = field(default_factory=dict)
@@ -204,6 +206,10 @@ class Supervisor:
             message = Replace(self.batch, snapshot)
         if self.workers:
             self.broadcast(message)
+            if snapshot.synced and not previous.synced:
+                # Forked before the first sync, the workers were sent the rest of the data:
+                # a copy each. Forked again from it, they share it (copy-on-write).
+                self.life.start(self.renew(), "renewal", ending=False)
 
     def broadcast(self, message: Message) -> None:
         data = frame(message)
@@ -258,12 +264,32 @@ class Supervisor:
         elif not self.started:
             self.failure = f"worker {worker.slot} (pid {worker.pid}) {how} before serving"
             self.changed.set()
+        elif worker.renewing and status == 0:
+            await self.restart(worker.slot)
         else:
             WORKER_RESTARTS.inc()
             log.warning("worker %d (pid %d) %s; starting it again", worker.slot, worker.pid, how)
             if time.monotonic() - worker.started < RESTART_DELAY:
                 await asyncio.sleep(RESTART_DELAY)
             await self.restart(worker.slot)
+
+    async def renew(self) -> None:
+        """Start every worker again from the data as it is now, one after another: each old
+        one answers through its lameduck while its successor is forked and starts serving."""
+        await self.until_serving()
+        log.info("first sync done: starting the workers again from it, one at a time")
+        for slot in sorted(self.workers):
+            old = self.workers.get(slot)
+            if old is None or self.life.stopping:
+                continue
+            old.renewing = True
+            old.send(frame(Stop(now=False)))
+            while not self.life.stopping:
+                new = self.workers.get(slot)
+                if new is not None and new is not old and new.serving:
+                    break
+                self.changed.clear()
+                await self.changed.wait()
 
     async def restart(self, slot: int) -> None:
         """Fork a worker again, and keep trying (once a second) while the system refuses."""
