@@ -69,7 +69,7 @@ class Orderings:
     __slots__ = ("base", "variants", "turn")
 
     COUNT = 4
-    REFRESH = 64
+    REFRESH = 256
 
     def __init__(self, base: bytes) -> None:
         self.base = base
