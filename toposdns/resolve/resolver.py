@@ -253,6 +253,20 @@ def _family(host: str) -> int | None:
         return None
 
 
+def zone_soa(zone: Name, serial: int, ttl: int) -> RR:
+    """A zone's SOA record, as CoreDNS writes it (backend_lookup.go SOA); `zone` as asked."""
+    key = (zone, serial, ttl)
+    soa = _soas.get(key)
+    if soa is None:
+        mname, rname = ("ns", "dns") + zone, ("hostmaster",) + zone
+        data = Soa(mname, rname, serial & 0xFFFFFFFF, 7200, 1800, 86400, ttl)
+        soa = RR(zone, SOA, min(ttl, 300), data)
+        if len(_soas) >= 1024:  # one per zone spelling and serial: few at any time
+            _soas.clear()
+        _soas[key] = soa
+    return soa
+
+
 #: SOA records already made, by (zone as asked, serial, TTL): the same record object answers
 #: every negative reply until the next change, and is encoded once (wire/encode.py).
 _soas: dict[tuple[Name, int, int], RR] = {}
@@ -293,24 +307,8 @@ class _Lookup:
         self.depends: set[Dependency] = set()
 
     def soa(self) -> RR:
-        """The zone's SOA, as CoreDNS writes it (backend_lookup.go SOA)."""
-        key = (self.zone, self.snap.serial, self.ttl)
-        soa = _soas.get(key)
-        if soa is None:
-            data = Soa(
-                ("ns", "dns") + self.zone,
-                ("hostmaster",) + self.zone,
-                self.snap.serial & 0xFFFFFFFF,
-                7200,
-                1800,
-                86400,
-                self.ttl,
-            )
-            soa = RR(self.zone, SOA, min(self.ttl, 300), data)
-            if len(_soas) >= 1024:  # one per zone spelling and serial: few at any time
-                _soas.clear()
-            _soas[key] = soa
-        return soa
+        """The zone's SOA, as asked."""
+        return zone_soa(self.zone, self.snap.serial, self.ttl)
 
     def dispatch(self, name: Name, lower: Name, qtype: int) -> tuple[list[RR], list[RR]]:
         """The qtype switch of handler.go; raises NotFound/InvalidName for NXDOMAIN."""

@@ -33,7 +33,7 @@ from toposdns.resolve.resolver import resolve
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
 from toposdns.wire.decode import HEADER_SIZE, MAX_NAME_WIRE, Query, read_name, record_spans
-from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, udp_limit
+from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, name_wire, udp_limit
 
 if TYPE_CHECKING:
     from toposdns.serve.responder import Responder, Transport
@@ -175,7 +175,7 @@ def renamed_query(data: bytes, name: Name) -> bytes:
         if rtype == OPT and section == 2
     )
     header = data[:4] + pack("!4H", 1, 0, 0, 1 if opt else 0)
-    return header + _wire_name(name) + data[question_end : question_end + 4] + opt
+    return header + name_wire(name) + data[question_end : question_end + 4] + opt
 
 
 def renamed_reply(reply: bytes, original: Name, limit: int) -> bytes:
@@ -202,11 +202,6 @@ def renamed_reply(reply: bytes, original: Name, limit: int) -> bytes:
 
 def _labels(name: dnslib.DNSLabel) -> Name:
     return tuple(label.decode("latin-1") for label in name.label)
-
-
-def _wire_name(name: Name) -> bytes:
-    raw = [label.encode("latin-1") for label in name]
-    return b"".join(bytes((len(label),)) + label for label in raw) + b"\x00"
 
 
 def _wire_length(name: Name) -> int:

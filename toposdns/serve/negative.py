@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from struct import pack
 
-from toposdns.resolve.resolver import ResolverConfig, absent
+from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig, absent, zone_soa
 from toposdns.store.snapshot import Dependency, Snapshot
-from toposdns.wire.codes import AA, AAAA, COPIED_FLAGS, NXDOMAIN, QR, SERVFAIL, SOA, A, Name
-from toposdns.wire.encode import bare_opt
+from toposdns.wire.codes import AA, AAAA, COPIED_FLAGS, NXDOMAIN, QR, SERVFAIL, A, Name
+from toposdns.wire.decode import read_name
+from toposdns.wire.encode import bare_opt, name_wire, record_wire
 
-_REVERSE = (b"\x07in-addr\x04arpa\x00", b"\x03ip6\x04arpa\x00")
+_REVERSE = tuple(name_wire(zone) for zone in REVERSE_ZONES)
 _IN = b"\x00\x01"
 
 
 def _wire(zone: Name) -> tuple[bytes, int]:
-    return b"".join(bytes((len(label),)) + label.encode() for label in zone) + b"\x00", len(zone)
+    return name_wire(zone), len(zone)
 
 
 class Negatives:
@@ -87,14 +88,13 @@ class Negatives:
         return (reply, qtype, depends) if len(reply) <= limit else None
 
     def soa(self, zone: bytes, snapshot: Snapshot) -> bytes:
-        """The zone's SOA record, its owner the zone as asked (resolver `_Lookup.soa`)."""
+        """The zone's SOA record (resolver `zone_soa`) in wire form, its owner the zone as
+        asked (`zone`, in wire form too)."""
         key = (zone, snapshot.serial)
         record = self.soas.get(key)
         if record is None:
-            ttl = self.config.ttl
-            numbers = pack("!5I", snapshot.serial & 0xFFFFFFFF, 7200, 1800, 86400, ttl)
-            rdata = b"\x02ns\x03dns" + zone + b"\x0ahostmaster" + zone + numbers
-            record = zone + pack("!HHIH", SOA, 1, min(ttl, 300), len(rdata)) + rdata
+            labels = read_name(zone, 0)[0]
+            record = record_wire(zone_soa(labels, snapshot.serial, self.config.ttl))
             if len(self.soas) >= 1024:  # one per zone spelling and serial: few at a time
                 self.soas.clear()
             self.soas[key] = record

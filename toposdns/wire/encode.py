@@ -126,10 +126,7 @@ def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
     parts = [header, question]
     for section in (answer.answer, answer.authority, answer.additional):
         for rr in section:
-            wire = _records.get(rr)
-            if wire is None:
-                wire = _record_wire(rr)
-            parts.append(wire)
+            parts.append(record_wire(rr))
     parts.append(opt)
     return b"".join(parts)
 
@@ -150,6 +147,12 @@ def name_wire(name: Name) -> bytes:
             _names.clear()
         _names[name] = wire
     return wire
+
+
+def record_wire(rr: RR) -> bytes:
+    """A record in uncompressed wire form (remembered: records repeat from reply to reply)."""
+    wire = _records.get(rr)
+    return _record_wire(rr) if wire is None else wire
 
 
 def _record_wire(rr: RR) -> bytes:
