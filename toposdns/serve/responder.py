@@ -41,7 +41,14 @@ from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
-from toposdns.wire.edns import NO_OPTIONS, EchoedOptions, read_options, splice_options, split_query
+from toposdns.wire.edns import (
+    NO_OPTIONS,
+    EchoedOptions,
+    question_end,
+    read_options,
+    splice_options,
+    split_query,
+)
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
     FRAGMENT_LIMIT_V6,
@@ -140,7 +147,7 @@ class Responder:
             return self.built(data, key, options, echo, transport, source, started)
         if self.metrics is not None:
             if options:  # sizes differ from the cached reply's: counted in full
-                self.counted(data, reply, transport, started, _qtype(key))
+                self.counted(data, reply, transport, started, _qtype(data, key))
             else:
                 count_hit(self.metrics, self.metrics.hits_for(transport), key, started)
         return reply
@@ -448,7 +455,7 @@ def _limit(data: bytes, key: bytes, transport: Transport) -> int:
     return min(size, transport.fragment_limit)
 
 
-def _qtype(key: bytes) -> int:
-    """The qtype of a plain query with EDNS from its key (the OPT's 11 bytes end it, less the
-    data length, which the key leaves out)."""
-    return (key[-13] << 8) | key[-12]
+def _qtype(data: bytes, key: bytes) -> int:
+    """The qtype of a plain query, for its metrics labels."""
+    end = question_end(data, key)
+    return (data[end - 4] << 8) | data[end - 3]

@@ -54,6 +54,13 @@ def split_query(data: bytes) -> tuple[bytes, bytes] | None:
     return data[2 : end + 9], data[end + 11 :]
 
 
+def question_end(data: bytes, key: bytes) -> int:
+    """Where the question of a plain query ends, read off its key: the key runs from the flags
+    to the question's end, then, when there is an OPT record, through that record's 9 bytes
+    before its data length."""
+    return len(key) + 2 - (9 if data[11] else 0)
+
+
 class EchoedOptions:
     """What a reply's OPT record carries for one query's options: the echoed options, and the
     Client Subnet option echoed with SCOPE 0 (`plain`) or with its source prefix (`scoped`,
