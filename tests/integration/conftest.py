@@ -4,6 +4,7 @@
   that only read.
 - `start_server`: a factory for dedicated servers (options, reloads); every server it started
   is stopped at teardown, and each must exit 0 on SIGTERM within 5 s.
+- `api`: the stand-in API server with a namespace and a Service, for the live source.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import STOP_TIMEOUT, Server, StartServer, copy_snapshot
+from tests.integration.support import STOP_TIMEOUT, Server, StartServer, copy_snapshot, service
+from tests.kubeapi import FakeApiServer
 
 
 def _stop_all(servers: list[Server]) -> None:
@@ -53,3 +55,14 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     snapshot = copy_snapshot(tmp_path_factory.mktemp("shared"))
     yield _launch(servers, snapshot)
     _stop_all(servers)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    """The stand-in API server, holding namespace shop and its Service web (10.96.0.5)."""
+    server = FakeApiServer()
+    server.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
+    server.add(service("web", "10.96.0.5"))
+    server.start()
+    yield server
+    server.stop()

@@ -4,35 +4,14 @@ first sync, answers that follow watch events within a second, and data kept when
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, wait_until
+from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, service, wait_until
 from tests.kubeapi import FakeApiServer
 
 pytestmark = pytest.mark.integration
-
-
-def service(name: str, ip: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": "shop"},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80}]},
-    }
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    server.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
-    server.add(service("web", "10.96.0.5"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

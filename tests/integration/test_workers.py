@@ -10,7 +10,6 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import dns.message
@@ -25,11 +24,11 @@ from tests.integration.support import (
     copy_snapshot,
     http_get,
     replace_file,
+    service,
     tcp,
     udp,
     wait_until,
 )
-from tests.integration.test_live import service
 from tests.integration.test_topology import TOPOLOGY, ask_with_ecs
 from tests.kubeapi import FakeApiServer
 from tests.upstream import stub_upstream
@@ -214,16 +213,6 @@ def alive(pid: int) -> bool:
 
 
 # The API server sees one client, however many workers.
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    server.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
-    server.add(service("web", "10.96.0.5"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def api_requests(api: FakeApiServer, tmp_path: Path, workers: str) -> Counter[tuple[str, ...]]:
