@@ -13,6 +13,17 @@ from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import convert_object
 from toposdns.store.snapshot import Snapshot
 
+#: Namespace shop and its ClusterIP Service web (10.96.0.5): the smallest cluster with a name.
+SHOP_WEB: list[dict[str, Any]] = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
+    },
+]
+
 
 def snapshot_of(objects: Iterable[dict[str, Any]], synced: bool = True) -> Snapshot:
     """A snapshot built from raw Kubernetes objects, as a snapshot file would give."""

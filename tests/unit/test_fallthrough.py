@@ -10,7 +10,7 @@ from dataclasses import replace
 import dnslib
 import pytest
 
-from tests.helpers import config_of, snapshot_of
+from tests.helpers import SHOP_WEB, config_of, snapshot_of
 from toposdns.config import ConfigError, parse_fallthrough, parse_zones
 from toposdns.resolve.resolver import match_zone, resolve
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
@@ -68,15 +68,7 @@ def test_bad_fallthrough_zones(values: list[str], message: str) -> None:
     assert message in str(error.value)
 
 
-OBJECTS = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
-    },
-]
+OBJECTS = SHOP_WEB
 REVERSE = config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"])
 KUBEADM = replace(REVERSE, fallthrough=parse_fallthrough(["in-addr.arpa,ip6.arpa"], REVERSE.zones))
 EVERYWHERE = replace(REVERSE, fallthrough=((),))

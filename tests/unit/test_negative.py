@@ -8,7 +8,7 @@ from struct import pack
 
 import pytest
 
-from tests.helpers import config_of, snapshot_of
+from tests.helpers import SHOP_WEB, config_of, snapshot_of
 from toposdns.resolve.resolver import ResolverConfig, resolve
 from toposdns.serve.negative import Negatives
 from toposdns.store.snapshot import Snapshot
@@ -17,16 +17,7 @@ from toposdns.wire.decode import decode_query
 from toposdns.wire.edns import split_query
 from toposdns.wire.encode import encode_reply, udp_limit
 
-OBJECTS = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hidden"}},
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
-    },
-]
+OBJECTS = [*SHOP_WEB, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hidden"}}]
 SNAPSHOTS = [snapshot_of(OBJECTS), snapshot_of(OBJECTS, synced=False)]
 CONFIGS = [
     config_of(),

@@ -8,18 +8,10 @@ import dnslib
 import pytest
 
 import toposdns.serve.responder as responder_module
-from tests.helpers import config_of, snapshot_of
+from tests.helpers import SHOP_WEB, config_of, snapshot_of
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
-OBJECTS = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
-    },
-]
+OBJECTS = SHOP_WEB
 
 
 @pytest.fixture
