@@ -26,6 +26,8 @@ from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
     FRAGMENT_LIMIT_V6,
     MAX_TCP_SIZE,
+    MAX_UDP_SIZE,
+    bound_buffer,
     encode_badvers,
     encode_bare,
     encode_rejection,
@@ -52,13 +54,14 @@ def reference_reply(
     snapshot: Snapshot,
     config: ResolverConfig,
     ecs_trust: Sequence[Network] = (),
+    max_udp_size: int = MAX_UDP_SIZE,
 ) -> bytes | None:
     """The reply a server without a forwarder owes to `data` from `source`, or None for none.
 
     Where the server answers an internal error with SERVFAIL, this raises: that is a bug to see.
     """
     try:
-        query = decode_query(data)
+        query = bound_buffer(decode_query(data), max_udp_size)  # CoreDNS's `bufsize`
     except Dropped:
         return None
     except Rejected as rejected:

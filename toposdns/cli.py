@@ -122,6 +122,27 @@ def build_parser() -> argparse.ArgumentParser:
         "(CoreDNS `loadbalance round_robin`)",
     )
     serve.add_argument(
+        "--cache-max-bytes",
+        metavar="SIZE",
+        help="keep at most this much of in-zone replies per DNS process, e.g. 16Mi (default: "
+        "an eighth of the container's memory limit, shared by the workers; 32Mi without one)",
+    )
+    serve.add_argument(
+        "--forward-cache-max-bytes",
+        metavar="SIZE",
+        help="keep at most this much of forwarded replies per DNS process, e.g. 8Mi (default: "
+        "a sixteenth of the container's memory limit, shared by the workers; 16Mi without one)",
+    )
+    serve.add_argument(
+        "--max-udp-size",
+        type=int,
+        default=1232,
+        metavar="BYTES",
+        help="largest UDP reply, whatever buffer a client announces; larger replies are "
+        "truncated (TC) for the client to ask over TCP, as CoreDNS's `bufsize` "
+        "(default %(default)s, DNS Flag Day 2020)",
+    )
+    serve.add_argument(
         "--lameduck",
         default="5s",
         metavar="DURATION",

@@ -1,8 +1,8 @@
 """Validated settings for the server, built from its parsed command line.
 
 Every option is checked here, with a message that says what to do; `cli.py` only parses and
-reports. The only files read are the small ones options name: resolv.conf for upstreams and
-search domains.
+reports. The only files read are the small ones options name (resolv.conf for upstreams and
+search domains) and the container's memory limit, which the caches' bounds default to.
 """
 
 from __future__ import annotations
@@ -13,9 +13,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
+from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, MIN_MAX_BYTES, default_max_bytes
 from toposdns.serve.forward import Upstream, resolv_conf_upstreams
-from toposdns.serve.forward_cache import CachePolicy, CacheSettings
+from toposdns.serve.forward_cache import (
+    FORWARD_MAX_BYTES,
+    FORWARD_SHARE,
+    CachePolicy,
+    CacheSettings,
+)
 from toposdns.wire.codes import Name
+from toposdns.wire.encode import MAX_UDP_SIZE
 from toposdns.workers.cpus import usable_cpus
 
 DEFAULT_ZONES = ("cluster.local", "in-addr.arpa", "ip6.arpa")
@@ -63,6 +70,10 @@ class ServeConfig:
     cache: CacheSettings = field(default_factory=CacheSettings)
     #: Vary the order of A, AAAA and MX records from reply to reply (CoreDNS `loadbalance`).
     loadbalance: bool = False
+    #: Bytes of in-zone replies each DNS process caches at most.
+    cache_max_bytes: int = DEFAULT_MAX_BYTES
+    #: The largest UDP reply (CoreDNS `bufsize`).
+    max_udp_size: int = MAX_UDP_SIZE
     #: Processes answering DNS; above 1, a supervisor runs the source and forks them.
     workers: int = 1
 
@@ -371,6 +382,7 @@ def upstreams_of(args: argparse.Namespace) -> tuple[Upstream, ...]:
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """`toposdns serve`'s settings from its parsed command line, every one validated."""
     host, port = parse_listen(args.listen)
+    workers = check_workers(usable_cpus() if args.workers is None else args.workers)
     return ServeConfig(
         snapshot=args.snapshot,
         snapshot_max_bytes=parse_size(args.snapshot_max_bytes, "--snapshot-max-bytes"),
@@ -387,12 +399,36 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         upstreams=upstreams_of(args),
         lameduck=parse_duration(args.lameduck, "--lameduck"),
         max_concurrent=check_max_concurrent(args.max_concurrent),
-        cache=parse_cache(
-            args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
+        cache=replace(
+            parse_cache(
+                args.cache_max_ttl, args.cache_success, args.cache_denial, args.cache_disable
+            ),
+            max_bytes=cache_bytes(
+                args.forward_cache_max_bytes,
+                "--forward-cache-max-bytes",
+                FORWARD_SHARE,
+                workers,
+                FORWARD_MAX_BYTES,
+            ),
         ),
         loadbalance=args.loadbalance,
-        workers=check_workers(usable_cpus() if args.workers is None else args.workers),
+        cache_max_bytes=cache_bytes(
+            args.cache_max_bytes, "--cache-max-bytes", MEMORY_SHARE, workers, DEFAULT_MAX_BYTES
+        ),
+        max_udp_size=check_count("--max-udp-size", args.max_udp_size, 512, 65535),
+        workers=workers,
     )
+
+
+def cache_bytes(text: str | None, option: str, share: int, workers: int, fallback: int) -> int:
+    """A cache's bound in bytes: as given, else its share of the container's memory limit,
+    split between the workers (serve/cache.py `default_max_bytes`)."""
+    if text is None:
+        return default_max_bytes(share, workers, fallback)
+    size = parse_size(text, option)
+    if size < MIN_MAX_BYTES:
+        raise ConfigError(f"{option} {text!r}: must be at least 1Mi (e.g. 16Mi)")
+    return size
 
 
 def check_seconds(option: str, value: float, low: float = 0.001, high: float = 3600.0) -> float:

@@ -98,6 +98,8 @@ async def serve(config: ServeConfig) -> None:
             forwarder,
             metrics,
             config.loadbalance,
+            config.cache_max_bytes,
+            config.max_udp_size,
         )
         if metrics is not None:
             register(life.stack, responder.topology_counts)

@@ -166,11 +166,11 @@ def test_a_cached_servfail_goes_when_the_address_appears() -> None:
     assert isinstance(first, bytes) and dnslib.DNSRecord.parse(first).header.rcode == SERVFAIL
     other = ptr_query("5.0.96.10.in-addr.arpa")
     responder.respond(other, UDP4, "127.0.0.1")
-    assert set(responder.caches[UDP4].table) == {cache_key(query), cache_key(other)}
+    assert set(responder.cache.table) == {cache_key(query), cache_key(other)}
     service = {**OBJECTS[1], "metadata": {"name": "dns", "namespace": "shop"}}
     builder.put(convert_object({**service, "spec": {"clusterIP": "8.8.4.4"}}))
     responder.update(builder.snapshot(serial=2))
-    assert set(responder.caches[UDP4].table) == {cache_key(other)}  # only what read 8.8.4.4
+    assert set(responder.cache.table) == {cache_key(other)}  # only what read 8.8.4.4
     second = responder.respond(query, UDP4, "127.0.0.1")
     assert isinstance(second, bytes)
     assert [str(rr.rdata) for rr in dnslib.DNSRecord.parse(second).rr] == [

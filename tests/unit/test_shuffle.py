@@ -16,7 +16,7 @@ import dnslib
 import pytest
 
 from tests.helpers import config_of, snapshot_of
-from toposdns.serve.cache import Orderings
+from toposdns.serve.cache import Cached
 from toposdns.serve.responder import UDP4, Responder
 from toposdns.wire.codes import AAAA, CNAME, MX, A
 from toposdns.wire.decode import record_spans
@@ -309,10 +309,10 @@ def test_the_responder_reorders_cached_replies(cookie: bool) -> None:
     assert len(seen) > 1 and {tuple(sorted(order)) for order in seen} == {
         ("10.244.0.1", "10.244.0.2", "10.244.0.3")
     }
-    (entry,) = responder.caches[UDP4].table.values()  # one entry, served in varying order
-    assert isinstance(entry, Orderings)
+    (entry,) = responder.cache.table.values()  # one entry, served in varying order
+    assert isinstance(entry, Cached) and entry.rotation is not None
     one = dnslib.DNSRecord.question("nothere.shop.svc.cluster.local")
     responder.respond(bytes(one.pack()), UDP4, "127.0.0.1")
     assert not any(
-        isinstance(e, Orderings) for e in list(responder.caches[UDP4].table.values())[1:]
+        isinstance(e, Cached) and e.rotation for e in list(responder.cache.table.values())[1:]
     )

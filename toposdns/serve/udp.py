@@ -9,8 +9,8 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
-from toposdns.serve.cache import Orderings, TopologyReplies
-from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
+from toposdns.serve.cache import Cached, TopologyReplies
+from toposdns.serve.query_metrics import FIRST_BOUND
 from toposdns.serve.responder import UDP4, Responder, Transport
 
 log = logging.getLogger("toposdns")
@@ -23,11 +23,12 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def __init__(self, responder: Responder, kind: Transport) -> None:
         self.responder = responder
         self.kind = kind
-        self.cache = responder.caches[kind].table  # only ever changed in place
+        self.slot = kind.slot
+        self.reply_cache = responder.cache
+        self.table = responder.cache.table  # only ever changed in place
         # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
         self.plain_addresses = kind is UDP4
         self.metrics = responder.metrics
-        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -40,16 +41,34 @@ class UdpProtocol(asyncio.DatagramProtocol):
         assert transport is not None
         metrics = self.metrics
         started = perf_counter() if metrics is not None else 0.0
-        key = data[2:]
-        hit = self.cache.get(key)
-        if hit.__class__ is Orderings:  # --loadbalance: the same reply, its records in turn
-            hit = hit.current()
-        if hit.__class__ is bytes:  # the hot path: a reply that is the same for every client
-            transport.sendto(data[:2] + hit, addr)
-            if metrics is not None:
-                # query_metrics.count_hit written out: the call would cost as much as the count.
-                hits = self.hits.get(key)
-                if hits is not None:
+        # The hot path: a query without OPT record whose reply is cached, in the same case,
+        # whole within 512 bytes (wire/edns.py plain_key; a key found means a plain query).
+        entry = self.table.get(data[2:-4].lower() + data[-4:])
+        counts = None
+        if entry.__class__ is TopologyReplies and self.plain_addresses:
+            # This client's domain's reply; no options, so no Client Subnet to place it by.
+            responder = self.responder
+            locator = responder.snapshot.locators.get(addr[0])
+            labels = NO_LABELS if locator is None else locator.node_labels
+            found = entry.get(labels)
+            if found is not None:
+                entry, counts = found
+        if isinstance(entry, Cached) and entry.small and not data[11]:
+            cached = entry
+            if cached.question == data[12:]:  # the same letter case
+                rotation = cached.rotation
+                transport.sendto(
+                    data[:2] + (cached.reply if rotation is None else rotation.next()), addr
+                )
+                self.reply_cache.hits += 1
+                if counts is not None:
+                    # topology_metrics.count written out: the call costs as much as the count.
+                    counts[0] += 1
+                    if labels is NO_LABELS:  # no locator holds the client's address
+                        counts[1] += 1
+                if metrics is not None and cached.hits is not None:
+                    # query_metrics.count_hit written out, for the same reason.
+                    hits = cached.hits[self.slot]
                     seconds = perf_counter() - started
                     if seconds <= FIRST_BOUND:
                         row = hits.row
@@ -57,24 +76,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
                         row[1] += seconds
                     else:
                         metrics.slow_hit(hits, seconds)
-            return
-        responder = self.responder
-        if hit.__class__ is TopologyReplies and self.plain_addresses:
-            # This client's domain's reply; no options, so no Client Subnet to place it by.
-            locator = responder.snapshot.locators.get(addr[0])
-            labels = NO_LABELS if locator is None else locator.node_labels
-            cached = hit.get(labels, responder.snapshot.serial)
-            if cached is not None:
-                reply, counts = cached
-                transport.sendto(data[:2] + reply, addr)
-                # topology_metrics.count written out: the call would cost as much as the count.
-                counts[0] += 1
-                if labels is NO_LABELS:  # no locator holds the client's address
-                    counts[1] += 1
-                if metrics is not None:
-                    count_hit(metrics, self.hits, key, started)
                 return
-        answer = responder.respond(data, self.kind, addr[0], started)
+        answer = self.responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)
         elif answer is not None:

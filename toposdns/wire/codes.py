@@ -47,5 +47,8 @@ POINTER = 0xC0
 
 # EDNS option codes.
 NSID, CLIENT_SUBNET, EXPIRE, COOKIE, TCP_KEEPALIVE, PADDING = 3, 8, 9, 10, 11, 12
+#: EDNS options CoreDNS echoes back (request.SupportedOptions): NSID, EXPIRE, COOKIE,
+#: TCP-KEEPALIVE and PADDING. Everything else, Client Subnet included, is dropped.
+ECHOED_OPTIONS = frozenset({NSID, EXPIRE, COOKIE, TCP_KEEPALIVE, PADDING})
 #: The OPT TTL field's DO bit.
 DO = 0x8000

@@ -18,6 +18,7 @@ from toposdns.wire.codes import (
     AAAA,
     CNAME,
     COPIED_FLAGS,
+    ECHOED_OPTIONS,
     NS,
     OPT,
     POINTER,
@@ -32,18 +33,27 @@ from toposdns.wire.codes import (
 from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
 
 MIN_UDP_SIZE = 512
+#: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
+#: IP fragmentation on any path with an MTU of 1280 or more).
+MAX_UDP_SIZE = 1232
 MAX_TCP_SIZE = 65535
 FRAGMENT_LIMIT_V4 = 1480
 FRAGMENT_LIMIT_V6 = 1220
-#: EDNS options CoreDNS echoes back (request.SupportedOptions): NSID, EXPIRE, COOKIE,
-#: TCP-KEEPALIVE and PADDING. Everything else, ECS included, is dropped.
-ECHOED_OPTIONS = frozenset({3, 9, 10, 11, 12})
 _COMPRESSIBLE = (NS, CNAME, PTR)
 
 
 def udp_limit(edns: Edns | None) -> int:
     """How large a UDP reply may be: the client's EDNS buffer, and never under 512."""
     return max(MIN_UDP_SIZE, edns.udp_size) if edns is not None else MIN_UDP_SIZE
+
+
+def bound_buffer(query: Query, max_udp_size: int) -> Query:
+    """The query as CoreDNS's `bufsize` plugin passes it on: a buffer size over `max_udp_size`
+    lowered to it. Replies fit that size, and their OPT records echo it."""
+    edns = query.edns
+    if edns is not None and edns.udp_size > max_udp_size:
+        return query._replace(edns=edns._replace(udp_size=max_udp_size))
+    return query
 
 
 def reply_flags(query: Query, rcode: int, authoritative: bool, truncated: bool = False) -> int:
@@ -110,6 +120,17 @@ def encode_reply(
     return _Writer(query, compress=True).finish(answer, opt, limit)
 
 
+def encode_forms(query: Query, answer: Answer, compress_over: int) -> tuple[bytes, bytes | None]:
+    """A reply to cache, whole: uncompressed, and compressed too if the uncompressed one is
+    larger than `compress_over` bytes, for the queries it would not fit (wire/truncate.py
+    `fit` cuts either to a query's limit)."""
+    opt = encode_opt(query.edns, answer.rcode) if query.edns is not None else b""
+    message = _uncompressed(query, answer, opt)
+    if len(message) <= compress_over:
+        return message, None
+    return message, _Writer(query, compress=True).finish(answer, opt, None)
+
+
 def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
     """The whole reply without name compression: what most replies are, built from the wire
     forms of its names and records, which repeat from reply to reply."""
@@ -134,7 +155,7 @@ def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
 #: Wire forms of names and records already written, bounded by emptying them when full.
 _names: dict[Name, bytes] = {}
 _records: dict[RR, bytes] = {}
-_REMEMBERED = 65_536
+_REMEMBERED = 8192
 
 
 def name_wire(name: Name) -> bytes:

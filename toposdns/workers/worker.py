@@ -154,7 +154,14 @@ async def work(start: Start, channel: socket.socket) -> None:
     forwarder = make_forwarder(config)
     metrics = QueryMetrics(f"dns://:{start.port}") if config.http is not None else None
     responder = Responder(
-        start.resolver, start.snapshot, config.ecs_trust, forwarder, metrics, config.loadbalance
+        start.resolver,
+        start.snapshot,
+        config.ecs_trust,
+        forwarder,
+        metrics,
+        config.loadbalance,
+        config.cache_max_bytes,
+        config.max_udp_size,
     )
     registry = CollectorRegistry()
     for collector in (metrics, responder.topology_counts, *ANSWERING) if metrics else ():
