@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         "a sixteenth of the container's memory limit, shared by the workers; 16Mi without one)",
     )
     serve.add_argument(
+        "--forward-any",
+        action="store_true",
+        help="forward ANY questions for names outside the zones; by default they get RFC "
+        "8482's minimal answer, a HINFO record, as from CoreDNS's `any` plugin",
+    )
+    serve.add_argument(
         "--max-udp-size",
         type=int,
         default=1232,

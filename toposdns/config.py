@@ -74,6 +74,8 @@ class ServeConfig:
     cache_max_bytes: int = DEFAULT_MAX_BYTES
     #: The largest UDP reply (CoreDNS `bufsize`).
     max_udp_size: int = MAX_UDP_SIZE
+    #: Forward ANY for names outside the zones, rather than answer RFC 8482's HINFO.
+    forward_any: bool = False
     #: Processes answering DNS; above 1, a supervisor runs the source and forks them.
     workers: int = 1
 
@@ -416,6 +418,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
             args.cache_max_bytes, "--cache-max-bytes", MEMORY_SHARE, workers, DEFAULT_MAX_BYTES
         ),
         max_udp_size=check_count("--max-udp-size", args.max_udp_size, 512, 65535),
+        forward_any=args.forward_any,
         workers=workers,
     )
 

@@ -100,6 +100,7 @@ async def serve(config: ServeConfig) -> None:
             config.loadbalance,
             config.cache_max_bytes,
             config.max_udp_size,
+            config.forward_any,
         )
         if metrics is not None:
             register(life.stack, responder.topology_counts)

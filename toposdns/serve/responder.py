@@ -41,7 +41,7 @@ from toposdns.serve.query_metrics import Hits, QueryMetrics, count_hit, labels_o
 from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.store.snapshot import Snapshot
-from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
+from toposdns.wire.codes import AA, ANY, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import (
     NO_OPTIONS,
@@ -62,6 +62,7 @@ from toposdns.wire.encode import (
     encode_badvers,
     encode_bare,
     encode_forms,
+    encode_minimal_any,
     encode_opt,
     encode_rejection,
     encode_reply,
@@ -114,6 +115,7 @@ class Responder:
         loadbalance: bool = False,
         cache_max_bytes: int = DEFAULT_MAX_BYTES,
         max_udp_size: int = MAX_UDP_SIZE,
+        forward_any: bool = False,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
@@ -124,6 +126,8 @@ class Responder:
         self.loadbalance = loadbalance
         #: `--max-udp-size`: the largest UDP reply, whatever buffer a client announces.
         self.max_udp_size = max_udp_size
+        #: `--forward-any`: ask the upstreams ANY too, rather than answer RFC 8482's HINFO.
+        self.forward_any = forward_any
         self.autopath = AutoPath(self) if config.autopath else None
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
         self.negatives = None if config.autopath else Negatives(config)
@@ -344,8 +348,7 @@ class Responder:
             # Checked by the server before any plugin sees the query, forwarded or not.
             return self.counted(data, encode_badvers(query), transport, started, qtype)
         if self.forwarder is not None and not self.in_zones(query.name):
-            forwarded = self.forwarded(data, query, transport)
-            return self.counted_later(forwarded, data, transport, started, qtype, "forward")
+            return self.upstreams(data, query, transport, started)
         if query.qclass != CLASS_IN and self.forwarder is None:
             # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
             # them with IN records.
@@ -359,8 +362,7 @@ class Responder:
             labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
-                forwarded = self.forwarded(data, query, transport)
-                return self.counted_later(forwarded, data, transport, started, qtype, "forward")
+                return self.upstreams(data, query, transport, started)
             # The answer was tailored to the ECS prefix only if it depended on the client.
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
             if answer.chase is not None and self.forwarder is not None:
@@ -373,6 +375,16 @@ class Responder:
         except Exception:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
+
+    def upstreams(self, data: bytes, query: Query, transport: Transport, started: float) -> Reply:
+        """A query the upstreams answer, counted when they have; ANY gets RFC 8482's minimal
+        answer at once instead (CoreDNS's `any`), unless `--forward-any`: the reply an upstream
+        gives ANY is as large as it likes, an open amplifier."""
+        if query.qtype == ANY and not self.forward_any:
+            reply = encode_minimal_any(query)
+            return self.counted(data, reply, transport, started, ANY, plugin="any")
+        forwarded = self.forwarded(data, query, transport)
+        return self.counted_later(forwarded, data, transport, started, query.qtype, "forward")
 
     def bounded(self, query: Query) -> Query:
         """The query with its buffer size bounded by `--max-udp-size` (wire/encode.py)."""

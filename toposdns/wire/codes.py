@@ -11,8 +11,8 @@ from __future__ import annotations
 Name = tuple[str, ...]
 
 # Record types.
-A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
-    1, 2, 5, 6, 12, 15, 16, 28, 33, 41, 251, 252, 255,
+A, NS, CNAME, SOA, PTR, HINFO, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
+    1, 2, 5, 6, 12, 13, 15, 16, 28, 33, 41, 251, 252, 255,
 )  # fmt: skip
 CLASS_IN = 1
 

@@ -19,6 +19,8 @@ from toposdns.wire.codes import (
     CNAME,
     COPIED_FLAGS,
     ECHOED_OPTIONS,
+    HINFO,
+    NOERROR,
     NS,
     OPT,
     POINTER,
@@ -40,6 +42,8 @@ MAX_TCP_SIZE = 65535
 FRAGMENT_LIMIT_V4 = 1480
 FRAGMENT_LIMIT_V6 = 1220
 _COMPRESSIBLE = (NS, CNAME, PTR)
+#: Types whose rdata is character-strings (HINFO: CPU and OS, as CoreDNS's `any` writes it).
+_STRINGS = (TXT, HINFO)
 
 
 def udp_limit(edns: Edns | None) -> int:
@@ -187,7 +191,7 @@ def _record_wire(rr: RR) -> bytes:
     elif isinstance(data, Soa):
         numbers = pack("!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum)
         rdata = name_wire(data.mname) + name_wire(data.rname) + numbers
-    elif rr.rtype == TXT:
+    elif rr.rtype in _STRINGS:
         texts = [text.encode() for text in cast(tuple[str, ...], data)]
         rdata = b"".join(bytes((len(text),)) + text for text in texts)
     elif rr.rtype in _COMPRESSIBLE:
@@ -199,6 +203,14 @@ def _record_wire(rr: RR) -> bytes:
         _records.clear()
     _records[rr] = wire
     return wire
+
+
+def encode_minimal_any(query: Query) -> bytes:
+    """RFC 8482's answer to ANY, as CoreDNS's `any` plugin gives it: one HINFO record, not
+    authoritative."""
+    hinfo = RR(query.name, HINFO, 8482, ("ANY obsoleted", "See RFC 8482"))
+    answer = Answer(NOERROR, answer=(hinfo,), authoritative=False)
+    return encode_reply(query, answer, MAX_TCP_SIZE)
 
 
 def encode_bare(query: Query, rcode: int) -> bytes:
@@ -290,7 +302,7 @@ class _Writer:
             self.buf += pack(
                 "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
             )
-        elif rr.rtype == TXT:
+        elif rr.rtype in _STRINGS:
             for text in cast(tuple[str, ...], data):
                 raw = text.encode()
                 self.buf += bytes((len(raw),)) + raw

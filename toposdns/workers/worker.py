@@ -162,6 +162,7 @@ async def work(start: Start, channel: socket.socket) -> None:
         config.loadbalance,
         config.cache_max_bytes,
         config.max_udp_size,
+        config.forward_any,
     )
     registry = CollectorRegistry()
     for collector in (metrics, responder.topology_counts, *ANSWERING) if metrics else ():
