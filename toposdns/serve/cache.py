@@ -102,8 +102,8 @@ class Cached:
             len(reply)
             + (len(compressed) if compressed is not None else 0)
             + len(question)
-            + (self.rotation.size() if self.rotation is not None else 0)
-            + (self.compressed_rotation.size() if self.compressed_rotation is not None else 0)
+            + (self.rotation.held() if self.rotation is not None else 0)
+            + (self.compressed_rotation.held() if self.compressed_rotation is not None else 0)
             + ENTRY_OVERHEAD
             + WORD_OVERHEAD * len(words)
         )

@@ -57,9 +57,14 @@ class UdpProtocol(asyncio.DatagramProtocol):
             cached = entry
             if cached.question == data[12:]:  # the same letter case
                 rotation = cached.rotation
-                transport.sendto(
-                    data[:2] + (cached.reply if rotation is None else rotation.next()), addr
-                )
+                if rotation is None:
+                    transport.sendto(data[:2] + cached.reply, addr)
+                elif rotation.orders:  # --loadbalance: the next order, Rotation.next inlined
+                    turn = rotation.turn = rotation.turn + 1
+                    orders = rotation.orders
+                    transport.sendto(data[:2] + orders[turn % len(orders)], addr)
+                else:
+                    transport.sendto(data[:2] + rotation.next(), addr)
                 self.reply_cache.hits += 1
                 if counts is not None:
                     # topology_metrics.count written out: the call costs as much as the count.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from math import lcm
 from struct import error as StructError
 from struct import unpack_from
 
@@ -174,12 +175,21 @@ class Rotation:
     first address), at the cost of a join per reply, where a shuffle per reply would cost a
     parse and draws only a random balance."""
 
-    __slots__ = ("parts", "turn")
+    __slots__ = ("parts", "turn", "orders")
+
+    #: Every order of a reply is made once when they take at most this many bytes together.
+    MADE_ONCE = 16_384
 
     def __init__(self, parts: list[bytes | list[bytes]]) -> None:
         #: Bytes that stay, and groups of records that rotate, in reply order.
         self.parts = parts
         self.turn = 0
+        #: Every order the reply takes, in turn, when few enough to keep: a reply is then one
+        #: index (the UDP frontend's fast path reads them), else one join.
+        self.orders: tuple[bytes, ...] = ()
+        period = lcm(*(len(part) for part in parts if isinstance(part, list)))
+        if period * self.size() <= self.MADE_ONCE:
+            self.orders = tuple(self.joined(turn) for turn in range(period))
 
     @classmethod
     def of(cls, reply: bytes) -> Rotation | None:
@@ -233,6 +243,11 @@ class Rotation:
     def next(self) -> bytes:
         """The reply (after its ID) in the next order."""
         turn = self.turn = self.turn + 1
+        orders = self.orders
+        return orders[turn % len(orders)] if orders else self.joined(turn)
+
+    def joined(self, turn: int) -> bytes:
+        """The reply with each group rotated `turn` places."""
         out: list[bytes] = []
         for part in self.parts:
             if isinstance(part, bytes):
@@ -244,7 +259,11 @@ class Rotation:
         return b"".join(out)
 
     def size(self) -> int:
-        """Bytes held, for the cache's accounting (the records are shared with nothing)."""
+        """Bytes of one order (the cache counts `held`)."""
         return sum(
             len(part) if isinstance(part, bytes) else sum(map(len, part)) for part in self.parts
         )
+
+    def held(self) -> int:
+        """Bytes held, for the cache's accounting: the parts, and the orders made once."""
+        return self.size() + sum(map(len, self.orders))
