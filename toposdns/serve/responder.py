@@ -102,6 +102,34 @@ TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
 
+#: Where a query goes first (`route`).
+BADVERS = "BADVERS"
+UPSTREAMS = "upstreams"
+REFUSE = "REFUSED"
+ZONES = "zones"
+
+
+def route(query: Query, zones: tuple[Name, ...], forwarding: bool) -> str:
+    """The first step of every query, in the order CoreDNS takes it: an EDNS version other than
+    0 gets BADVERS before anything looks at it (the server checks it, forwarded or not); a name
+    in no zone goes to the upstreams when there are some; another class than IN is refused
+    unless `forward` is loaded (then the zones answer it with IN records); the rest is the
+    zones'. In the zones, --autopath may complete the name, and --fallthrough may send it
+    upstream after all (`Responder.decoded`)."""
+    if query.edns is not None and query.edns.version != 0:
+        return BADVERS
+    if forwarding and not in_zones(query.name, zones):
+        return UPSTREAMS
+    if query.qclass != CLASS_IN and not forwarding:
+        return REFUSE
+    return ZONES
+
+
+def in_zones(name: Name, zones: tuple[Name, ...]) -> bool:
+    """True if one of the zones holds the name."""
+    return match_zone(tuple(label.lower() for label in name), zones) is not None
+
+
 class Responder:
     """Answers raw queries from the current snapshot, and forwards the rest if it may."""
 
@@ -280,7 +308,7 @@ class Responder:
             query = self.bounded(decode_plain(data))
         except ValueError:
             return None
-        if not self.zones_answer(query):
+        if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
             return None
         try:
             subnet = echo.subnet[0] if echo.subnet is not None else None
@@ -344,14 +372,12 @@ class Responder:
             rejection = encode_rejection(rejected.data, rejected.rcode)
             return self.counted(data, rejection, transport, started, 0)
         qtype = query.qtype
-        if query.edns is not None and query.edns.version != 0:
-            # Checked by the server before any plugin sees the query, forwarded or not.
+        where = route(query, self.config.zones, self.forwarder is not None)
+        if where is BADVERS:
             return self.counted(data, encode_badvers(query), transport, started, qtype)
-        if self.forwarder is not None and not self.in_zones(query.name):
+        if where is UPSTREAMS:
             return self.upstreams(data, query, transport, started)
-        if query.qclass != CLASS_IN and self.forwarder is None:
-            # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
-            # them with IN records.
+        if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         try:
             if self.autopath is not None:
@@ -389,13 +415,6 @@ class Responder:
     def bounded(self, query: Query) -> Query:
         """The query with its buffer size bounded by `--max-udp-size` (wire/encode.py)."""
         return bound_buffer(query, self.max_udp_size)
-
-    def zones_answer(self, query: Query) -> bool:
-        """False if the server answers a query before the zones do: BADVERS, another class.
-        (Names outside the zones are told by the resolver's bare REFUSED.)"""
-        return (query.edns is None or query.edns.version == 0) and (
-            query.qclass == CLASS_IN or self.forwarder is not None
-        )
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
@@ -468,7 +487,7 @@ class Responder:
 
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""
-        return match_zone(tuple(label.lower() for label in name), self.config.zones) is not None
+        return in_zones(name, self.config.zones)
 
     async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
         """A query outside the zones, relayed to an upstream (CoreDNS `forward`)."""
