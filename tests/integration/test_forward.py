@@ -84,7 +84,9 @@ def test_a_large_answer_is_cut_to_each_clients_buffer_and_fetched_once(
         def asked() -> list[tuple[str, int]]:
             return [
                 (proto, size)
-                for (proto, name, _), size in zip(upstream.queries, upstream.buffer_sizes)
+                for (proto, name, _), size in zip(
+                    upstream.queries, upstream.buffer_sizes, strict=False
+                )
                 if name == "large.example.test"
             ]
 
