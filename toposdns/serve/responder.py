@@ -13,7 +13,7 @@
    cached, whole, under the key with what its answer read;
 4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
    it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
-   limit (wire/truncate.py). A query in another letter case than the cached reply's is built
+   limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
    anew (its names are in its own case), not cached again.
 
 Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
@@ -66,10 +66,10 @@ from toposdns.wire.encode import (
     encode_opt,
     encode_rejection,
     encode_reply,
+    fit,
     udp_limit,
 )
 from toposdns.wire.shuffle import shuffle_reply
-from toposdns.wire.truncate import fit
 
 log = logging.getLogger("toposdns")
 
@@ -239,7 +239,7 @@ class Responder:
         self, data: bytes, key: bytes, cached: Cached, options: bytes, transport: Transport
     ) -> bytes | None:
         """A cached reply as one query gets it: its ID, its OPT record (buffer size, options),
-        cut to its size limit (wire/truncate.py); None when only a new encoding fits."""
+        cut to its size limit (wire/encode.py `fit`); None when only a new encoding fits."""
         body = cached.current(self.snapshot.serial)
         opt = b""
         limit = MIN_UDP_SIZE

@@ -4,7 +4,7 @@ A plain query (one question with an uncompressed name, no other records but an o
 answered from cached replies without being decoded: the key is the message after its ID, its
 name in lower case, without the OPT record's buffer size and options. Letter case and buffer
 size only change the bytes of a reply, never what it says, so they are not allowed to multiply
-what is cached: the reply is cut to each query's buffer as it goes out (wire/truncate.py). The
+what is cached: the reply is cut to each query's buffer as it goes out (wire/encode.py `fit`). The
 options (cookies, Client Subnet, padding...) differ per client, so they are read on their own
 (`read_options`) and the reply's OPT record is written per query (`reply_opt`). Anything else
 is not a plain query and takes the full decoder.

@@ -3,7 +3,8 @@
 Replies go out uncompressed when they fit. A reply larger than the client's buffer is compressed
 and then cut record by record from the end, with TC set if anything was dropped (even only
 additional records); the question is always kept. A UDP reply that fits but exceeds the
-fragmentation limit (1480 bytes over IPv4, 1220 over IPv6) is compressed too.
+fragmentation limit (1480 bytes over IPv4, 1220 over IPv6) is compressed too. A reply
+encoded elsewhere (an upstream's) is cut the same way by `truncate`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
-from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
+from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
 
 MIN_UDP_SIZE = 512
 #: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
@@ -126,8 +127,8 @@ def encode_reply(
 
 def encode_forms(query: Query, answer: Answer, compress_over: int) -> tuple[bytes, bytes | None]:
     """A reply to cache, whole: uncompressed, and compressed too if the uncompressed one is
-    larger than `compress_over` bytes, for the queries it would not fit (wire/truncate.py
-    `fit` cuts either to a query's limit)."""
+    larger than `compress_over` bytes, for the queries it would not fit whole (`fit` cuts
+    either to a query's limit)."""
     opt = encode_opt(query.edns, answer.rcode) if query.edns is not None else b""
     message = _uncompressed(query, answer, opt)
     if len(message) <= compress_over:
@@ -211,6 +212,58 @@ def encode_minimal_any(query: Query) -> bytes:
     hinfo = RR(query.name, HINFO, 8482, ("ANY obsoleted", "See RFC 8482"))
     answer = Answer(NOERROR, answer=(hinfo,), authoritative=False)
     return encode_reply(query, answer, MAX_TCP_SIZE)
+
+
+def truncate(message: bytes, limit: int) -> bytes:
+    """An encoded message cut to at most `limit` bytes as `encode_reply` cuts an answer: the
+    header, the question, as many whole records as fit in order, then the OPT record; TC set
+    if any record was dropped. A message that fits is returned as it is.
+
+    Records are kept as they are (a reply from elsewhere may hold types this module cannot
+    write); compression pointers stay valid, since they only point backwards.
+    """
+    if len(message) <= limit:
+        return message
+    spans = record_spans(message)
+    opt = b""
+    budget = limit
+    for start, _, end, rtype, section in spans:
+        if rtype == OPT and section == 2:
+            opt = message[start:end]
+            budget -= len(opt)
+            break
+    kept = [0, 0, 0]
+    cut = spans[0][0] if spans else len(message)  # the question's end
+    for _start, _, end, rtype, section in spans:
+        if end > budget or (rtype == OPT and section == 2):
+            break  # records after an OPT record are dropped with it moved to the end
+        kept[section] += 1
+        cut = end
+    flags = message[2] | TC >> 8
+    header = message[:2] + bytes((flags, message[3])) + message[4:6]
+    counts = pack("!3H", kept[0], kept[1], kept[2] + (1 if opt else 0))
+    return header + counts + message[HEADER_SIZE:cut] + opt
+
+
+def fit(
+    whole: bytes, compressed: bytes | None, opt: bytes, limit: int, fragment: int
+) -> bytes | None:
+    """A cached reply as one query gets it, as `encode_reply` would have written it for that
+    query: `whole` (uncompressed) or `compressed`, both complete and ending in a cached OPT
+    record (`opt` replaces it: the query's own) or in none (`opt` is b""), within `limit`
+    bytes; `fragment` > 0 is the UDP fragmentation limit. Both forms start at the flags,
+    without the ID; `limit` and `fragment` count the ID too. None when the reply needs the
+    compressed form and there is none (the caller builds it anew). A compressed reply cut
+    after a record is what the encoder writes for that limit, byte for byte: its names point
+    back only."""
+    kept = len(opt) and 11  # the cached OPT record, without options
+    size = len(whole) - kept + len(opt) + 2
+    if size <= limit and (not fragment or size <= fragment):
+        return whole[: len(whole) - kept] + opt if kept else whole
+    if compressed is None:
+        return None
+    body = compressed[: len(compressed) - kept] if kept else compressed
+    return truncate(b"\x00\x00" + body + opt, limit)[2:]
 
 
 def encode_bare(query: Query, rcode: int) -> bytes:
