@@ -1,6 +1,6 @@
 """Memory under query floods, and the size of UDP replies (amplification).
 
-Starts `toposdns serve` on loopback with the bench cluster (bench/cluster.py: 2,000 headless
+Starts `toposdns serve --workers 1` on loopback with the bench cluster (bench/cluster.py: 2,000 headless
 services) plus a headless service of 100 named endpoints, forwarding other names to a stub
 upstream, with the cache bounds a pod with kubeadm's `limits.memory: 170Mi` derives by default
 (an eighth and a sixteenth of it: `--cache-max-bytes 21Mi --forward-cache-max-bytes 10Mi`; the
@@ -142,7 +142,7 @@ def serve(workdir: Path, upstream: int, extra: list[str]) -> tuple[ServerProcess
     port = free_port(socket.SOCK_DGRAM)
     command = toposdns_command(
         "serve", "--snapshot", str(workdir / "snapshot.json"), "--listen", f"{HOST}:{port}",
-        "--upstream", f"{HOST}:{upstream}", "--lameduck", "0s", *extra,
+        "--upstream", f"{HOST}:{upstream}", "--lameduck", "0s", "--workers", "1", *extra,
     )  # fmt: skip
     server = ServerProcess(command)
     server.wait_for_log("serving DNS", timeout=120)
