@@ -1,7 +1,7 @@
 """Memory under query floods, and the size of UDP replies (amplification).
 
-Starts `toposdns serve --workers 1` on loopback with the bench cluster (bench/cluster.py: 2,000 headless
-services) plus a headless service of 100 named endpoints, forwarding other names to a stub
+Starts `toposdns serve --workers 1` on loopback with the bench cluster (bench/cluster.py: 2,000
+headless services) plus a headless service of 100 named endpoints, forwarding other names to a stub
 upstream, with the cache bounds a pod with kubeadm's `limits.memory: 170Mi` derives by default
 (an eighth and a sixteenth of it: `--cache-max-bytes 21Mi --forward-cache-max-bytes 10Mi`; the
 container here has no limit). Then, one after the other, it floods it with:
