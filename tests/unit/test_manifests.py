@@ -24,8 +24,8 @@ import pytest
 import yaml
 from celpy import celtypes
 
-from toposdns.cli import build_parser
-from toposdns.config import parse_fallthrough, parse_zones
+from toposdns.cli import build_parser, given_flags
+from toposdns.config import PLUGINS, Reading
 from toposdns.kube.resources import POD_LOCATOR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -868,16 +868,15 @@ def test_dns_container() -> None:
     assert options["--ttl"] == "30" and options["--pods"] == "insecure"
     # The rest of kubeadm's Corefile that has a counterpart (manifests/README.md's table).
     assert options["--fallthrough"].split(",") == ["in-addr.arpa", "ip6.arpa"]
-    zones, _ = parse_zones([options["--zone"]])
-    assert parse_fallthrough([options["--fallthrough"]], zones)  # as the server reads it
     assert options["--cache-max-ttl"] == "30"
     assert options["--loadbalance"] == ""
     assert "--autopath" not in options, "opt-in: kubeadm's Corefile has no autopath"
     # Every argument is one the server takes, once the kubelet has expanded `$(VAR)` from the
     # container's environment (CPU_REQUEST is a whole number of CPUs).
     expanded = [re.sub(r"\$\(CPU_REQUEST\)", "2", arg) for arg in item["args"]]
-    parsed = build_parser().parse_args(expanded)
-    assert parsed.loadbalance and parsed.cache_max_ttl == 30
+    config = Reading().read_flags(given_flags(build_parser().parse_args(expanded), PLUGINS)).done()
+    assert config.loadbalance.round_robin and config.cache.success.max_ttl == 30
+    assert config.kubernetes.fallthrough == (("in-addr", "arpa"), ("ip6", "arpa"))
     assert "--snapshot" not in options, "in a cluster it watches the API"
     lameduck = duration_seconds(options["--lameduck"])
     assert lameduck == 5

@@ -24,19 +24,18 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Metric, generate_latest
 
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
-from toposdns.serve.http import HttpServer
+from toposdns.serve.listen import bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
 from toposdns.server import (
-    bind_pair,
-    own_addresses,
+    answering,
     raise_open_files_limit,
     report_invalid_policies,
     start_http,
@@ -123,14 +122,14 @@ class Supervisor:
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.resolver = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
+        self.resolver = answering(config)
         self.life = Lifecycle()
         #: What every worker serves, or will once it has applied the last batch.
-        self.current = Snapshot(synced=config.snapshot is not None)
-        self.builder = JournaledBuilder() if config.snapshot is None else None
+        self.current = Snapshot(synced=config.snapshot.path is not None)
+        self.builder = JournaledBuilder() if config.snapshot.path is None else None
         self.source: KubeSource | None = None
         self.batch = 0
-        self.port = config.listen_port
+        self.port = config.bind.port
         self.workers: dict[int, Worker] = {}
         self.started = False
         self.failure: str | None = None
@@ -152,15 +151,17 @@ class Supervisor:
             self.source = await start_source(
                 config, life, self.publish, lambda: self.current.synced, self.builder
             )
-            if config.http is not None:
-                http = HttpServer(
-                    self.not_ready, lambda: (self.current, self.resolver), self.exposition
-                )
-                await start_http(config.http, http, life.stack)
+            await start_http(
+                config,
+                life.stack,
+                self.not_ready,
+                lambda: (self.current, self.resolver, config.autopath),
+                self.exposition,
+            )
             life.catch_signals()
-            family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
+            family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
             reserved = bind_pair(
-                family, config.listen_host, config.listen_port, reuse_port=True, listen=False
+                family, config.bind.host, config.bind.port, reuse_port=True, listen=False
             )
             self.port = int(reserved[0].getsockname()[1])
             life.stack.push_async_callback(self.end_workers)
@@ -175,7 +176,7 @@ class Supervisor:
             self.started = True
             log.info(
                 "serving DNS on %s:%d (udp, tcp) for %s (%d workers)",
-                config.listen_host,
+                config.bind.host,
                 self.port,
                 zones(config),
                 config.workers,
@@ -183,11 +184,11 @@ class Supervisor:
             if self.probes:
                 # CoreDNS's `loop`: the probes go out from here; the worker one comes back to
                 # says so (a `Looped` message).
-                server = f"{config.listen_host}:{self.port}"
+                server = f"{config.bind.host}:{self.port}"
                 check = self.loops.send_probes(self.probes, server)
                 life.start(check, "loop check", ending=False)
             await life.main_loop()
-            log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
+            log.info("shutting down: answering for %gs more (lameduck)", config.health.lameduck)
             await self.stop_workers()
             log.info("stopped")
 
@@ -318,7 +319,7 @@ class Supervisor:
         elif isinstance(message, Looped):
             upstream = self.probes.get(message.question)
             if upstream is not None:
-                server = f"{self.config.listen_host}:{self.port}"
+                server = f"{self.config.bind.host}:{self.port}"
                 self.life.fail(loop_error(upstream, message.question, server))
 
     async def until_serving(self) -> None:
@@ -347,7 +348,7 @@ class Supervisor:
         again = asyncio.create_task(self.life.again.wait())
         await asyncio.wait(
             {gone, again},
-            timeout=self.config.lameduck + EXIT_GRACE,
+            timeout=self.config.health.lameduck + EXIT_GRACE,
             return_when=asyncio.FIRST_COMPLETED,
         )
         if again.done() and not gone.done():
