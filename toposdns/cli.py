@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from toposdns import __version__
-from toposdns.config import ANSWER_PLUGINS, PLUGINS, Reading, answer_options
+from toposdns.config import ANSWER_PLUGINS, PLUGINS, Reading, ServeConfig, answer_options
+from toposdns.corefile import read_corefile
 from toposdns.logs import configure_logging
 from toposdns.options import ConfigError, Plugin
 from toposdns.source.snapshot_file import SnapshotError
@@ -30,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="answer DNS queries over UDP and TCP")
+    serve.add_argument(
+        "--corefile",
+        type=Path,
+        metavar="FILE",
+        help="read the settings from this Corefile, as CoreDNS does (`toposdns -conf FILE`); "
+        "flags given with it override it",
+    )
     add_plugin_flags(serve, PLUGINS)
     _add_log_options(serve)
 
@@ -170,12 +178,27 @@ def _dest(flag: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(coredns_arguments(sys.argv[1:] if argv is None else argv))
     if args.command == "explain":
         return _explain(args)
     if args.command == "controller":
         return _controller(args)
     return _serve(args)
+
+
+def coredns_arguments(argv: list[str]) -> list[str]:
+    """CoreDNS's command line, `-conf FILE` (as its Deployments pass it), as `serve
+    --corefile FILE`; any other command line as it is."""
+    if argv and (argv[0] == "-conf" or argv[0].startswith("-conf=")):
+        name, _, value = argv[0].partition("=")
+        return ["serve", "--corefile", *([value] if value else []), *argv[1:]]
+    return argv
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """`serve`'s configuration: the Corefile, if given, then the flags."""
+    reading = Reading() if args.corefile is None else read_corefile(args.corefile)
+    return reading.read_flags(given_flags(args, PLUGINS)).done()
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -209,7 +232,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level, args.log_format)
     try:
-        config = Reading().read_flags(given_flags(args, PLUGINS)).done()
+        config = serve_config(args)
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from toposdns.options import (
     networks,
     sets,
 )
+from toposdns.reload import RELOAD, ReloadOptions
 from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
@@ -108,6 +109,7 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     READY,
     PROMETHEUS,
     TCP,
+    RELOAD,
 )
 #: The plugins `toposdns explain` takes: those that change answers.
 ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
@@ -130,6 +132,7 @@ class ServeConfig:
     ready: ReadyOptions = field(default_factory=ReadyOptions)
     prometheus: PrometheusOptions = field(default_factory=PrometheusOptions)
     tcp: TcpOptions = field(default_factory=TcpOptions)
+    reload: ReloadOptions = field(default_factory=ReloadOptions)
 
     @property
     def upstreams(self) -> tuple[Upstream, ...]:

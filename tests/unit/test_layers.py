@@ -36,8 +36,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("source", ("source/*.py",)),
     ("explain", ("explain.py",)),
     ("serve", ("serve/*.py",)),
-    ("assembly", ("config.py", "corefile.py", "server.py", "workers/messages.py", "controller/*")),
-    ("processes", ("workers/worker.py", "workers/supervisor.py", "reload.py")),
+    ("reload", ("reload.py",)),
+    (
+        "assembly",
+        ("config.py", "corefile.py", "server.py", "workers/messages.py", "controller/*"),
+    ),
+    ("processes", ("workers/worker.py", "workers/supervisor.py")),
     ("command line", ("cli.py", "__main__.py")),
 ]
 #: What the pure layers must never import, however deep (prefixes of module names).
