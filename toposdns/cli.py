@@ -237,7 +237,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"toposdns serve: {exc}", file=sys.stderr)
         return 2
     try:
-        run(supervise(config) if config.workers > 1 else serve(config))
+        corefile = None if args.corefile is None else (args.corefile, lambda: serve_config(args))
+        run(supervise(config, corefile) if config.workers > 1 else serve(config, corefile))
     except SnapshotError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -322,8 +322,10 @@ def apply_block(
     if len({key.port for key in keys}) > 1:
         raise key_tokens[0].error("every key of the server block must have the same port")
     start = key_tokens[0]
-    # CoreDNS's health plugin has no lameduck unless its block sets one.
+    # CoreDNS's health plugin has no lameduck unless its block sets one; CoreDNS is one
+    # process (in kubeadm's 170Mi): more workers only with `toposdns { workers N }`.
     reading.options["health"] = replace(reading.options["health"], lameduck=0.0)
+    reading.options["toposdns"] = replace(reading.options["toposdns"], workers=1)
     seen: dict[str, Token] = {}
     for line, body in directives:
         word = line[0]

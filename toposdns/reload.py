@@ -60,19 +60,20 @@ def fingerprint(data: bytes) -> str:
 
 async def watch_corefile(
     path: Path,
+    last: bytes | None,
     options: Callable[[], ReloadOptions],
     read: Callable[[], Any],
     apply: Callable[[Any], None],
 ) -> None:
     """Every interval (as the running configuration has it), read the Corefile; when its bytes
-    changed, `read()` it in full and `apply` what it gives, or log and count why not."""
-    last = _bytes(path)
+    differ from `last` (those of the running configuration), `read()` it in full and `apply`
+    what it gives, or log and count why not."""
     RELOAD_VERSION.labels("sha512", fingerprint(last or b"")).set(1)
     while True:
         current = options()
         spread = random.uniform(-current.jitter / 2, current.jitter / 2) if current.jitter else 0
         await asyncio.sleep(current.interval + spread)
-        data = _bytes(path)
+        data = corefile_bytes(path)
         if data is None or data == last:
             continue
         try:
@@ -89,7 +90,7 @@ async def watch_corefile(
         log.info("reload: applied the changed Corefile %s", path)
 
 
-def _bytes(path: Path) -> bytes | None:
+def corefile_bytes(path: Path) -> bytes | None:
     """The file's bytes now, or None if it cannot be read (a swap under way): not a change."""
     try:
         return path.read_bytes()

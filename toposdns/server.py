@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -26,8 +27,10 @@ from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import INVALID_POLICIES
+from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer, Serving
 from toposdns.serve.listen import bind_pair
@@ -43,6 +46,9 @@ from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
 log = logging.getLogger("toposdns")
+
+#: A Corefile to reload: its path, and how to read it into a configuration.
+Corefile = tuple[Path, Callable[[], ServeConfig]]
 
 # Open files besides forwarded queries and TCP clients: listeners, HTTP, the API, logs.
 FILES_RESERVE = 64
@@ -85,7 +91,14 @@ class DnsServer:
         self.config = config
         self.forwarder = make_forwarder(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if metrics_on(config) else None
-        self.responder = Responder(
+        self.responder = self.respond_by(config, resolver, snapshot)
+        self.udp: list[UdpProtocol] = []
+        self.server = ""
+
+    def respond_by(
+        self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot
+    ) -> Responder:
+        return Responder(
             resolver,
             snapshot,
             config.toposdns.ecs_trust,
@@ -94,6 +107,30 @@ class DnsServer:
             config.loadbalance.round_robin,
             config.autopath,
         )
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        """Answer by `config` from the next query on, with the same sockets (so that none is
+        lost), data and metrics; the forwarder is new if its settings changed, the old one
+        closed once its queries are done. Returns the plugins whose changes need a restart."""
+        old = self.config
+        restart = [name for name, value in where(config).items() if value != where(old)[name]]
+        config = kept_where(config, old)
+        if (old.forward, old.cache) != (config.forward, config.cache):
+            retired, self.forwarder = self.forwarder, make_forwarder(config)
+            if self.forwarder is not None:
+                self.forwarder.set_server(self.server)
+            if retired is not None:
+                asyncio.get_running_loop().call_later(
+                    FORWARD_BUDGET, lambda: asyncio.ensure_future(retired.close())
+                )
+        previous = self.responder
+        resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
+        self.responder = self.respond_by(config, resolver, previous.snapshot)
+        self.responder.topology_counts = previous.topology_counts  # counts go on
+        for protocol in self.udp:
+            protocol.use(self.responder)
+        self.config = config
+        return restart
 
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
@@ -109,8 +146,8 @@ class DnsServer:
         config = self.config
         family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
         udp_sock, tcp_sock = bind_pair(family, config.bind.host, port, reuse_port=reuse_port)
-        port = await serve_dns(config.tcp, self.responder, udp_sock, tcp_sock, stack)
-        server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        port = await serve_dns(config.tcp, self, udp_sock, tcp_sock, stack)
+        server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
         if self.metrics is not None:
             self.metrics.server = server
         if self.forwarder is not None:
@@ -118,33 +155,37 @@ class DnsServer:
         return port
 
 
-async def serve(config: ServeConfig) -> None:
+async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
     """Serve in this process until SIGTERM or SIGINT, then keep answering for the lameduck
-    period (the supervisor of `--workers N` runs a `DnsServer` in each worker instead).
+    period (the supervisor of `--workers N` runs a `DnsServer` in each worker instead). With
+    `corefile` (its path, and how to read it) and `reload` on, apply it when it changes.
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
     raise_open_files_limit(config)
+    read_bytes = None if corefile is None else corefile_bytes(corefile[0])
     snapshot = Snapshot(synced=config.snapshot.path is not None)
     dns = DnsServer(config, answering(config), snapshot)
-    responder = dns.responder
     async with Lifecycle() as life:
         if dns.metrics is not None:
             register(life.stack, dns.metrics)
-            register(life.stack, responder.topology_counts)
+            register(life.stack, dns.responder.topology_counts)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
         def publish(snapshot: Snapshot) -> None:
-            report_invalid_policies(responder.snapshot, snapshot)
-            responder.update(snapshot)
+            report_invalid_policies(dns.responder.snapshot, snapshot)
+            dns.responder.update(snapshot)
 
         def not_ready() -> str | None:
             if life.stopping:
                 return "Shutting down"
-            return None if responder.snapshot.synced else "kubernetes"
+            return None if dns.responder.snapshot.synced else "kubernetes"
 
-        await start_source(config, life, publish, lambda: responder.snapshot.synced)
+        def reconfigure(new: ServeConfig) -> None:
+            report_restart(dns.reconfigure(new))
+
+        await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
         await start_http(config, life.stack, not_ready, dns.serving)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
@@ -155,13 +196,59 @@ async def serve(config: ServeConfig) -> None:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
             check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
             life.start(check, "loop check", ending=False)
+        if corefile is not None and config.reload.enabled:
+            path, read = corefile
+            watch = watch_corefile(path, read_bytes, lambda: dns.config.reload, read, reconfigure)
+            life.start(watch, "reload", ending=False)
         await life.main_loop()
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
-        lameduck = config.health.lameduck
+        lameduck = dns.config.health.lameduck
         log.info("shutting down: answering for %gs more (lameduck)", lameduck)
         await life.lameduck(lameduck)
         log.info("stopped")
+
+
+def where(config: ServeConfig) -> dict[str, object]:
+    """The settings that say where and from what the server serves: a reload keeps them until
+    a restart."""
+    return {
+        "snapshot": config.snapshot,
+        "kubeconfig and startup_timeout": config.cluster,
+        "bind and port": config.bind,
+        "tcp": config.tcp,
+        "health address": config.health.address,
+        "ready address": config.ready.address,
+        "prometheus address": config.prometheus.address,
+        "workers": config.toposdns.workers,
+        "http": config.toposdns.http,
+    }
+
+
+def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
+    """`config` with the `running` one's settings of where it serves."""
+    return replace(
+        config,
+        snapshot=running.snapshot,
+        cluster=running.cluster,
+        bind=running.bind,
+        tcp=running.tcp,
+        health=replace(config.health, address=running.health.address),
+        ready=running.ready,
+        prometheus=running.prometheus,
+        toposdns=replace(
+            config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
+        ),
+    )
+
+
+def report_restart(plugins: list[str]) -> None:
+    """Say once which reloaded settings wait for a restart (they say where to serve)."""
+    if plugins:
+        log.warning(
+            "reload: %s changed; these apply when toposdns restarts, the rest applies now",
+            ", ".join(plugins),
+        )
 
 
 def answering(config: ServeConfig) -> ResolverConfig:
@@ -279,22 +366,22 @@ async def _wait_for_sync(
 
 async def serve_dns(
     options: TcpOptions,
-    responder: Responder,
+    dns: DnsServer,
     udp_sock: socket.socket,
     tcp_sock: socket.socket,
     stack: contextlib.AsyncExitStack,
 ) -> int:
-    """Answer on a bound UDP socket and a listening TCP socket until the stack closes; returns
-    their port."""
+    """Answer on a bound UDP socket and a listening TCP socket, with `dns`'s responder as it
+    is at each datagram and connection, until the stack closes; returns their port."""
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
-    udp, _ = await loop.create_datagram_endpoint(
-        lambda: UdpProtocol(responder, kind), sock=udp_sock
-    )
+    protocol = UdpProtocol(dns.responder, kind)
+    udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
+    dns.udp.append(protocol)
     stack.callback(udp.close)
     limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
     tcp = await loop.create_server(
-        lambda: TcpProtocol(responder, limits, stream), sock=tcp_sock, backlog=1024
+        lambda: TcpProtocol(dns.responder, limits, stream), sock=tcp_sock, backlog=1024
     )
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)

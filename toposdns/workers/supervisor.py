@@ -24,22 +24,27 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import REGISTRY, Metric, generate_latest
 
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
+from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
 from toposdns.server import (
+    Corefile,
     answering,
+    kept_where,
     raise_open_files_limit,
     report_invalid_policies,
+    report_restart,
     start_http,
     start_source,
+    where,
     zones,
 )
 from toposdns.source.kube import KubeSource
@@ -52,6 +57,7 @@ from toposdns.workers.messages import (
     Families,
     Looped,
     Message,
+    Reconfigure,
     Replace,
     Scrape,
     Serving,
@@ -112,16 +118,20 @@ class Worker:
             os.kill(self.pid, signal.SIGKILL)
 
 
-async def supervise(config: ServeConfig) -> None:
-    """Run the source once and `config.workers` worker processes, until SIGTERM or SIGINT."""
-    await Supervisor(config).run()
+async def supervise(config: ServeConfig, corefile: Corefile | None = None) -> None:
+    """Run the source once and `config.workers` worker processes, until SIGTERM or SIGINT;
+    with `corefile` and `reload` on, apply the Corefile to them all when it changes."""
+    await Supervisor(config, corefile).run()
 
 
 class Supervisor:
     """The source, the workers, and the HTTP endpoints."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, corefile: Corefile | None = None) -> None:
         self.config = config
+        self.corefile = corefile
+        #: The bytes of the Corefile the configuration was read from, to tell a change.
+        self.read_bytes = None if corefile is None else corefile_bytes(corefile[0])
         self.resolver = answering(config)
         self.life = Lifecycle()
         #: What every worker serves, or will once it has applied the last batch.
@@ -187,8 +197,15 @@ class Supervisor:
                 server = f"{config.bind.host}:{self.port}"
                 check = self.loops.send_probes(self.probes, server)
                 life.start(check, "loop check", ending=False)
+            if self.corefile is not None and config.reload.enabled:
+                path, read = self.corefile
+                watch = watch_corefile(
+                    path, self.read_bytes, lambda: self.config.reload, read, self.reconfigure
+                )
+                life.start(watch, "reload", ending=False)
             await life.main_loop()
-            log.info("shutting down: answering for %gs more (lameduck)", config.health.lameduck)
+            lameduck = self.config.health.lameduck
+            log.info("shutting down: answering for %gs more (lameduck)", lameduck)
             await self.stop_workers()
             log.info("stopped")
 
@@ -211,6 +228,14 @@ class Supervisor:
                 # Forked before the first sync, the workers were sent the rest of the data:
                 # a copy each. Forked again from it, they share it (copy-on-write).
                 self.life.start(self.renew(), "renewal", ending=False)
+
+    def reconfigure(self, config: ServeConfig) -> None:
+        """A reloaded Corefile: every worker answers by it from now on, and every worker
+        forked later starts with it (what says where to serve waits for a restart)."""
+        report_restart([k for k, v in where(config).items() if v != where(self.config)[k]])
+        self.config = kept_where(config, self.config)
+        self.resolver = replace(config.kubernetes, ns_addresses=self.resolver.ns_addresses)
+        self.broadcast(Reconfigure(self.config))
 
     def broadcast(self, message: Message) -> None:
         data = frame(message)

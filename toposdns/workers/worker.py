@@ -30,7 +30,6 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import ANSWERING
 from toposdns.resolve.resolver import ResolverConfig
-from toposdns.serve.responder import Responder
 from toposdns.serve.upstream import Upstream
 from toposdns.server import DnsServer, run
 from toposdns.store.builder import StoreBuilder
@@ -42,6 +41,7 @@ from toposdns.workers.messages import (
     Families,
     Looped,
     Message,
+    Reconfigure,
     Replace,
     Scrape,
     Serving,
@@ -170,7 +170,7 @@ async def work(start: Start, channel: socket.socket) -> None:
             dns.forwarder.loops.on_probe = lambda question: send(Looped(question))
         await dns.start(life.stack, start.port, reuse_port=True)
         send(Serving())
-        follow = _follow(reader, send, responder, start.builder, registry, life)
+        follow = _follow(reader, send, dns, start.builder, registry, life)
         following = life.start(follow, "supervisor")
         await life.main_loop()
         if following.done():
@@ -182,7 +182,7 @@ async def work(start: Start, channel: socket.socket) -> None:
 async def _follow(
     reader: asyncio.StreamReader,
     send: Callable[[Message], None],
-    responder: Responder,
+    dns: DnsServer,
     builder: StoreBuilder | None,
     registry: CollectorRegistry,
     life: Lifecycle,
@@ -192,11 +192,13 @@ async def _follow(
         if isinstance(message, Changes):
             assert builder is not None, "changes come only from the cluster's source"
             replay(builder, message.operations)
-            responder.update(builder.snapshot(message.serial, message.synced))
+            dns.responder.update(builder.snapshot(message.serial, message.synced))
             send(Applied(message.batch))
         elif isinstance(message, Replace):
-            responder.update(message.snapshot)
+            dns.responder.update(message.snapshot)
             send(Applied(message.batch))
+        elif isinstance(message, Reconfigure):
+            dns.reconfigure(message.config)
         elif isinstance(message, Scrape):
             send(Families(message.request, list(registry.collect())))
         elif isinstance(message, Stop):
