@@ -252,7 +252,8 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 1
     except OSError as exc:
-        log.error("cannot listen on %s: %s", config.bind, exc)
+        # The HTTP addresses name themselves; an error without a name is the DNS port's.
+        log.error("cannot listen on %s: %s", exc.filename or config.bind, exc.strerror or exc)
         return 1
     return 0
 

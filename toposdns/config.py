@@ -62,6 +62,8 @@ class ToposdnsOptions:
     workers: int | None = None
     #: /health, /ready, /explain and /metrics on one address, for local use; None: off.
     http: tuple[str, int] | None = None
+    #: /explain tells where every client is placed: only on an address given for it.
+    explain: tuple[str, int] | None = None
 
 
 TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
@@ -89,7 +91,15 @@ TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
             sets("http", address(8080)),
             "--http",
             "HOST:PORT",
-            "serve /health, /ready, /explain and /metrics here (default: off)",
+            "serve /health, /ready, /explain and /metrics here, for local use (default: off)",
+        ),
+        Setting(
+            "explain",
+            sets("explain", address(8080)),
+            "--explain",
+            "HOST:PORT",
+            "serve /explain, where clients and endpoints are placed, here: keep it private "
+            "(default: off)",
         ),
     ),
 )
@@ -143,6 +153,32 @@ class ServeConfig:
     def workers(self) -> int:
         """Processes answering DNS."""
         return self.toposdns.workers or 1
+
+    def http_listeners(self) -> list[tuple[tuple[str, int], set[str]]]:
+        """Each HTTP address to listen on, with the paths served there: the endpoints given
+        one address share a listener (but port 0 picks a new port each time)."""
+        given = (
+            (self.toposdns.http, ("/health", "/ready", "/explain", "/metrics")),
+            (self.health.address, ("/health",)),
+            (self.ready.address, ("/ready",)),
+            (self.toposdns.explain, ("/explain",)),
+            (self.prometheus.address, ("/metrics",)),
+        )
+        listeners: list[tuple[tuple[str, int], set[str]]] = []
+        for where, paths in given:
+            if where is None:
+                continue
+            same = [have for at, have in listeners if at == where and where[1] != 0]
+            if same:
+                same[0].update(paths)
+            else:
+                listeners.append((where, set(paths)))
+        return listeners
+
+    @property
+    def serves_metrics(self) -> bool:
+        """Whether some address serves /metrics (queries are counted only then)."""
+        return self.toposdns.http is not None or self.prometheus.address is not None
 
 
 class Reading:

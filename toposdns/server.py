@@ -32,7 +32,7 @@ from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.http import HttpServer, Serving
+from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
@@ -90,7 +90,7 @@ class DnsServer:
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
         self.forwarder = make_forwarder(config)
-        self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if metrics_on(config) else None
+        self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
         self.udp: list[UdpProtocol] = []
         self.server = ""
@@ -256,11 +256,6 @@ def answering(config: ServeConfig) -> ResolverConfig:
     return replace(config.kubernetes, ns_addresses=own_addresses(config.bind.host))
 
 
-def metrics_on(config: ServeConfig) -> bool:
-    """True when /metrics is served somewhere, so that queries are counted."""
-    return config.prometheus.address is not None or config.toposdns.http is not None
-
-
 def make_forwarder(config: ServeConfig) -> Forwarder | None:
     """The forwarder to the upstreams, if there are any."""
     if not config.upstreams:
@@ -311,19 +306,18 @@ async def start_http(
     serving: Callable[[], Serving],
     exposition: Callable[[], Awaitable[bytes]] | None = None,
 ) -> None:
-    """Serve /health, /ready, /explain and /metrics on each address configured for any of
-    them (`--http`, `health`, `ready`, `prometheus`) until the stack closes."""
-    addresses = (
-        config.toposdns.http,
-        config.health.address,
-        config.ready.address,
-        config.prometheus.address,
-    )
-    for address in dict.fromkeys(a for a in addresses if a is not None):
-        http = HttpServer(not_ready, serving, exposition)
-        port = await http.start(*address)
-        stack.push_async_callback(http.stop)
-        log.info("serving /health, /ready, /explain and /metrics on %s:%d", address[0], port)
+    """Serve the HTTP endpoints on the addresses the configuration gives, until the stack
+    closes. An address that cannot be bound raises OSError with it as `filename`."""
+    http = HttpServer(not_ready, serving, exposition)
+    stack.push_async_callback(http.stop)
+    for (host, port), paths in config.http_listeners():
+        served = [path for path in PATHS if path in paths]
+        try:
+            bound = await http.listen(host, port, served)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"{host}:{port} ({', '.join(served)})") from None
+        names = ", ".join(served[:-1]) + " and " + served[-1] if len(served) > 1 else served[0]
+        log.info("serving %s on %s:%d", names, host, bound)
 
 
 def zones(config: ServeConfig) -> str:
