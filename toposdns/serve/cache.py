@@ -26,10 +26,12 @@ therefore costs CPU, never memory, and cannot push out more than the cache's bou
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from struct import pack
 
+from toposdns.options import Origin, Plugin, Setting, sets, size
 from toposdns.resolve.client import NO_LABELS
 from toposdns.serve.query_metrics import Hits
 from toposdns.store.snapshot import Dependency
@@ -51,6 +53,50 @@ DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 MIN_MAX_BYTES = 1024 * 1024
 #: Of the container's memory limit, the share the reply caches take (all workers together).
 MEMORY_SHARE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class CacheBoundOptions:
+    """How much memory each DNS process's caches may take (toposdns's own settings, in its
+    Corefile directive): None derives the bound from the container's memory limit."""
+
+    #: Bytes of in-zone replies (`--cache-max-bytes`).
+    max_bytes: int | None = None
+    #: Bytes of forwarded replies (`--forward-cache-max-bytes`).
+    forward_max_bytes: int | None = None
+
+
+def _bound(words: Sequence[str], origin: Origin) -> int:
+    value = size(words, origin)
+    if value < MIN_MAX_BYTES:
+        raise origin.error("must be at least 1Mi, e.g. 16Mi")
+    return value
+
+
+CACHE_BOUNDS: Plugin[CacheBoundOptions] = Plugin(
+    "cache_bounds",
+    CacheBoundOptions,
+    (
+        Setting(
+            "cache_max_bytes",
+            sets("max_bytes", _bound),
+            "--cache-max-bytes",
+            "SIZE",
+            "keep at most this much of in-zone replies per DNS process, e.g. 16Mi (default: an "
+            "eighth of the container's memory limit, shared by the workers; 32Mi without one)",
+        ),
+        Setting(
+            "forward_cache_max_bytes",
+            sets("forward_max_bytes", _bound),
+            "--forward-cache-max-bytes",
+            "SIZE",
+            "keep at most this much of forwarded replies per DNS process, e.g. 8Mi (default: a "
+            "sixteenth of the container's memory limit, shared by the workers; 16Mi without "
+            "one)",
+        ),
+    ),
+    directive="toposdns",
+)
 
 
 class Cached:

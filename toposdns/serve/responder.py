@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from toposdns.metrics import AUTOPATH_SUCCESS
+from toposdns.options import Plugin, Setting, none, sets
 from toposdns.resolve.answer import Answer, name_text, type_name
+from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
@@ -40,6 +43,12 @@ from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import Hits, QueryMetrics, count_hit, labels_of
 from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
+from toposdns.serve.transport import TCP4 as TCP4
+from toposdns.serve.transport import TCP6 as TCP6
+from toposdns.serve.transport import TRANSPORTS
+from toposdns.serve.transport import UDP4 as UDP4
+from toposdns.serve.transport import UDP6 as UDP6
+from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Snapshot
 from toposdns.wire.codes import AA, ANY, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
@@ -53,8 +62,6 @@ from toposdns.wire.edns import (
     split_query,
 )
 from toposdns.wire.encode import (
-    FRAGMENT_LIMIT_V4,
-    FRAGMENT_LIMIT_V6,
     MAX_TCP_SIZE,
     MAX_UDP_SIZE,
     MIN_UDP_SIZE,
@@ -80,23 +87,28 @@ REMEMBERED_OPTIONS = 16_384
 COMPRESS_OVER = MIN_UDP_SIZE - 100
 
 
-@dataclass(frozen=True, slots=True, eq=False)  # one object per kind: hashed by identity
-class Transport:
-    """How a query arrived, which decides the reply's size limits."""
+@dataclass(frozen=True, slots=True)
+class AnyOptions:
+    """CoreDNS's `any`: ANY for a name the upstreams would answer gets RFC 8482's minimal
+    reply. On unless `--forward-any`; `any` in a Corefile says so too."""
 
-    name: str
-    tcp: bool
-    fragment_limit: int
-    family: int  # 1 IPv4, 2 IPv6, as CoreDNS's metrics label it
-    #: Its place in TRANSPORTS (a cached reply's hit counters are kept in that order).
-    slot: int
+    minimal: bool = True
 
 
-UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4, 1, 0)
-UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6, 2, 1)
-TCP4 = Transport("tcp4", True, 0, 1, 2)
-TCP6 = Transport("tcp6", True, 0, 2, 3)
-TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
+ANY_PLUGIN: Plugin[AnyOptions] = Plugin(
+    "any",
+    AnyOptions,
+    (
+        Setting("", sets("minimal", none)),
+        Setting(
+            None,
+            lambda options, words, origin: replace(options, minimal=False),
+            "--forward-any",
+            help="forward ANY questions for names outside the zones; by default they get RFC "
+            "8482's minimal answer, a HINFO record, as from CoreDNS's `any` plugin",
+        ),
+    ),
+)
 
 #: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
@@ -141,6 +153,7 @@ class Responder:
         forwarder: Forwarder | None = None,
         metrics: QueryMetrics | None = None,
         loadbalance: bool = False,
+        autopath: AutopathOptions = NO_AUTOPATH,
         cache_max_bytes: int = DEFAULT_MAX_BYTES,
         max_udp_size: int = MAX_UDP_SIZE,
         forward_any: bool = False,
@@ -156,9 +169,20 @@ class Responder:
         self.max_udp_size = max_udp_size
         #: `--forward-any`: ask the upstreams ANY too, rather than answer RFC 8482's HINFO.
         self.forward_any = forward_any
-        self.autopath = AutoPath(self) if config.autopath else None
+        self.autopath = (
+            AutoPath(
+                autopath,
+                config,
+                lambda: self.snapshot,
+                self.placer,
+                self if forwarder is not None else None,
+                self.count_autopath,
+            )
+            if autopath.enabled
+            else None
+        )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
-        self.negatives = None if config.autopath else Negatives(config)
+        self.negatives = None if autopath.enabled else Negatives(config)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
@@ -484,6 +508,11 @@ class Responder:
             type_name(query.qtype),
         )
         return encode_bare(query, SERVFAIL)
+
+    def count_autopath(self) -> None:
+        """A name autopath found (`coredns_autopath_success_total`, with metrics on)."""
+        if self.metrics is not None:
+            AUTOPATH_SUCCESS.labels(self.metrics.server).inc()
 
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""

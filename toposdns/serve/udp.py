@@ -21,16 +21,20 @@ class UdpProtocol(asyncio.DatagramProtocol):
     query that needs an upstream gets a task."""
 
     def __init__(self, responder: Responder, kind: Transport) -> None:
-        self.responder = responder
         self.kind = kind
         self.slot = kind.slot
-        self.reply_cache = responder.cache
-        self.table = responder.cache.table  # only ever changed in place
         # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
         self.plain_addresses = kind is UDP4
-        self.metrics = responder.metrics
+        self.use(responder)
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
+
+    def use(self, responder: Responder) -> None:
+        """Answer with `responder` from the next datagram on (a reloaded configuration)."""
+        self.responder = responder
+        self.reply_cache = responder.cache
+        self.table = responder.cache.table  # only ever changed in place
+        self.metrics = responder.metrics
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.

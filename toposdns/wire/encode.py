@@ -9,10 +9,12 @@ encoded elsewhere (an upstream's) is cut the same way by `truncate`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from socket import AF_INET, AF_INET6, inet_pton
 from struct import pack
 from typing import cast
 
+from toposdns.options import Plugin, Setting, integer, sets
 from toposdns.resolve.answer import RR, Answer, Soa, Srv
 from toposdns.wire.codes import (
     AA,
@@ -50,6 +52,31 @@ _STRINGS = (TXT, HINFO)
 def udp_limit(edns: Edns | None) -> int:
     """How large a UDP reply may be: the client's EDNS buffer, and never under 512."""
     return max(MIN_UDP_SIZE, edns.udp_size) if edns is not None else MIN_UDP_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class BufsizeOptions:
+    """CoreDNS's `bufsize SIZE` (`--max-udp-size`): the largest UDP reply."""
+
+    size: int = MAX_UDP_SIZE
+
+
+BUFSIZE: Plugin[BufsizeOptions] = Plugin(
+    "bufsize",
+    BufsizeOptions,
+    (
+        Setting(
+            "",
+            sets("size", integer(MIN_UDP_SIZE, MAX_TCP_SIZE, "1232")),
+            "--max-udp-size",
+            "BYTES",
+            "largest UDP reply, whatever buffer a client announces; larger replies are cut, TC "
+            "set, for the client to ask over TCP, as CoreDNS's `bufsize` (default {default}, "
+            "DNS Flag Day 2020)",
+            shows="size",
+        ),
+    ),
+)
 
 
 def bound_buffer(query: Query, max_udp_size: int) -> Query:
