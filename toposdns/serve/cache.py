@@ -153,8 +153,10 @@ class Cached:
             + ENTRY_OVERHEAD
             + WORD_OVERHEAD * len(words)
         )
-        #: Served as it is to a query without OPT record (the UDP frontend's fast path).
-        self.small = serial < 0 and len(reply) <= 510
+        #: Served as it is to a query without OPT record (the UDP frontend's fast path, which
+        #: finds it by the query's raw bytes: only a reply to a lower-case name qualifies).
+        name = question[:-4]
+        self.small = serial < 0 and len(reply) <= 510 and name == name.lower()
 
     def current(self, serial: int) -> bytes:
         """The reply with this serial (rewritten once per serial, not per hit) and, with

@@ -45,9 +45,11 @@ class UdpProtocol(asyncio.DatagramProtocol):
         assert transport is not None
         metrics = self.metrics
         started = perf_counter() if metrics is not None else 0.0
-        # The hot path: a query without OPT record whose reply is cached, in the same case,
-        # whole within 512 bytes (wire/edns.py plain_key; a key found means a plain query).
-        entry = self.table.get(data[2:-4].lower() + data[-4:])
+        # The hot path: a query without OPT record, its name in lower case, whose reply is
+        # cached whole within 512 bytes and in lower case too (`Cached.small`). Its bytes after
+        # the ID are then its key as they are (wire/edns.py plain_key); any other query misses
+        # here and the responder folds its key.
+        entry = self.table.get(data[2:])
         counts = None
         if entry.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
@@ -57,35 +59,34 @@ class UdpProtocol(asyncio.DatagramProtocol):
             found = entry.get(labels)
             if found is not None:
                 entry, counts = found
-        if isinstance(entry, Cached) and entry.small and not data[11]:
-            cached = entry
-            if cached.question == data[12:]:  # the same letter case
-                rotation = cached.rotation
-                if rotation is None:
-                    transport.sendto(data[:2] + cached.reply, addr)
-                elif rotation.orders:  # --loadbalance: the next order, Rotation.next inlined
-                    turn = rotation.turn = rotation.turn + 1
-                    orders = rotation.orders
-                    transport.sendto(data[:2] + orders[turn % len(orders)], addr)
+        if type(entry) is Cached and entry.small and not data[11]:
+            cached = entry  # the raw key matched its lower-cased key: the same case
+            rotation = cached.rotation
+            if rotation is None:
+                transport.sendto(data[:2] + cached.reply, addr)
+            elif rotation.orders:  # --loadbalance: the next order, Rotation.next inlined
+                turn = rotation.turn = rotation.turn + 1
+                orders = rotation.orders
+                transport.sendto(data[:2] + orders[turn % len(orders)], addr)
+            else:
+                transport.sendto(data[:2] + rotation.next(), addr)
+            self.reply_cache.hits += 1
+            if counts is not None:
+                # topology_metrics.count written out: the call costs as much as the count.
+                counts[0] += 1
+                if labels is NO_LABELS:  # no locator holds the client's address
+                    counts[1] += 1
+            if metrics is not None and cached.hits is not None:
+                # query_metrics.count_hit written out, for the same reason.
+                hits = cached.hits[self.slot]
+                seconds = perf_counter() - started
+                if seconds <= FIRST_BOUND:
+                    row = hits.row
+                    row[0] += 1
+                    row[1] += seconds
                 else:
-                    transport.sendto(data[:2] + rotation.next(), addr)
-                self.reply_cache.hits += 1
-                if counts is not None:
-                    # topology_metrics.count written out: the call costs as much as the count.
-                    counts[0] += 1
-                    if labels is NO_LABELS:  # no locator holds the client's address
-                        counts[1] += 1
-                if metrics is not None and cached.hits is not None:
-                    # query_metrics.count_hit written out, for the same reason.
-                    hits = cached.hits[self.slot]
-                    seconds = perf_counter() - started
-                    if seconds <= FIRST_BOUND:
-                        row = hits.row
-                        row[0] += 1
-                        row[1] += seconds
-                    else:
-                        metrics.slow_hit(hits, seconds)
-                return
+                    metrics.slow_hit(hits, seconds)
+            return
         answer = self.responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)
