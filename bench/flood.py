@@ -36,6 +36,7 @@ import dnslib
 
 from bench.cluster import generate_cluster, snapshot_objects
 from bench.harness import HOST, ServerProcess, free_port, log, machine, toposdns_command
+from tests.helpers import headless
 from tests.upstream import stub_upstream
 
 BIG_ENDPOINTS = 100
@@ -47,30 +48,11 @@ FORWARDED = 1000
 
 def big_service() -> list[dict[str, object]]:
     """A namespace with a headless service of 100 named endpoints (SRV answers of ~8 KB)."""
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "flood"}},
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "big", "namespace": "flood"},
-            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": "big-1",
-                "namespace": "flood",
-                "labels": {"kubernetes.io/service-name": "big"},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-            "endpoints": [
-                {"addresses": [f"10.200.0.{i + 1}"], "hostname": f"big-{i}"}
-                for i in range(BIG_ENDPOINTS)
-            ],
-        },
+    endpoints = [
+        {"addresses": [f"10.200.0.{i + 1}"], "hostname": f"big-{i}"} for i in range(BIG_ENDPOINTS)
     ]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "flood"}}
+    return [namespace, *headless("big", "flood", endpoints)]
 
 
 def query(name: str, qtype: str, size: int | None = None) -> bytes:

@@ -13,7 +13,7 @@ import dnslib
 import pytest
 
 from tests.differential import reference_reply
-from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from tests.helpers import SHOP_WEB, config_of, headless, snapshot_of
 from toposdns.serve.cache import Cached, ReplyCache, container_memory_limit, default_max_bytes
 from toposdns.serve.forward_cache import CacheSettings, ForwardCache
 from toposdns.serve.responder import TCP4, UDP4, UDP6, Responder, Transport
@@ -22,27 +22,14 @@ CONFIG = config_of()
 #: A headless service of 100 endpoints with names: SRV answers of about 8 KB with their glue.
 BIG: list[dict[str, Any]] = [
     *SHOP_WEB,
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "big", "namespace": "shop"},
-        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
-    },
-    {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": "big-1",
-            "namespace": "shop",
-            "labels": {"kubernetes.io/service-name": "big"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-        "endpoints": [
+    *headless(
+        "big",
+        "shop",
+        [
             {"addresses": [f"10.2.{i // 250}.{i % 250 + 1}"], "hostname": f"big-{i}"}
             for i in range(100)
         ],
-    },
+    ),
 ]
 SNAPSHOT = snapshot_of(BIG)
 

@@ -16,7 +16,7 @@ import dnslib
 import pytest
 
 from tests.differential import Frontends, frame
-from tests.helpers import config_of, snapshot_of
+from tests.helpers import config_of, headless, snapshot_of
 from toposdns.serve.cache import Cached
 from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.wire.codes import AAAA, CNAME, MX, A
@@ -326,29 +326,11 @@ ZONE_1 = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1
 
 
 def balanced_service(name: str, family: str, addresses: list[str], **spec: Any) -> list[Any]:
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": "shop"},
-            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}], **spec},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": f"{name}-1",
-                "namespace": "shop",
-                "labels": {"kubernetes.io/service-name": name},
-            },
-            "addressType": family,
-            "ports": [{"name": "http", "port": 80}],
-            "endpoints": [
-                {"addresses": [address], "nodeName": "node-a", "zone": "z1" if i < 4 else "z2"}
-                for i, address in enumerate(addresses)
-            ],
-        },
+    endpoints = [
+        {"addresses": [address], "nodeName": "node-a", "zone": "z1" if i < 4 else "z2"}
+        for i, address in enumerate(addresses)
     ]
+    return headless(name, "shop", endpoints, family, **spec)
 
 
 BALANCED = snapshot_of(
