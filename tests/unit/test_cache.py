@@ -269,3 +269,11 @@ def test_the_memory_limit_is_read_from_the_cgroup(
     fallback = 32 << 20
     want = fallback if limit is None else max(1 << 20, limit // 8 // 2)
     assert default_max_bytes(8, 2, fallback, str(tmp_path)) == want
+
+
+@pytest.mark.parametrize("name", ["web.shop.svc.cluster.local", "nope.shop.svc.cluster.local"])
+def test_a_query_in_another_case_leaves_the_cached_reply_in_place(name: str) -> None:
+    responder = Responder(CONFIG, SNAPSHOT)  # the second name: NXDOMAIN from a template
+    for asked in (name, name.upper(), name, name.upper(), name):
+        reply(responder, query(asked))
+    assert (responder.cache.entries, responder.cache.hits, responder.cache.misses) == (1, 2, 3)

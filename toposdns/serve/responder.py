@@ -320,7 +320,8 @@ class Responder:
         cached = Cached(
             reply[2:], None, question, tuple(depends), self.snapshot.serial, False, hits
         )
-        self.cache.store(key, cached)
+        if keep:
+            self.cache.store(key, cached)
         return cached, False
 
     def made(
