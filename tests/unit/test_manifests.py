@@ -14,6 +14,8 @@ import copy
 import functools
 import ipaddress
 import re
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,21 @@ def rendered(directory: Path) -> tuple[Doc, ...]:
     return tuple(render(directory))
 
 
+KUSTOMIZE_DIRECTORIES = sorted(path.parent for path in KUSTOMIZATION_FILES)
+
+
+@functools.cache
+def kustomize(directory: Path) -> tuple[Doc, ...]:
+    """What `kubectl kustomize DIRECTORY` prints (the real Kustomize, built into kubectl)."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (it carries Kustomize)")
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, f"kubectl kustomize {rel(directory)}: {done.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc is not None)
+
+
 def find(docs: tuple[Doc, ...], kind: str, name: str) -> Doc:
     found = [doc for doc in docs if doc["kind"] == kind and doc["metadata"]["name"] == name]
     assert len(found) == 1, f"{kind} {name}: {len(found)} found"
@@ -199,6 +216,23 @@ def test_rendered_objects_validate(directory: Path) -> None:
     # The overlay's patches produce objects no file holds.
     for doc in rendered(directory):
         check_schema(doc)
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZE_DIRECTORIES, ids=lambda path: rel(path) or "root")
+def test_kubectl_kustomize_renders(directory: Path) -> None:
+    docs = kustomize(directory)
+    assert docs
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            pass  # a custom resource (the Prometheus operator's); its own test checks it
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{rel(directory)}: {doc['kind']} {doc['metadata']['name']}: {error}")
+    # The small Kustomize above, which the other tests read, renders the same objects.
+    features = set(load(directory / "kustomization.yaml")[0])
+    if features <= {"apiVersion", "kind", "resources", "patches"}:
+        assert sorted(docs, key=object_id) == sorted(render(directory), key=object_id)
 
 
 def test_validation_is_strict() -> None:
