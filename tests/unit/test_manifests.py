@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import ipaddress
+import json
 import re
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from celpy import celtypes
 
 from toposdns.cli import build_parser
 from toposdns.config import parse_fallthrough, parse_zones
+from toposdns.controller.config import LeaseSettings
 from toposdns.kube.resources import POD_LOCATOR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,6 +272,7 @@ def test_root_kustomization_installs_everything() -> None:
     kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in full()}
     assert kinds == {
         ("CustomResourceDefinition", "podlocators.toposdns.io"),
+        ("ClusterRole", "toposdns-podlocators-view"),
         ("ServiceAccount", "toposdns"),
         ("ClusterRole", "toposdns"),
         ("ClusterRoleBinding", "toposdns"),
@@ -283,6 +286,7 @@ def test_root_kustomization_installs_everything() -> None:
         ("Role", "toposdns-controller-leader-election"),
         ("RoleBinding", "toposdns-controller-leader-election"),
         ("Deployment", "toposdns-controller"),
+        ("PodDisruptionBudget", "toposdns-controller"),
     }
 
 
@@ -689,10 +693,15 @@ def test_schema_rejects(locator: Doc) -> None:
 # --- RBAC ---------------------------------------------------------------------------------------
 
 
-def grants(role: Doc) -> set[tuple[str, str, str]]:
+def grants(role: Doc, named: str | None = None) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the role grants: on every object, or with `named`, on that one."""
     result = set()
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames or URLs"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no URLs"
+        if named is None and "resourceNames" in rule:
+            continue
+        if named is not None and named not in rule.get("resourceNames", [named]):
+            continue
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
@@ -720,12 +729,52 @@ def test_controller_rights() -> None:
     assert grants(find(full(), "ClusterRole", "toposdns-controller")) == every(
         [("", "pods"), ("", "nodes")], ["list", "watch"]
     ) | every(
+        # The calls the controller makes, no more (no patch: updates are whole PUTs).
         [("toposdns.io", "podlocators")],
-        ["get", "list", "watch", "create", "update", "patch", "delete"],
+        ["get", "list", "watch", "create", "update", "delete"],
     )
     role = find(full(), "Role", "toposdns-controller-leader-election")
     assert role["metadata"]["namespace"] == "toposdns"
-    assert grants(role) == every([("coordination.k8s.io", "leases")], ["get", "create", "update"])
+    # Its own Lease only; `create` cannot be limited by name.
+    leases = [("coordination.k8s.io", "leases")]
+    assert grants(role) == every(leases, ["create"])
+    args = build_parser().parse_args(container(controller_deployment())["args"])
+    lease_name = args.lease_name
+    assert lease_name == LeaseSettings().name, "the manifest runs the default --lease-name"
+    assert grants(role, lease_name) == every(leases, ["get", "create", "update"])
+    assert grants(role, "someone-elses-lease") == every(leases, ["create"])
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
+AGGREGATE_TO = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZE_DIRECTORIES, ids=lambda path: rel(path) or "root")
+def test_only_the_controller_writes_podlocators(directory: Path) -> None:
+    # Whoever writes a PodLocator places any client: no namespace admin or editor may.
+    writers = []
+    for doc in kustomize(directory):
+        if doc["kind"] not in ("ClusterRole", "Role"):
+            continue
+        labels = doc["metadata"].get("labels", {})
+        aggregated = {key for key, value in labels.items() if key.startswith(AGGREGATE_TO)}
+        writes = {
+            verb
+            for rule in doc.get("rules", [])
+            if {"toposdns.io", "*"} & set(rule["apiGroups"])
+            for verb in rule["verbs"]
+        } & WRITE_VERBS
+        if writes:
+            writers.append(doc["metadata"]["name"])
+            assert not aggregated, f"{doc['metadata']['name']} writes locators and aggregates"
+        assert not {AGGREGATE_TO + "admin", AGGREGATE_TO + "edit"} & aggregated, doc["metadata"]
+    assert set(writers) <= {"toposdns-controller"}
+
+
+def test_podlocators_view_role_reads_only() -> None:
+    role = find(full(), "ClusterRole", "toposdns-podlocators-view")
+    assert grants(role) == every([("toposdns.io", "podlocators")], ["get", "list", "watch"])
+    assert role["metadata"]["labels"][AGGREGATE_TO + "view"] == "true"
 
 
 def test_no_wildcards_or_secrets() -> None:
@@ -956,6 +1005,13 @@ def test_controller() -> None:
     for probe in (item["livenessProbe"], item["readinessProbe"]):
         assert port_number(spec, probe["httpGet"]["port"]) == http_port
     assert spec["terminationGracePeriodSeconds"] > 0
+    # While no controller runs, new pods get no locator: keep one through drains and pressure.
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    budget = find(full(), "PodDisruptionBudget", "toposdns-controller")
+    assert budget["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+    assert selects(budget["spec"]["selector"]["matchLabels"], spec_labels(deployment))
+    assert not selects(budget["spec"]["selector"]["matchLabels"], spec_labels(dns_deployment()))
 
 
 def images(docs: tuple[Doc, ...]) -> Iterator[tuple[str, Doc]]:
@@ -1094,3 +1150,80 @@ def test_corefile_block_parser() -> None:
     text = "a:53 {\n  errors\n  forward . 1.2.3.4 {\n    max_fails 2\n  }\n}\nb:53 {\n  cache\n}\n"
     assert corefile_block(text, "a:53") == ["errors", "forward . 1.2.3.4"]
     assert corefile_block(text, "b:53") == ["cache"]
+
+
+# --- autoscaling ----------------------------------------------------------------------------------
+
+AUTOSCALING = MANIFESTS / "autoscaling"
+AUTOSCALING_HPA = MANIFESTS / "autoscaling-hpa"
+
+
+def linear_ladder(params: Doc, cores: int, nodes: int) -> int:
+    """The cluster-proportional-autoscaler's linear mode, as its README defines it."""
+    replicas = max(-(-cores // params["coresPerReplica"]), -(-nodes // params["nodesPerReplica"]))
+    if params.get("preventSinglePointFailure") and nodes > 1:
+        replicas = max(replicas, 2)
+    return int(max(replicas, params.get("min", 0)))
+
+
+def test_autoscaler_targets_the_dns_deployment() -> None:
+    docs = kustomize(AUTOSCALING)
+    # The whole install, plus the autoscaler: the budget stays.
+    assert {object_id(doc) for doc in full()} < {object_id(doc) for doc in docs}
+    find(docs, "PodDisruptionBudget", "toposdns")
+    scaler = find(docs, "Deployment", "toposdns-autoscaler")
+    item = container(scaler)
+    assert item["image"].startswith("registry.k8s.io/cpa/cluster-proportional-autoscaler:v")
+    options = flags(item["command"])  # the first word is the binary
+    dns = dns_deployment(docs)
+    namespace = dns["metadata"]["namespace"]
+    assert options["--target"] == f"Deployment/{dns['metadata']['name']}"
+    assert options["--namespace"] == namespace == scaler["metadata"]["namespace"]
+    config = find(docs, "ConfigMap", options["--configmap"])
+    assert config["metadata"]["namespace"] == namespace
+    params = json.loads(config["data"]["linear"])
+    # kube-dns-autoscaler's ladder, never below the Deployment's own two replicas.
+    assert (params["coresPerReplica"], params["nodesPerReplica"]) == (256, 16)
+    assert params["min"] == dns["spec"]["replicas"] == 2
+    assert [
+        linear_ladder(params, cores, nodes)
+        for cores, nodes in [(4, 1), (64, 16), (400, 50), (4096, 100)]
+    ] == [2, 2, 4, 16]
+    # Least privilege: its own ladder, its one target's scale, and the nodes to count.
+    role = find(docs, "Role", "toposdns-autoscaler")
+    assert grants(role) == set()
+    assert grants(role, "toposdns") == every([("apps", "deployments/scale")], ["get", "update"])
+    assert grants(role, options["--configmap"]) == every([("", "configmaps")], ["get"])
+    assert grants(find(docs, "ClusterRole", "toposdns-autoscaler")) == every(
+        [("", "nodes")], ["list", "watch"]
+    )
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        binding = find(docs, kind, "toposdns-autoscaler")
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": pod_spec(scaler)["serviceAccountName"],
+                "namespace": namespace,
+            }
+        ]
+
+
+def test_hpa_targets_the_dns_deployment() -> None:
+    docs = kustomize(AUTOSCALING_HPA)
+    find(docs, "PodDisruptionBudget", "toposdns")
+    hpa = find(docs, "HorizontalPodAutoscaler", "toposdns")
+    dns = dns_deployment(docs)
+    assert hpa["metadata"]["namespace"] == dns["metadata"]["namespace"]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": dns["metadata"]["name"],
+    }
+    assert hpa["spec"]["minReplicas"] == dns["spec"]["replicas"] == 2
+    assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    # Utilization is of the request, which the DNS container must have.
+    assert "cpu" in container(dns)["resources"]["requests"]
+    # Not both autoscalers at once.
+    assert not [d for d in docs if d["metadata"]["name"] == "toposdns-autoscaler"]
