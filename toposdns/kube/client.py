@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +47,17 @@ async def connect(kubeconfig: Path | None) -> Any:
             return client.ApiClient(configuration)
         except config.ConfigException:
             pass
-    try:
-        await config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
+    # The files the client would read: --kubeconfig, else $KUBECONFIG (a list), else the default.
+    where = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if not [path for path in where.split(os.pathsep) if path and Path(path).expanduser().exists()]:
+        # Checked here: the client would log a line of its own, then fail on an empty config.
+        raise ConnectError(
+            f"not in a cluster, and the kubeconfig {where} does not exist; "
+            "pass --kubeconfig FILE"
         )
+    try:
+        await config.load_kube_config(config_file=where, client_configuration=configuration)
     except (config.ConfigException, OSError) as exc:
-        where = kubeconfig or "~/.kube/config"
         raise ConnectError(
             f"not in a cluster, and cannot use the kubeconfig {where}: {exc}; "
             "pass --kubeconfig FILE"
