@@ -52,8 +52,7 @@ async def connect(kubeconfig: Path | None) -> Any:
     if not [path for path in where.split(os.pathsep) if path and Path(path).expanduser().exists()]:
         # Checked here: the client would log a line of its own, then fail on an empty config.
         raise ConnectError(
-            f"not in a cluster, and the kubeconfig {where} does not exist; "
-            "pass --kubeconfig FILE"
+            f"not in a cluster, and the kubeconfig {where} does not exist; pass --kubeconfig FILE"
         )
     try:
         await config.load_kube_config(config_file=where, client_configuration=configuration)
