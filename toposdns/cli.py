@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         "networks, e.g. the CoreDNS pods that forward to toposdns (default: none)",
     )
     serve.add_argument(
+        "--ecs-trust-service",
+        default="",
+        metavar="NS/NAME[,NS/NAME]",
+        help="also take it from the endpoints of these Services, as they change, e.g. "
+        "kube-system/coredns: only those pods' addresses are trusted (default: none)",
+    )
+    serve.add_argument(
         "--upstream",
         metavar="IP[:PORT],...",
         help="forward names outside the zones here ('none': refuse them). Default: the "

@@ -12,6 +12,8 @@ import ipaddress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from toposdns.kube.names import is_dns_label
+from toposdns.resolve.client import Trust, TrustedService
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig
 from toposdns.serve.forward import Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
@@ -41,8 +43,9 @@ class ServeConfig:
     listen_host: str = "0.0.0.0"
     listen_port: int = 53
     resolver: ResolverConfig = field(default_factory=ResolverConfig)
-    #: Forwarders whose EDNS Client Subnet is believed (none by default).
-    ecs_trust: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    #: Forwarders whose EDNS Client Subnet is believed (none by default): networks, and
+    #: Services whose endpoints are trusted as they change.
+    ecs_trust: tuple[Trust, ...] = ()
     tcp_idle_timeout: float = 10.0
     #: Once a TCP message's first byte is in, the rest must follow within this many seconds.
     tcp_read_timeout: float = 3.0
@@ -175,6 +178,19 @@ def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
         except ValueError:
             raise ConfigError(f"--ecs-trust: {part!r} is not a CIDR, e.g. 10.244.0.0/16") from None
     return tuple(networks)
+
+
+def parse_services(text: str) -> tuple[TrustedService, ...]:
+    """A comma-separated list of NAMESPACE/NAME Services, as `--ecs-trust-service` takes."""
+    services = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        namespace, _, name = part.partition("/")
+        if not (is_dns_label(namespace) and is_dns_label(name)):
+            raise ConfigError(
+                f"--ecs-trust-service: {part!r} is not NAMESPACE/NAME, e.g. kube-system/coredns"
+            )
+        services.append(TrustedService(namespace, name))
+    return tuple(services)
 
 
 def parse_duration(text: str, option: str) -> float:
@@ -377,7 +393,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         listen_host=host,
         listen_port=port,
         resolver=resolver_config(args),
-        ecs_trust=parse_networks(args.ecs_trust),
+        ecs_trust=parse_networks(args.ecs_trust) + parse_services(args.ecs_trust_service),
         tcp_idle_timeout=check_seconds("--tcp-idle-timeout", args.tcp_idle_timeout),
         tcp_read_timeout=check_seconds("--tcp-read-timeout", args.tcp_read_timeout),
         tcp_max_connections=check_count("--tcp-max-connections", args.tcp_max_connections),

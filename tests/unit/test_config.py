@@ -18,6 +18,7 @@ from toposdns.config import (
     parse_search_domains,
     parse_zones,
 )
+from toposdns.resolve.client import TrustedService
 
 
 def test_zones_default_and_lists() -> None:
@@ -174,3 +175,20 @@ def test_numeric_options_are_checked(
 ) -> None:
     assert main(["serve", "--snapshot", "examples/cluster.yaml", option, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_ecs_trust_service() -> None:
+    assert config.parse_services("kube-system/coredns, other/dns") == (
+        TrustedService("kube-system", "coredns"),
+        TrustedService("other", "dns"),
+    )
+    assert config.parse_services("") == ()
+
+
+@pytest.mark.parametrize("value", ["coredns", "kube-system/", "/coredns", "a/b/c", "Kube/dns"])
+def test_bad_ecs_trust_service(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--snapshot=x.yaml", f"--ecs-trust-service={value}"]) == 2
+    assert capsys.readouterr().err == (
+        f"toposdns serve: --ecs-trust-service: {value!r} is not NAMESPACE/NAME, "
+        "e.g. kube-system/coredns\n"
+    )

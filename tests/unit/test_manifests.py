@@ -28,7 +28,7 @@ import yaml
 from celpy import celtypes
 
 from toposdns.cli import build_parser
-from toposdns.config import parse_fallthrough, parse_zones
+from toposdns.config import parse_fallthrough, parse_services, parse_zones
 from toposdns.controller.config import LeaseSettings
 from toposdns.kube.resources import POD_LOCATOR
 
@@ -1122,11 +1122,21 @@ def test_forward_overlay_leaves_kube_dns_to_coredns() -> None:
     }
 
 
-def test_forward_overlay_trusts_ecs() -> None:
-    options = flags(container(dns_deployment(rendered(FORWARD)))["args"])
-    networks = [ipaddress.ip_network(cidr) for cidr in options["--ecs-trust"].split(",")]
-    assert networks and all(network.is_private for network in networks)
-    assert "--ecs-trust" not in flags(container(dns_deployment())["args"])
+def test_forward_overlay_trusts_ecs_from_corednss_pods_only() -> None:
+    docs = rendered(FORWARD)
+    options = flags(container(dns_deployment(docs))["args"])
+    # Not a pod CIDR, from which any pod could pick where it is placed.
+    assert "--ecs-trust" not in options
+    (trusted,) = parse_services(options["--ecs-trust-service"])
+    # CoreDNS's Service, which the overlay leaves to CoreDNS and does not ship.
+    assert trusted == ("kube-system", "kube-dns")
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kube-dns"]
+    # The DNS pods read EndpointSlices anyway: the trusted set needs no new right.
+    assert ("discovery.k8s.io", "endpointslices", "watch") in grants(
+        find(docs, "ClusterRole", "toposdns")
+    )
+    for flag in ("--ecs-trust", "--ecs-trust-service"):
+        assert flag not in flags(container(dns_deployment())["args"])
 
 
 def test_corefile_block_forwards_the_cluster_zone_with_ecs() -> None:
