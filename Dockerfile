@@ -47,6 +47,6 @@ ENV PATH=/opt/venv/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1
 # Numeric, so that Kubernetes can verify runAsNonRoot (it cannot for a user name).
 USER 65532:65532
-EXPOSE 53 53/udp 9153
+EXPOSE 53 53/udp 8080 8181 9153
 ENTRYPOINT ["/opt/venv/bin/python3.11", "-m", "toposdns"]
 CMD ["--help"]

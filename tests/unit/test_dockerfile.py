@@ -274,7 +274,8 @@ def test_exposed_ports() -> None:
         for port in instruction.args.split():
             number, _, protocol = port.partition("/")
             exposed.add((int(number), protocol or "tcp"))
-    assert exposed == {(53, "tcp"), (53, "udp"), (9153, "tcp")}
+    # DNS; health, ready and metrics where CoreDNS serves them.
+    assert exposed == {(53, "tcp"), (53, "udp"), (8080, "tcp"), (8181, "tcp"), (9153, "tcp")}
 
 
 def test_entrypoint_exec_form() -> None:

@@ -1248,3 +1248,59 @@ def test_hpa_targets_the_dns_deployment() -> None:
     assert "cpu" in container(dns)["resources"]["requests"]
     # Not both autoscalers at once.
     assert not [d for d in docs if d["metadata"]["name"] == "toposdns-autoscaler"]
+
+
+# --- network policies -----------------------------------------------------------------------------
+
+NETWORK_POLICY = MANIFESTS / "network-policy"
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+API_SERVER = {("TCP", 443), ("TCP", 6443)}
+
+
+def rule_ports(rule: Doc) -> set[tuple[str, int]]:
+    return {(port["protocol"], port["port"]) for port in rule["ports"]}
+
+
+def policy_for(deployment: Doc) -> Doc:
+    (policy,) = [
+        doc
+        for doc in kustomize(NETWORK_POLICY)
+        if doc["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+        and selects(doc["spec"]["podSelector"]["matchLabels"], spec_labels(deployment))
+    ]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    return policy
+
+
+def test_dns_network_policy() -> None:
+    deployment = dns_deployment()
+    policy = policy_for(deployment)
+    assert not selects(
+        policy["spec"]["podSelector"]["matchLabels"], spec_labels(controller_deployment())
+    )
+    options = flags(container(deployment)["args"])
+    metrics_port = int(options["--metrics"].rpartition(":")[2])
+    dns, metrics = policy["spec"]["ingress"]
+    # DNS from anywhere: pods of every namespace, and nodes (NodeLocal DNSCache).
+    assert "from" not in dns and rule_ports(dns) == {("UDP", 53), ("TCP", 53)}
+    assert metrics["from"] == [MONITORING] and rule_ports(metrics) == {("TCP", metrics_port)}
+    # /explain: on the pod's loopback only, and no rule admits its port from elsewhere.
+    explain_host, _, explain_port = options["--explain"].rpartition(":")
+    assert ipaddress.ip_address(explain_host).is_loopback
+    admitted = {port for rule in policy["spec"]["ingress"] for _, port in rule_ports(rule)}
+    assert int(explain_port) not in admitted
+    # The probes' ports come from the node, which policies always admit; none is opened wider.
+    assert admitted == {53, metrics_port}
+    upstreams, api = policy["spec"]["egress"]
+    assert "to" not in upstreams and rule_ports(upstreams) == {("UDP", 53), ("TCP", 53)}
+    assert rule_ports(api) == API_SERVER
+
+
+def test_controller_network_policy() -> None:
+    deployment = controller_deployment()
+    policy = policy_for(deployment)
+    http_port = int(flags(container(deployment)["args"])["--http"].rpartition(":")[2])
+    (metrics,) = policy["spec"]["ingress"]
+    assert metrics["from"] == [MONITORING] and rule_ports(metrics) == {("TCP", http_port)}
+    (api,) = policy["spec"]["egress"]
+    assert rule_ports(api) == API_SERVER
