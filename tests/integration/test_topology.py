@@ -11,6 +11,7 @@ import dns.query
 import pytest
 import yaml
 
+from tests.helpers import forwarder_service
 from tests.integration.support import (
     Server,
     StartServer,
@@ -107,25 +108,7 @@ def test_ecs_from_anyone_else_is_not_believed(server: Server) -> None:
 def with_forwarders(*endpoints: str) -> str:
     """examples/topology.yaml plus a `kube-system/coredns` Service with these endpoints."""
     cluster = yaml.safe_load(TOPOLOGY.read_text())
-    cluster["items"] += [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "coredns", "namespace": "kube-system"},
-            "spec": {"clusterIP": "10.96.0.20", "ports": [{"name": "dns", "port": 53}]},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": "coredns-x1",
-                "namespace": "kube-system",
-                "labels": {"kubernetes.io/service-name": "coredns"},
-            },
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [address]} for address in endpoints],
-        },
-    ]
+    cluster["items"] += forwarder_service(*endpoints)
     return yaml.safe_dump(cluster)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import dnslib
 import pytest
 
-from tests.helpers import config_of, snapshot_of
+from tests.helpers import config_of, forwarder_service, snapshot_of
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
@@ -283,30 +283,12 @@ FORWARDERS = TrustedService("kube-system", "coredns")
 
 
 def forwarder_objects(*endpoints: str) -> list[dict[str, Any]]:
-    """OBJECTS plus a `kube-system/coredns` Service whose ready endpoints are `endpoints`."""
+    """OBJECTS plus a `kube-system/coredns` Service whose ready endpoints are `endpoints` (and a
+    not-ready one, which is no forwarder to trust)."""
     return [
         *OBJECTS,
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "coredns", "namespace": "kube-system"},
-            "spec": {"clusterIP": "10.96.0.20", "ports": [{"name": "dns", "port": 53}]},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": "coredns-1",
-                "namespace": "kube-system",
-                "labels": {"kubernetes.io/service-name": "coredns"},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "dns", "port": 53}],
-            "endpoints": [{"addresses": [address]} for address in endpoints]
-            # Not ready: not a forwarder to trust (it is no endpoint of the Service).
-            + [{"addresses": ["127.0.0.102"], "conditions": {"ready": False}}],
-        },
+        *forwarder_service(*endpoints, not_ready=["127.0.0.102"]),
     ]
 
 
