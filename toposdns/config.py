@@ -127,7 +127,6 @@ TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
     ),
 )
 
-
 #: Every plugin's options, in the order their flags are listed and applied.
 PLUGINS: tuple[Plugin[Any], ...] = (
     SNAPSHOT,

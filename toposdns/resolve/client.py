@@ -2,8 +2,8 @@
 
 The address is the EDNS Client Subnet address when the packet carries one and comes from a
 trusted forwarder (`--ecs-trust` networks, or the endpoints of an `--ecs-trust-service`), else
-the packet's source. A pod or node PodLocator holding that
-address places the client; an unknown address has no labels (docs/topology.md).
+the packet's source. A pod or node PodLocator holding that address places the client; an
+unknown address has no labels (docs/topology.md).
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ class TrustedService(NamedTuple):
 
     namespace: str
     name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 #: What `--ecs-trust` and `--ecs-trust-service` give: networks, and Services whose endpoints
