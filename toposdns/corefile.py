@@ -37,14 +37,20 @@ MAX_TOKENS = 100_000
 #: logs errors once per state change (`errors`) and always guards against forwarding loops
 #: when it forwards (`loop`).
 ACCEPTED = {"errors": "errors are logged anyway", "loop": "loops are always detected"}
-#: The directives toposdns reads, by name, with the plugins whose settings they hold.
-DIRECTIVES: dict[str, tuple[Plugin[Any], ...]] = {}
-for _plugin in PLUGINS:
-    DIRECTIVES.setdefault(_plugin.directive or _plugin.name, ())
-    DIRECTIVES[_plugin.directive or _plugin.name] += (_plugin,)
-#: Tables for flags only (`tcp` settings are written in the `toposdns` block).
-for _flags_only in ("snapshot", "tcp"):
-    DIRECTIVES.pop(_flags_only, None)
+
+
+def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
+    """The directives toposdns reads, by name, with the plugins whose settings they hold (a
+    plugin with a `directive` is written in that directive's block)."""
+    found: dict[str, tuple[Plugin[Any], ...]] = {}
+    for plugin in PLUGINS:
+        name = plugin.directive or plugin.name
+        found[name] = (*found.get(name, ()), plugin)
+    return found
+
+
+#: The directives toposdns reads, by name.
+DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
 _ENV = re.compile(r"\{\$([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -189,6 +189,13 @@ REFUSED = [
     (".:53 {\n  kubernetes\n  import missing\n}\n", "Corefile:3: missing: no snippet"),
     ('.:53 {\n  kubernetes "cluster.local\n}\n', "Corefile:2: a quote that is never closed"),
     ("(s) {\n  import s\n}\n.:53 {\n  import s\n  kubernetes\n}\n", "nested more than 10"),
+    # plugin/kubernetes/setup_test.go: the options' argument counts
+    (".:53 {\n  kubernetes {\n    namespaces\n  }\n}\n", "Corefile:3: namespaces: expected"),
+    (".:53 {\n  kubernetes {\n    endpoint_pod_names x\n  }\n}\n", "takes no value"),
+    (".:53 {\n  kubernetes {\n    pods giant_seed\n  }\n}\n", "expected one of disabled"),
+    (".:53 {\n  kubernetes {\n    ttl\n  }\n}\n", "Corefile:3: ttl: expected one value"),
+    (".:53 {\n  kubernetes {\n    startup_timeout\n  }\n}\n", "Corefile:3: startup_timeout"),
+    (".:53 {\n  kubernetes in-addr.arpa\n}\n", "at least one zone must be a forward zone"),
 ]
 
 
