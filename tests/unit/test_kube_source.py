@@ -224,6 +224,35 @@ def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_pa
     asyncio.run(scenario())
 
 
+def test_a_dropped_watch_resumes_from_the_last_event(api: FakeApiServer, tmp_path: Path) -> None:
+    """A watch that breaks off resumes after the last event it delivered: starting again from
+    an older version would replay changes already served, and answers would go back in time."""
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+            for i in range(1, 6):
+                last = api.modify(service("svc0", f"10.96.5.{i}"))
+                await run.until(lambda: run.answer(svc0) == [f"10.96.5.{i}"])  # noqa: B023
+            seen = len(run.published)
+            api.requests.clear()
+            await asyncio.to_thread(api.restart)  # every watch dropped mid-stream
+            await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+            await asyncio.sleep(0.3)  # what a replay would publish, published by now
+            watch = [r for r in api.requests if r.resource == "services" and r.is_watch]
+            assert watch and watch[0].query["resourceVersion"] == last
+            answers = {
+                str(rr.rdata)
+                for snapshot in run.published[seen:]
+                for rr in resolve(tuple(svc0.split(".")), A, snapshot, CONFIG).answer
+            }
+            assert answers <= {"10.96.5.5"}, "an older state was published again"
+
+    svc0 = "svc0.shop.svc.cluster.local"
+    asyncio.run(scenario())
+
+
 def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:
     settings = WatchSettings(
         inactivity=0.3, watch_seconds=30, backoff_initial=0.05, backoff_max=0.1, page_size=50
