@@ -402,7 +402,9 @@ class Judge:
         if kind == "big" and seen.tcp and seen.truncated:
             return f"{what}: truncated over TCP"
         stale = self.faults.stale_since(seen.sent)
-        start = seen.sent - LAG if stale is None else min(seen.sent - LAG, stale)
+        # As stale as one change interval; after a fault that cut the server off from the
+        # API, as stale as it was when the fault began.
+        start = (seen.sent if stale is None else min(seen.sent, stale)) - LAG
         placed = seen.client if kind in ("topology", "ecs") else None
         answers = self.truth.expected(seen.name.split(".")[0], placed, start, seen.done)
         if any(
