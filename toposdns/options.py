@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from toposdns.wire.codes import Name
@@ -309,6 +310,17 @@ def address_value(text: str, origin: Origin) -> tuple[str, int]:
     except ValueError:
         raise origin.error(f"{host!r} is not an IP address") from None
     return host, int(port_text)
+
+
+def file(example: str) -> Parse:
+    """One file's path."""
+
+    def parse(words: Sequence[str], origin: Origin) -> Path:
+        if len(words) != 1:
+            raise origin.error(f"expected one file, e.g. {example}")
+        return Path(words[0])
+
+    return parse
 
 
 def networks(words: Sequence[str], origin: Origin) -> tuple[Network, ...]:
