@@ -156,7 +156,7 @@ def test_events_of_each_kind_change_answers_within_a_second(
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             api.modify(service("svc0", "10.96.1.1"))
             assert (
                 await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.1.1"])
@@ -193,7 +193,7 @@ def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_pat
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             synced_at = len(run.published)
             api.compact()  # open watches get ERROR 410; their versions are now too old
             api.modify(service("svc2", "10.96.3.3"))
@@ -212,7 +212,7 @@ def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_pa
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             await asyncio.to_thread(api.stop)
             await asyncio.sleep(0.3)  # reflectors fail and back off meanwhile
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
@@ -283,7 +283,7 @@ def test_malformed_objects_are_skipped_and_the_rest_served(
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
             assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             api.modify(eps("bad", "db", ["10.1.0.7"]))  # fixed: now served
             await run.until(lambda: "10.1.0.7" in run.answer("db.shop.svc.cluster.local"), 1)
             broken = service("svc3", "10.96.0.4")
