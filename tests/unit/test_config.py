@@ -15,6 +15,7 @@ from toposdns.cli import main
 from toposdns.config import PLUGINS, Reading, ServeConfig
 from toposdns.options import ConfigError, Origin, address_value, field_default
 from toposdns.resolve.autopath import parse_search_domains, read_search_domains
+from toposdns.resolve.client import TrustedService
 from toposdns.serve.forward_cache import CacheSettings
 
 
@@ -252,3 +253,21 @@ def test_http_listeners(args: list[str], listeners: list[tuple[tuple[str, int], 
 def test_http_addresses_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--snapshot", "x.yaml", "--explain", "localhost:9154"]) == 2
     assert "--explain localhost:9154: 'localhost' is not an IP address" in capsys.readouterr().err
+
+
+def test_ecs_trust_service() -> None:
+    config = serve({"--ecs-trust-service": "kube-system/coredns,other/dns"})
+    assert config.toposdns.ecs_trust_services == (
+        TrustedService("kube-system", "coredns"),
+        TrustedService("other", "dns"),
+    )
+    assert serve({}).toposdns.ecs_trust_services == ()
+
+
+@pytest.mark.parametrize("value", ["coredns", "kube-system/", "/coredns", "a/b/c", "Kube/dns"])
+def test_bad_ecs_trust_service(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--snapshot=x.yaml", f"--ecs-trust-service={value}"]) == 2
+    assert capsys.readouterr().err == (
+        f"toposdns serve: --ecs-trust-service {value}: {value!r} is not NAMESPACE/NAME, "
+        "e.g. kube-system/coredns\n"
+    )
