@@ -88,7 +88,10 @@ class Namespace:
 
 @dataclass(frozen=True, slots=True)
 class PodLocator:
-    """A toposdns.io/v1alpha1 PodLocator: where a pod (or, for node locators, a node) runs."""
+    """A toposdns.io/v1alpha1 PodLocator: where a pod (or, for node locators, a node) runs.
+
+    It places its `addresses` exactly, and every address inside its `cidrs` unless a locator
+    holds that address exactly or a longer prefix contains it (docs/topology.md)."""
 
     namespace: str
     name: str
@@ -98,6 +101,9 @@ class PodLocator:
     node_labels: Mapping[str, str]
     #: True for the controller's per-node locators (label `toposdns.io/locator: node`).
     is_node: bool = False
+    #: Prefixes whose every address this locator places, in canonical network form
+    #: (`10.244.3.0/24`): a node's pod range, where the CNI allocates per node.
+    cidrs: tuple[str, ...] = ()
 
 
 #: Any object a snapshot can hold.
