@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import INVALID_POLICIES
+from toposdns.metrics import INVALID_POLICIES, LOCATOR_CONFLICTS
 from toposdns.resolve.answer import name_text
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer
@@ -35,6 +35,7 @@ from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.builder import StoreBuilder
+from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -75,6 +76,20 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
         )
 
 
+def report_conflicts(old: Snapshot, new: Snapshot) -> None:
+    """Log and count each prefix that two or more PodLocators claim, once, when its claimants
+    change."""
+    changed = [w[1] for w in new.changes if w[0] == "cidr"] if new.follows(old) else None
+    for cidr, holders in prefix_conflicts(old.prefixes, new.prefixes, changed):
+        LOCATOR_CONFLICTS.inc()
+        log.warning(
+            "PodLocators %s all claim %s: no client inside it is placed by it; keep the prefix "
+            "on one locator",
+            " and ".join(f"{held.namespace}/{held.name}" for held in holders),
+            cidr,
+        )
+
+
 async def serve(config: ServeConfig) -> None:
     """Serve until SIGTERM or SIGINT, then keep answering for the lameduck period. With
     `config.workers` above 1, as a supervisor of that many worker processes.
@@ -107,6 +122,7 @@ async def serve(config: ServeConfig) -> None:
 
         def publish(snapshot: Snapshot) -> None:
             report_invalid_policies(responder.snapshot, snapshot)
+            report_conflicts(responder.snapshot, snapshot)
             responder.update(snapshot)
 
         def not_ready() -> str | None:

@@ -39,7 +39,10 @@ def test_json_for_tools(capsys: pytest.CaptureFixture[str]) -> None:
         "name": "node-d",
         "node": "node-d",
         "kind": "node",
+        "via": "address",
+        "matched": "127.0.0.5",
     }
+    assert data["client"]["conflict"] == []
     (decision,) = data["topology"]
     assert decision["policy"]["source"] == "annotation" and decision["policy"]["valid"]
     assert decision["rule"] == "no tier matched: no endpoint"

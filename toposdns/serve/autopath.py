@@ -75,8 +75,8 @@ class AutoPath:
             return None
         if first_candidate(query.name, config) is None:
             return None
-        subnet = query.ecs.address if query.ecs is not None else None
-        locator, via_ecs = responder.placer.locate(responder.snapshot.locators, source, subnet)
+        subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
+        locator, via_ecs = responder.placer.locate(source, subnet)
         if locator is None or locator.is_node:
             return None
         names = candidates(query.name, locator.namespace, config)

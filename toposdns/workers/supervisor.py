@@ -38,6 +38,7 @@ from toposdns.server import (
     bind_pair,
     own_addresses,
     raise_open_files_limit,
+    report_conflicts,
     report_invalid_policies,
     start_http,
     start_source,
@@ -196,6 +197,7 @@ class Supervisor:
     def publish(self, snapshot: Snapshot) -> None:
         """The source's new snapshot: served by the supervisor, and sent to every worker."""
         report_invalid_policies(self.current, snapshot)
+        report_conflicts(self.current, snapshot)
         previous, self.current = self.current, snapshot
         self.batch += 1
         message: Message
