@@ -17,6 +17,7 @@ from tests.integration.support import Server, StartServer, addresses, copy_snaps
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+TOPOLOGY = EXAMPLES / "topology.yaml"
 WEB = "web.shop.svc.cluster.local"
 ALL_WEB = ["10.244.1.10", "10.244.3.10", "10.244.3.11"]
 
