@@ -18,8 +18,9 @@ from toposdns.resolve.autopath import candidates, completed, goes_on
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
+from toposdns.store.model import NODE_NAME
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Policy
+from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import RCODE_NAMES, Name
 
 # A label as typed: printable ASCII but a backslash (escapes are not read); spaces are not.
@@ -166,7 +167,13 @@ def _service_policy(
 
 
 def _labels_text(labels: Any) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(none)"
+    return ", ".join(f"{k}={v}" for k, v in sorted(_node_labels(labels).items())) or "(none)"
+
+
+def _node_labels(labels: Labels) -> dict[str, str]:
+    """The labels as the locator or slice gives them, without the node name that topology
+    compares too (NODE_NAME), which the client line and `node` fields show."""
+    return {key: value for key, value in labels.items() if key != NODE_NAME}
 
 
 def _placement(client: Client) -> str:
@@ -277,7 +284,7 @@ def render_json(result: Explanation) -> dict[str, Any]:
                 "matched": client.placement.via,
             },
             "conflict": [f"{held.namespace}/{held.name}" for held in client.placement.conflict],
-            "labels": dict(client.labels),
+            "labels": _node_labels(client.labels),
         },
         "question": {"name": name_text(result.name), "type": type_name(result.qtype)},
         "topology": [
@@ -287,13 +294,14 @@ def render_json(result: Explanation) -> dict[str, Any]:
                     "source": d.policy.source,
                     "keys": list(d.policy.keys),
                     "hints": d.policy.hints,
+                    "node_hints": d.policy.node_hints,
                     "valid": not d.policy.errors,
                     "errors": list(d.policy.errors),
                 },
                 "candidates": [
                     {
                         "addresses": list(ep.addresses),
-                        "labels": dict(labels),
+                        "labels": _node_labels(labels),
                         "chosen": i in d.selection.chosen,
                     }
                     for i, (ep, labels) in enumerate(d.candidates)

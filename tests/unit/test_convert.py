@@ -73,7 +73,7 @@ def test_endpoint_slice_keeps_only_ready_endpoints() -> None:
                     "nodeName": "n1",
                     "zone": "z1",
                     "targetRef": {"kind": "Pod", "name": "web-0"},
-                    "hints": {"forZones": [{"name": "z1"}]},
+                    "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "n1"}]},
                 },
                 {"addresses": ["10.1.0.2"], "conditions": {"ready": False}},
                 {"addresses": ["10.1.0.3"], "conditions": {"ready": None}},
@@ -90,6 +90,7 @@ def test_endpoint_slice_keeps_only_ready_endpoints() -> None:
         "z1",
         ("z1",),
     )
+    assert first.hint_nodes == ("n1",) and eps.endpoints[1].hint_nodes is None
     assert eps.ports[0].protocol == "TCP"
 
 
@@ -194,6 +195,10 @@ def test_locator_cidr_errors(cidr: Any, message: str) -> None:
         (
             slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]),
             "EndpointSlice shop/web-abc: endpoints[0].hints.forZones[1]: must be a mapping",
+        ),
+        (
+            slice_([{"addresses": ["10.1.0.1"], "hints": {"forNodes": [{"name": 1}]}}]),
+            "EndpointSlice shop/web-abc: endpoints[0].hints.forNodes[0].name: must be a string",
         ),
         (
             slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]),

@@ -67,5 +67,5 @@ def identify(
         length = None
     placement = snapshot.place(key, length)
     locator = placement.locator
-    labels = NO_LABELS if locator is None else locator.node_labels
+    labels = NO_LABELS if locator is None else locator.labels
     return Client(key, labels, locator, via_ecs, length, placement)

@@ -82,7 +82,7 @@ class AutoPath:
         names = candidates(query.name, locator.namespace, config)
         if names is None:
             return None
-        labels = locator.node_labels
+        labels = locator.labels
         first = self.local(names[0], query.qtype, labels)
         if first is not None and answered_alike(query.name, names[0], first):
             return None  # the plain reply, which the reply cache may keep for everyone

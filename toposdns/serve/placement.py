@@ -65,7 +65,7 @@ class Placer:
         if placement is None:
             placement = self.learn_place(where, source)
         locator = placement.locator
-        return (NO_LABELS if locator is None else locator.node_labels), via_ecs
+        return (NO_LABELS if locator is None else locator.labels), via_ecs
 
     def locate(self, source: str, subnet: tuple[str, int] | None) -> tuple[PodLocator | None, bool]:
         """`place` for callers that need the locator itself (--autopath: its namespace)."""

@@ -63,7 +63,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
             # This client's domain's reply; no options, so no Client Subnet to place it by.
             placed = responder.placer.placed.get(addr[0])
             locator = None if placed is None else placed.locator
-            labels = NO_LABELS if locator is None else locator.node_labels
+            labels = NO_LABELS if locator is None else locator.labels
             cached = None if placed is None else hit.get(labels, responder.snapshot.serial)
             if cached is not None:
                 reply, counts = cached

@@ -165,17 +165,11 @@ def _endpoint_slice(
         target = _mapping(ep.get("targetRef"), obj, f"{where}.targetRef")
         pod_name = _str(target.get("name"), obj, f"{where}.targetRef.name")
         hints = ep.get("hints")
-        hint_zones = None
+        hint_zones = hint_nodes = None
         if hints is not None:
-            field = f"{where}.hints.forZones"
-            zones = _list(_mapping(hints, obj, f"{where}.hints").get("forZones"), obj, field)
-            hint_zones = (
-                tuple(
-                    _str(_mapping(z, obj, f"{field}[{j}]").get("name"), obj, f"{field}[{j}].name")
-                    for j, z in enumerate(zones)
-                )
-                or None
-            )
+            hints = _mapping(hints, obj, f"{where}.hints")
+            hint_zones = _hint_names(hints, "forZones", obj, f"{where}.hints")
+            hint_nodes = _hint_names(hints, "forNodes", obj, f"{where}.hints")
         endpoints.append(
             Endpoint(
                 addresses=addrs,
@@ -185,12 +179,30 @@ def _endpoint_slice(
                 node_name=sys.intern(_str(ep.get("nodeName"), obj, f"{where}.nodeName")),
                 zone=sys.intern(_str(ep.get("zone"), obj, f"{where}.zone")),
                 hint_zones=hint_zones,
+                hint_nodes=hint_nodes,
             )
         )
     ports = tuple(
         _port(p, obj, f"ports[{i}]") for i, p in enumerate(_list(raw.get("ports"), obj, "ports"))
     )
     return EndpointSlice(namespace, name, service, ports or (NO_PORT,), tuple(endpoints))
+
+
+def _hint_names(
+    hints: Mapping[str, Any], kind: str, obj: Any, where: str
+) -> tuple[str, ...] | None:
+    """The names of `hints.forZones` or `hints.forNodes`; None when there are none."""
+    field = f"{where}.{kind}"
+    names = _list(hints.get(kind), obj, field)
+    return (
+        tuple(
+            sys.intern(
+                _str(_mapping(n, obj, f"{field}[{j}]").get("name"), obj, f"{field}[{j}].name")
+            )
+            for j, n in enumerate(names)
+        )
+        or None
+    )
 
 
 def _pod_locator(
