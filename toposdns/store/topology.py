@@ -212,6 +212,31 @@ class Selection:
     tier: str
 
 
+def _by_hints(
+    policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
+) -> Selection:
+    """Node hints, then zone hints (those every endpoint carries), else every endpoint."""
+    # (used, the client's value they are compared with, what it is, the endpoint's hints)
+    kinds = (
+        (policy.node_hints, NODE_NAME, "node", "hint_nodes"),
+        (policy.hints, ZONE, "zone", "hint_zones"),
+    )
+    missed = ""
+    for used, key, kind, field_name in kinds:
+        if not used:
+            continue
+        value = client.get(key)
+        hinted = tuple(
+            i
+            for i, (ep, _) in enumerate(candidates)
+            if value and value in (getattr(ep, field_name) or ())
+        )
+        if hinted:
+            return Selection(hinted, f"hinted for {kind} {value}", key)
+        missed = f"no endpoint hinted for {kind} {value!r}"
+    return Selection(tuple(range(len(candidates))), f"{missed}: every endpoint", ANY)
+
+
 def select(
     policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
 ) -> Selection:
@@ -219,23 +244,8 @@ def select(
     everyone = tuple(range(len(candidates)))
     if policy.errors:
         return Selection(everyone, "policy ignored (invalid): every endpoint", ANY)
-    if policy.node_hints:
-        node = client.get(NODE_NAME)
-        hinted = tuple(
-            i for i, (ep, _) in enumerate(candidates) if node and node in (ep.hint_nodes or ())
-        )
-        if hinted:
-            return Selection(hinted, f"hinted for node {node}", NODE_NAME)
-        if not policy.hints:
-            return Selection(everyone, f"no endpoint hinted for node {node!r}: every endpoint", ANY)
-    if policy.hints:
-        zone = client.get(ZONE)
-        hinted = tuple(
-            i for i, (ep, _) in enumerate(candidates) if zone and zone in (ep.hint_zones or ())
-        )
-        if hinted:
-            return Selection(hinted, f"hinted for zone {zone}", ZONE)
-        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint", ANY)
+    if policy.node_hints or policy.hints:
+        return _by_hints(policy, client, candidates)
     keys = policy.keys
     if not keys:
         return Selection(everyone, "no policy: every endpoint", ANY)
