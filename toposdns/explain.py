@@ -187,10 +187,7 @@ def _placement(client: Client) -> str:
         )
     if locator is None:
         if client.length is not None:
-            return (
-                "no PodLocator CIDR holds all of this prefix: the client has no labels "
-                "(a /32 or /128 Client Subnet would place it)"
-            )
+            return "no PodLocator CIDR holds all of this prefix: the client has no labels"
         return "no PodLocator holds this address or a prefix of it: the client has no labels"
     kind = "node locator" if locator.is_node else "PodLocator"
     found = f"{kind} {locator.namespace}/{locator.name} on node {locator.node_name or '?'}"

@@ -60,11 +60,7 @@ class Placer:
     def place(self, source: str, subnet: tuple[str, int] | None) -> tuple[Labels, bool]:
         """The client's labels (empty when no locator places it), and whether its address
         came from the Client Subnet `subnet` (address, source prefix length)."""
-        where, via_ecs = self.where(source, subnet)
-        placement = self.placed.get(where)
-        if placement is None:
-            placement = self.learn_place(where, source)
-        locator = placement.locator
+        locator, via_ecs = self.locate(source, subnet)
         return (NO_LABELS if locator is None else locator.labels), via_ecs
 
     def locate(self, source: str, subnet: tuple[str, int] | None) -> tuple[PodLocator | None, bool]:
