@@ -1,4 +1,5 @@
-"""Which PodLocator places an address, or a Client Subnet prefix: the one rule every caller uses.
+"""Which PodLocator places an address, or a Client Subnet prefix: the one rule every path that
+places a client uses (the server, explain, the tests' reference).
 
 1. A locator holding the address exactly (`addresses`; a pod's over a node's).
 2. Otherwise the locator with the longest prefix (`cidrs`) containing it.
