@@ -121,7 +121,7 @@ class DnsServer:
         return Responder(
             resolver,
             snapshot,
-            config.toposdns.ecs_trust,
+            config.toposdns.ecs_trust + config.toposdns.ecs_trust_services,
             self.forwarder,
             self.metrics,
             config.loadbalance.round_robin,

@@ -11,6 +11,7 @@ tests that only ask run again with the clients placed by their nodes' CIDRs
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.support import (
     Server,
     StartServer,
+    copy_snapshot,
     http_get,
     replace_file,
     rrset_texts,
@@ -271,3 +273,23 @@ def test_explain_follows_a_snapshot_change(start_server: StartServer, tmp_path: 
     assert answered() == moved
     # The counts outlive the caches that the reload emptied.
     assert scrape(port) == ({("topologyKeys", ZONE): 2, ("topologyKeys", HOSTNAME): 1}, 0)
+
+
+def test_the_readmes_explain_sample_is_what_the_server_says(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    question = "/explain?client=127.0.0.5&name=ledger.shop.svc.cluster.local"
+    block = readme.split(f"$ curl -s '127.0.0.1:9153{question}'\n", 1)[1].split("\n$ ", 1)[0]
+    documented = json.loads(block)
+    snapshot = copy_snapshot(tmp_path, EXAMPLES / "topology.yaml")
+    server = start_server("--http", "127.0.0.1:0", snapshot=snapshot)
+    status, body = http_get(http_port(server), question)
+    assert status == 200
+    served = json.loads(body)
+    # The SOA serial is the time the file was read; the rest is the same, field for field.
+    for reply in (served, documented):
+        reply["authority"] = [
+            re.sub(r"hostmaster\S+ \d+", "SERIAL", rr) for rr in reply["authority"]
+        ]
+    assert served == documented

@@ -14,7 +14,13 @@ import ipaddress
 import logging
 
 from toposdns.metrics import UNPLACED_SUBNETS
-from toposdns.resolve.client import NO_LABELS, Network, plain_address
+from toposdns.resolve.client import (
+    NO_LABELS,
+    Trust,
+    TrustedService,
+    endpoint_addresses,
+    plain_address,
+)
 from toposdns.store.model import PodLocator
 from toposdns.store.placement import BITS, Placement
 from toposdns.store.snapshot import Snapshot
@@ -33,19 +39,25 @@ Where = str | tuple[str, int]
 class Placer:
     """Places clients by source address, or by Client Subnet from trusted forwarders."""
 
-    def __init__(self, trust: tuple[Network, ...] = (), snapshot: Snapshot | None = None) -> None:
-        self.trust = trust
-        self.snapshot = snapshot or Snapshot()
+    def __init__(self, trust: tuple[Trust, ...] = (), snapshot: Snapshot | None = None) -> None:
+        self.trust = tuple(t for t in trust if not isinstance(t, TrustedService))
+        self.services = tuple(t for t in trust if isinstance(t, TrustedService))
+        #: The trusted Services' endpoint addresses in the snapshot served (see `follow`).
+        self.trusted: frozenset[str] = frozenset()
+        self.snapshot = Snapshot()
         #: Source address -> (the address locators index it under, may its ECS be believed).
         self.sources: dict[str, tuple[str, bool]] = {}
         #: Address, or (address, prefix length) of a short Client Subnet -> its placement.
         self.placed: dict[Where, Placement] = {}
         #: (forwarder, prefix length) already reported for sending a prefix nobody holds whole.
         self.reported: set[tuple[str, int]] = set()
+        if snapshot is not None:
+            self.update(snapshot)
 
     def update(self, snapshot: Snapshot) -> None:
         """Place from a new snapshot, forgetting the placements it may have moved."""
         previous, self.snapshot = self.snapshot, snapshot
+        self.follow(snapshot)
         if not snapshot.follows(previous):
             self.placed.clear()
             return
@@ -56,6 +68,16 @@ class Placer:
                 # A prefix moves every place inside it; such changes come with nodes, rarely.
                 self.placed.clear()
                 return
+
+    def follow(self, snapshot: Snapshot) -> None:
+        """Trust the trusted Services' endpoints as this snapshot has them: a forwarder pod
+        that goes away is trusted no longer, and a new one from its first query."""
+        if not self.services:
+            return
+        trusted = frozenset().union(*(endpoint_addresses(snapshot, s) for s in self.services))
+        if trusted != self.trusted:
+            self.trusted = trusted
+            self.sources.clear()
 
     def place(self, source: str, subnet: tuple[str, int] | None) -> tuple[Labels, bool]:
         """The client's labels (empty when no locator places it), and whether its address
@@ -121,6 +143,8 @@ class Placer:
         except ValueError:
             known = (plain, False)
         else:
-            known = (str(ip), any(ip in network for network in self.trust))
+            canonical = str(ip)
+            trusted = canonical in self.trusted or any(ip in network for network in self.trust)
+            known = (canonical, trusted)
         self.sources[source] = known
         return known
