@@ -160,8 +160,7 @@ class Responder:
     ) -> None:
         self.config = config
         self.snapshot = snapshot
-        self.placer = Placer(ecs_trust)
-        self.placer.follow(snapshot)
+        self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
@@ -194,7 +193,7 @@ class Responder:
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
-        self.placer.follow(snapshot)
+        self.placer.update(snapshot)
         if snapshot.follows(previous) and snapshot.synced == previous.synced:
             self.cache.invalidate(snapshot.changes)
         else:
@@ -237,8 +236,7 @@ class Responder:
         row = None
         labels = NO_LABELS
         if entry.__class__ is TopologyReplies:
-            subnet = echo.subnet[0] if echo.subnet is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            labels, via_ecs = self.placer.place(source, echo.subnet)
             found = entry.get(labels)
             if found is None:
                 return None
@@ -338,8 +336,7 @@ class Responder:
         if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
             return None
         try:
-            subnet = echo.subnet[0] if echo.subnet is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            labels, via_ecs = self.placer.place(source, echo.subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
@@ -411,8 +408,8 @@ class Responder:
                 completion = self.autopath.complete(data, query, transport, source)
                 if completion is not None:
                     return self.completed(completion, data, transport, started, qtype)
-            subnet = query.ecs.address if query.ecs is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
+            labels, via_ecs = self.placer.place(source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
                 return self.upstreams(data, query, transport, started)

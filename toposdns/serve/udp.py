@@ -60,12 +60,13 @@ class UdpProtocol(asyncio.DatagramProtocol):
         counts = None
         if entry.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
-            responder = self.responder
-            locator = responder.snapshot.locators.get(addr[0])
-            labels = NO_LABELS if locator is None else locator.node_labels
-            found = entry.get(labels)
-            if found is not None:
-                entry, counts = found
+            placed = self.responder.placer.placed.get(addr[0])
+            if placed is not None:  # else the responder places it first
+                locator = placed.locator
+                labels = NO_LABELS if locator is None else locator.labels
+                found = entry.get(labels)
+                if found is not None:
+                    entry, counts = found
         if type(entry) is Cached and entry.small and not data[11]:
             cached = entry  # the raw key matched its lower-cased key: the same case
             rotation = cached.rotation
