@@ -285,6 +285,25 @@ def _add_answer_options(parser: argparse.ArgumentParser) -> None:
         help="serve only these namespaces (CoreDNS `namespaces`)",
     )
     parser.add_argument(
+        "--zonal",
+        action="store_true",
+        help="headless services also answer <zone>.pin._zone.<svc>.<ns>.svc.<zone> (that "
+        "topology zone's endpoints) and <zone>.prefer._zone... (all when it has none) "
+        "(CoreDNS `zonal`)",
+    )
+    parser.add_argument(
+        "--ignore-empty-service",
+        action="store_true",
+        help="NXDOMAIN for ClusterIP services without a ready endpoint, so that a search path "
+        "goes on (CoreDNS `ignore empty_service`)",
+    )
+    parser.add_argument(
+        "--noendpoints",
+        action="store_true",
+        help="watch no EndpointSlices: endpoint names and headless services are NXDOMAIN "
+        "(CoreDNS `noendpoints`)",
+    )
+    parser.add_argument(
         "--fallthrough",
         action="append",
         nargs="?",

@@ -323,6 +323,9 @@ def resolver_config(args: argparse.Namespace) -> ResolverConfig:
     zones, primary = parse_zones(args.zone)
     if args.autopath_resolv_conf is not None and not args.autopath:
         raise ConfigError("--autopath-resolv-conf: only read with --autopath; add --autopath")
+    if args.zonal and args.noendpoints:
+        # CoreDNS's setup.go refuses the pair: zonal answers come from the endpoints.
+        raise ConfigError("--zonal: requires the EndpointSlice watch; remove --noendpoints")
     return ResolverConfig(
         zones=zones,
         ttl=check_ttl(args.ttl),
@@ -333,6 +336,9 @@ def resolver_config(args: argparse.Namespace) -> ResolverConfig:
         fallthrough=parse_fallthrough(args.fallthrough, zones),
         autopath=args.autopath,
         autopath_search=read_search_domains(args.autopath_resolv_conf) if args.autopath else (),
+        zonal=args.zonal,
+        ignore_empty_service=args.ignore_empty_service,
+        noendpoints=args.noendpoints,
     )
 
 

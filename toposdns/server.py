@@ -185,7 +185,13 @@ async def start_source(
     life.stack.push_async_callback(api_client.close)
     # Listed objects live as long as the data: freeze what survives each page, so the
     # cyclic collector does not scan it again and again in a big sync.
-    source = KubeSource(apis_of(api_client), publish, on_page=gc.freeze, builder=builder)
+    source = KubeSource(
+        apis_of(api_client),
+        publish,
+        on_page=gc.freeze,
+        builder=builder,
+        endpoints=not config.resolver.noendpoints,
+    )
     task = life.start(source.run(), "source")
     await _wait_for_sync(synced, task, config.startup_timeout)
     return source

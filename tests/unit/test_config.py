@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import toposdns.config as config
-from toposdns.cli import main
+from toposdns.cli import build_parser, main
 from toposdns.config import (
     ConfigError,
     check_max_concurrent,
@@ -174,3 +174,22 @@ def test_numeric_options_are_checked(
 ) -> None:
     assert main(["serve", "--snapshot", "examples/cluster.yaml", option, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_kubernetes_option_flags() -> None:
+    args = build_parser().parse_args(["serve", "--zonal", "--ignore-empty-service"])
+    resolver = config.resolver_config(args)
+    assert (resolver.zonal, resolver.ignore_empty_service, resolver.noendpoints) == (
+        True,
+        True,
+        False,
+    )
+    assert config.resolver_config(build_parser().parse_args(["serve", "--noendpoints"])).noendpoints
+
+
+def test_zonal_needs_the_endpoints(capsys: pytest.CaptureFixture[str]) -> None:
+    # CoreDNS's setup.go refuses `zonal` with `noendpoints` too.
+    assert main(["serve", "--snapshot", "x.yaml", "--zonal", "--noendpoints"]) == 2
+    assert "--zonal: requires the EndpointSlice watch; remove --noendpoints" in (
+        capsys.readouterr().err
+    )

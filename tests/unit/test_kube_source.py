@@ -104,11 +104,18 @@ class Run:
 
 @asynccontextmanager
 async def running(
-    kubeconfig: Path, settings: WatchSettings = FAST, on_page: Callable[[], None] | None = None
+    kubeconfig: Path,
+    settings: WatchSettings = FAST,
+    on_page: Callable[[], None] | None = None,
+    endpoints: bool = True,
 ) -> AsyncIterator[Run]:
     client = await connect(kubeconfig)
     source = KubeSource(
-        apis_of(client), lambda s: run.published.append(s), settings, on_page=on_page
+        apis_of(client),
+        lambda s: run.published.append(s),
+        settings,
+        on_page=on_page,
+        endpoints=endpoints,
     )
     run = Run(source)
     task = asyncio.create_task(run.source.run())
@@ -148,6 +155,19 @@ def test_initial_sync_lists_in_pages_with_the_token(api: FakeApiServer, tmp_path
     }
     assert all(r.query.get("allowWatchBookmarks") == "true" for r in watches)
     assert all(r.headers["authorization"] == "Bearer test-token" for r in api.requests)
+
+
+def test_noendpoints_watches_no_endpointslices(api: FakeApiServer, tmp_path: Path) -> None:
+    # CoreDNS's `noendpoints` starts no EndpointSlice informer; sync needs the other three.
+    async def scenario() -> None:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        async with running(kubeconfig, endpoints=False) as run:
+            await run.until(lambda: run.snapshot.synced)
+            assert not run.snapshot.slices
+            assert run.answer("svc3.shop.svc.cluster.local") == ["10.96.0.4"]
+
+    asyncio.run(scenario())
+    assert "endpointslices" not in {r.resource for r in api.requests}
 
 
 def test_events_of_each_kind_change_answers_within_a_second(

@@ -68,8 +68,11 @@ class KubeSource:
         clock: Callable[[], float] = time.time,
         on_page: Callable[[], None] | None = None,
         builder: StoreBuilder | None = None,
+        endpoints: bool = True,
     ) -> None:
         self.apis = apis
+        #: The resources watched: all but EndpointSlices with `endpoints` False (`noendpoints`).
+        self.resources = [r for r in RESOURCES if endpoints or r is not ENDPOINT_SLICES]
         self.publish = publish
         self.settings = settings or WatchSettings()
         self.clock = clock
@@ -84,12 +87,12 @@ class KubeSource:
     @property
     def is_synced(self) -> bool:
         """True once every resource has been listed at least once."""
-        return len(self.synced) == len(RESOURCES)
+        return len(self.synced) == len(self.resources)
 
     async def run(self) -> None:
         """Run every reflector until cancelled."""
         async with asyncio.TaskGroup() as group:
-            for resource in RESOURCES:
+            for resource in self.resources:
                 reflector = Reflector(self.apis, resource, self, self.settings, self.on_page)
                 group.create_task(reflector.run(), name=f"watch {resource.name}")
 
