@@ -11,6 +11,7 @@ import contextlib
 import gc
 import ipaddress
 import logging
+import platform
 import resource
 import socket
 import time
@@ -21,10 +22,11 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
+from toposdns import __version__
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import INVALID_POLICIES
+from toposdns.metrics import BUILD_INFO, INVALID_POLICIES, PLUGIN_ENABLED
 from toposdns.resolve.answer import name_text
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer
@@ -58,6 +60,30 @@ def own_addresses(host: str) -> tuple[str, ...]:
             if not address.is_loopback and str(address) not in found:
                 found.append(str(address))
     return tuple(found)
+
+
+def plugins(config: ServeConfig) -> list[str]:
+    """The CoreDNS plugins in the query path this configuration stands for (health, ready and
+    reload are not in it, as CoreDNS's handler chain does not hold them)."""
+    names = ["errors", "kubernetes"]
+    if config.http is not None:
+        names.append("prometheus")
+    if config.upstreams:
+        names += ["forward", "cache", "loop"]
+    if config.loadbalance:
+        names.append("loadbalance")
+    if config.resolver.autopath:
+        names.append("autopath")
+    return names
+
+
+def report_server(config: ServeConfig, port: int) -> None:
+    """coredns_build_info, and coredns_plugin_enabled for the server block `.:PORT`, as
+    CoreDNS's prometheus plugin sets them at startup."""
+    BUILD_INFO.labels(__version__, "", f"python{platform.python_version()}").set(1)
+    PLUGIN_ENABLED.clear()
+    for name in plugins(config):
+        PLUGIN_ENABLED.labels(f"dns://:{port}", ".", "", name).set(1)
 
 
 def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
@@ -126,6 +152,7 @@ async def serve(config: ServeConfig) -> None:
         port = await serve_dns(config, responder, udp_sock, tcp_sock, life.stack)
         log.info("serving DNS on %s:%d (udp, tcp) for %s", config.listen_host, port, zones(config))
         server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        report_server(config, port)
         if metrics is not None:
             metrics.server = server
         if forwarder is not None:

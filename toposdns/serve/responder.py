@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from toposdns.metrics import PANICS
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
@@ -400,6 +401,7 @@ class Responder:
 
     def failed(self, query: Query) -> bytes:
         """SERVFAIL for a bug, with the traceback in the log."""
+        PANICS.inc()
         log.exception(
             "internal error answering %s %s; replied SERVFAIL",
             name_text(query.name),

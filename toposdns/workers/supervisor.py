@@ -39,6 +39,7 @@ from toposdns.server import (
     own_addresses,
     raise_open_files_limit,
     report_invalid_policies,
+    report_server,
     start_http,
     start_source,
     zones,
@@ -163,6 +164,7 @@ class Supervisor:
                 family, config.listen_host, config.listen_port, reuse_port=True, listen=False
             )
             self.port = int(reserved[0].getsockname()[1])
+            report_server(config, self.port)
             life.stack.push_async_callback(self.end_workers)
             self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
             try:
