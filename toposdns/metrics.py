@@ -50,6 +50,11 @@ API_ERRORS = Counter(
     "Failed list or watch requests to the Kubernetes API, by resource.",
     ["resource"],
 )
+SOURCE_SYNCED = Gauge(
+    "toposdns_source_synced",
+    "1 once the data served has synced (every watched resource listed, or the snapshot file "
+    "loaded); until then names not found get SERVFAIL and /ready fails.",
+)
 MALFORMED_OBJECTS = Counter(
     "toposdns_malformed_objects",
     "Kubernetes objects skipped because they cannot be served, by kind.",

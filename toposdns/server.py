@@ -26,7 +26,7 @@ from toposdns import __version__
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import BUILD_INFO, INVALID_POLICIES, PLUGIN_ENABLED
+from toposdns.metrics import BUILD_INFO, INVALID_POLICIES, PLUGIN_ENABLED, SOURCE_SYNCED
 from toposdns.resolve.answer import name_text
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer
@@ -133,6 +133,7 @@ async def serve(config: ServeConfig) -> None:
 
         def publish(snapshot: Snapshot) -> None:
             report_invalid_policies(responder.snapshot, snapshot)
+            SOURCE_SYNCED.set(snapshot.synced)
             responder.update(snapshot)
 
         def not_ready() -> str | None:

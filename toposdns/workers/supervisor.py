@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY, Metric, generate_latest
 
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import WORKER_RESTARTS
+from toposdns.metrics import SOURCE_SYNCED, WORKER_RESTARTS
 from toposdns.serve.http import HttpServer
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
@@ -198,6 +198,7 @@ class Supervisor:
     def publish(self, snapshot: Snapshot) -> None:
         """The source's new snapshot: served by the supervisor, and sent to every worker."""
         report_invalid_policies(self.current, snapshot)
+        SOURCE_SYNCED.set(snapshot.synced)
         previous, self.current = self.current, snapshot
         self.batch += 1
         message: Message
