@@ -184,8 +184,9 @@ def percentage(value: float) -> str:
     return f"{value * 100:.4g}%"
 
 
-def alert(name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
-    return {"exp_labels": labels, "exp_annotations": annotations} | {"name": name}
+def alert(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    """One alert expected to fire."""
+    return {"exp_labels": labels, "exp_annotations": annotations}
 
 
 def run_tests(directory: Path, rules: Path, tests: list[dict[str, Any]]) -> None:
@@ -202,7 +203,7 @@ def expect(eval_time: str, **alerts: list[dict[str, Any]]) -> list[dict[str, Any
         {
             "eval_time": eval_time,
             "alertname": name,
-            "exp_alerts": [{k: v for k, v in a.items() if k != "name"} for a in fired],
+            "exp_alerts": fired,
         }
         for name, fired in alerts.items()
     ]
@@ -239,16 +240,14 @@ def test_coredns_mixin_alerts_over_toposdns_series(
             CoreDNSDown=[],
             CoreDNSLatencyHigh=[],  # answered in milliseconds
             CoreDNSErrorsHigh=[
-                alert("", {"severity": "critical", **job}, errors),
-                alert("", {"severity": "warning", **job}, errors),
+                alert({"severity": "critical", **job}, errors),
+                alert({"severity": "warning", **job}, errors),
             ],
             # These three read coredns_forward_* series that CoreDNS 1.14 no longer exports.
             CoreDNSForwardLatencyHigh=[],
             CoreDNSForwardErrorsHigh=[],
             CoreDNSForwardHealthcheckFailureCount=[],
-            CoreDNSForwardHealthcheckBrokenCount=[
-                alert("", {"severity": "warning", **job}, broken)
-            ],
+            CoreDNSForwardHealthcheckBrokenCount=[alert({"severity": "warning", **job}, broken)],
         ),
     }
     # The same label sets, every query slower than the largest bucket, and the target gone.
@@ -274,7 +273,6 @@ def test_coredns_mixin_alerts_over_toposdns_series(
             EVAL,
             CoreDNSDown=[
                 alert(
-                    "",
                     {"severity": "critical"},  # absent() of a comparison has no labels
                     {
                         "summary": "CoreDNS has disappeared from Prometheus target discovery.",
@@ -285,7 +283,6 @@ def test_coredns_mixin_alerts_over_toposdns_series(
             ],
             CoreDNSLatencyHigh=[
                 alert(
-                    "",
                     {"severity": "critical", "server": dns_server, "zone": ".", **job},
                     {
                         "summary": "CoreDNS is experiencing high 99th percentile latency.",
@@ -323,7 +320,7 @@ def test_toposdns_alerts_over_toposdns_series(
             "description": description,
             "runbook_url": RUNBOOK + name.lower(),
         }
-        return [alert(name, labels, annotations)]
+        return [alert(labels, annotations)]
 
     as_recorded = {
         "interval": "1m",
