@@ -7,7 +7,7 @@ from typing import Any
 
 import dnslib
 
-from toposdns.config import parse_zones
+from toposdns.config import answer_options
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import convert_object
@@ -42,19 +42,25 @@ def config_of(
     noendpoints: bool = False,
 ) -> ResolverConfig:
     """A resolver config from CLI-style values."""
-    parsed, primary = parse_zones(zones or ["cluster.local"])
+    parsed = kubernetes({"--zone": zones or ["cluster.local"]})
     return ResolverConfig(
-        zones=parsed,
+        zones=parsed.zones,
         ttl=ttl,
         pods=pods,
         endpoint_pod_names=endpoint_pod_names,
         namespaces=frozenset(namespaces),
         ns_addresses=tuple(ns_addresses),
-        primary_zone=primary,
+        primary_zone=parsed.primary_zone,
         zonal=zonal,
         ignore_empty_service=ignore_empty_service,
         noendpoints=noendpoints,
     )
+
+
+def kubernetes(flags: dict[str, Any]) -> ResolverConfig:
+    """The answer options as the server reads them from its flags, by flag:
+    `{"--zone": ["cluster.local"], "--ttl": "30", "--fallthrough": [""]}`."""
+    return answer_options(flags)[0]
 
 
 def normal(rr: dnslib.RR) -> str:

@@ -23,9 +23,11 @@ PANICS = Counter(
     "coredns_panics",
     "Internal errors while answering a query (each answered SERVFAIL, its traceback logged).",
 )
-RELOAD_FAILED = Counter(
-    "coredns_reload_failed",
-    "Counter of the number of failed reload attempts.",
+RELOAD_FAILED = Counter("coredns_reload_failed", "Counter of the number of failed reload attempts.")
+RELOAD_VERSION = Gauge(
+    "coredns_reload_version_info",
+    "A metric with a constant '1' value labeled by hash, and value which type of hash generated.",
+    ["hash", "value"],
 )
 DNS_PROGRAMMING_DURATION = Histogram(
     "coredns_kubernetes_dns_programming_duration_seconds",

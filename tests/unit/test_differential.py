@@ -28,7 +28,6 @@ import pytest
 
 from tests.differential import Frontends, frame, reference_reply, render
 from tests.helpers import config_of
-from toposdns.config import DEFAULT_ZONES
 from toposdns.resolve.client import Network
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.store.builder import StoreBuilder
@@ -127,7 +126,11 @@ UNTRUNCATED = {"compressed", "ECS scope", "truncated"}
 
 CONFIGS = {
     "defaults": (
-        config_of(zones=list(DEFAULT_ZONES), pods="verified", ns_addresses=["10.1.0.1"]),
+        config_of(
+            zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
+            pods="verified",
+            ns_addresses=["10.1.0.1"],
+        ),
         (("cluster", "local"),),
     ),
     "options": (
@@ -145,7 +148,10 @@ CONFIGS = {
     ),
     "noendpoints": (
         config_of(
-            zones=list(DEFAULT_ZONES), pods="verified", ns_addresses=["10.1.0.1"], noendpoints=True
+            zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
+            pods="verified",
+            ns_addresses=["10.1.0.1"],
+            noendpoints=True,
         ),
         (("cluster", "local"),),
     ),
