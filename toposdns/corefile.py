@@ -49,6 +49,8 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
     return found
 
 
+#: Directives a server block may hold more than once, as CoreDNS allows.
+REPEATABLE = ("acl",)
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -337,7 +339,7 @@ def apply_block(
         word = line[0]
         if word.quoted or word.text not in DIRECTIVES and word.text not in ACCEPTED:
             raise word.error(f"unknown plugin; supported: {', '.join(SUPPORTED)}")
-        if word.text in seen:
+        if word.text in seen and word.text not in REPEATABLE:
             raise word.error(
                 f"given twice in the server block (first at line {seen[word.text].line})"
             )
@@ -346,7 +348,7 @@ def apply_block(
             _accepted(line, body)
             continue
         args = [token.text for token in line[1:]]
-        if word.text == "kubernetes" and not args:
+        if word.text in ("kubernetes", "acl") and not args:
             args = [key.text for key in keys]  # the server block's zones, as CoreDNS
         _directive(reading, DIRECTIVES[word.text], word, args, body)
     if "kubernetes" not in seen:

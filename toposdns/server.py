@@ -32,6 +32,7 @@ from toposdns.metrics import BUILD_INFO, INVALID_POLICIES, PLUGIN_ENABLED, SOURC
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import PATHS, HttpServer, Serving
@@ -118,6 +119,7 @@ class DnsServer:
         self.forwarder = make_forwarder(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
+        self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
         self.server = ""
 
@@ -153,8 +155,10 @@ class DnsServer:
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
         self.responder.topology_counts = previous.topology_counts  # counts go on
+        self.screen = screen_of(config, self.server)
         for protocol in self.udp:
             protocol.use(self.responder)
+            protocol.screen = self.screen
         self.config = config
         return restart
 
@@ -174,6 +178,9 @@ class DnsServer:
         udp_sock, tcp_sock = bind_pair(family, config.bind.host, port, reuse_port=reuse_port)
         port = await serve_dns(config.tcp, self, udp_sock, tcp_sock, stack)
         server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        self.screen = screen_of(config, server)
+        for protocol in self.udp:
+            protocol.screen = self.screen
         if self.metrics is not None:
             self.metrics.server = server
         if self.forwarder is not None:
@@ -283,6 +290,13 @@ def report_restart(plugins: list[str]) -> None:
 def answering(config: ServeConfig) -> ResolverConfig:
     """The answer options, with this server's own addresses for apex NS answers."""
     return replace(config.kubernetes, ns_addresses=own_addresses(config.bind.host))
+
+
+def screen_of(config: ServeConfig, server: str = "") -> Screen | None:
+    """CoreDNS's `acl` for the frontends; None without one."""
+    if not config.acl.policies:
+        return None
+    return Acl(config.acl, server or f"dns://:{config.bind.port}").screen
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:
@@ -405,12 +419,13 @@ async def serve_dns(
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
     protocol = UdpProtocol(dns.responder, kind)
+    protocol.screen = dns.screen
     udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
     dns.udp.append(protocol)
     stack.callback(udp.close)
     limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
     tcp = await loop.create_server(
-        lambda: TcpProtocol(dns.responder, limits, stream), sock=tcp_sock, backlog=1024
+        lambda: TcpProtocol(dns.responder, limits, stream, dns.screen), sock=tcp_sock, backlog=1024
     )
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)

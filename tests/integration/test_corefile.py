@@ -13,8 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import dns.edns
 import dns.exception
 import dns.message
+import dns.query
+import dns.rcode
 import pytest
 
 from tests.integration.support import (
@@ -246,3 +249,27 @@ def test_every_worker_applies_a_reload(tmp_path: Path) -> None:
         assert wait_until(every_worker_has_it, 8), server.tail()
     finally:
         assert server.stop(15) == 0, server.log()
+
+
+def test_acl_screens_udp_and_tcp_by_source(tmp_path: Path) -> None:
+    snapshot = copy_snapshot(tmp_path)
+    port = free_ports("dns")["dns"]
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(
+        f".:{port} {{\n  bind 127.0.0.1\n  kubernetes cluster.local\n"
+        f"  acl {{\n    drop net 127.0.0.3\n    block net 127.0.0.2\n  }}\n"
+        f"  toposdns {{\n    snapshot {snapshot}\n    workers 1\n  }}\n}}\n"
+    )
+    server = CorefileServer(corefile)
+    try:
+        server.wait_ready(30)
+        query = dns.message.make_query("frontend.shop.svc.cluster.local", "A")
+        for ask in (dns.query.udp, dns.query.tcp):
+            assert ask(query, "127.0.0.1", port=port, timeout=2).answer  # allowed
+            blocked = ask(query, "127.0.0.1", port=port, timeout=2, source="127.0.0.2")
+            assert blocked.rcode() == dns.rcode.REFUSED and not blocked.answer
+            assert [o.code for o in blocked.options] == [dns.edns.EDE]
+        with pytest.raises(dns.exception.Timeout):
+            dns.query.udp(query, "127.0.0.1", port=port, timeout=1, source="127.0.0.3")
+    finally:
+        assert server.stop() == 0, server.log()
