@@ -75,6 +75,8 @@ def plugins(config: ServeConfig) -> list[str]:
     """The CoreDNS plugins in the query path this configuration stands for (health, ready and
     reload are not in it, as CoreDNS's handler chain does not hold them)."""
     names = ["errors", "kubernetes"]
+    if config.acl.policies:
+        names.append("acl")
     if config.serves_metrics:
         names.append("prometheus")
     if config.upstreams:
