@@ -124,14 +124,17 @@ class DnsServer:
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
         self.server = ""
+        #: Forwarders a reload replaced, until their queries are done.
+        self.retiring: set[asyncio.Task[None]] = set()
 
     def respond_by(
         self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot
     ) -> Responder:
+        """A responder by `config`, over this server's forwarder and metrics."""
         return Responder(
             resolver,
             snapshot,
-            config.toposdns.ecs_trust,
+            config.toposdns.ecs_trust + config.toposdns.ecs_trust_services,
             self.forwarder,
             self.metrics,
             config.loadbalance.round_robin,
@@ -149,10 +152,10 @@ class DnsServer:
             retired, self.forwarder = self.forwarder, make_forwarder(config)
             if self.forwarder is not None:
                 self.forwarder.set_server(self.server)
-            if retired is not None:
-                asyncio.get_running_loop().call_later(
-                    FORWARD_BUDGET, lambda: asyncio.ensure_future(retired.close())
-                )
+            if retired is not None:  # closed once the queries it has are done
+                task = asyncio.create_task(self.retire(retired))
+                self.retiring.add(task)
+                task.add_done_callback(self.retiring.discard)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -164,6 +167,21 @@ class DnsServer:
         self.config = config
         return restart
 
+    async def retire(self, forwarder: Forwarder) -> None:
+        """Close a forwarder a reload replaced, once its queries are done."""
+        try:
+            await asyncio.sleep(FORWARD_BUDGET)
+        finally:
+            await forwarder.close()
+
+    async def close(self) -> None:
+        """Close the forwarders: the current one, and those a reload replaced."""
+        for task in list(self.retiring):
+            task.cancel()
+        await asyncio.gather(*self.retiring, return_exceptions=True)
+        if self.forwarder is not None:
+            await self.forwarder.close()
+
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
         return self.responder.snapshot, self.responder.config, self.config.autopath
@@ -173,8 +191,7 @@ class DnsServer:
     ) -> int:
         """Bind the DNS port (with `reuse_port`, shared with other workers) and answer on it
         until the stack closes; returns the port."""
-        if self.forwarder is not None:
-            stack.push_async_callback(self.forwarder.close)
+        stack.push_async_callback(self.close)
         config = self.config
         family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
         udp_sock, tcp_sock = bind_pair(family, config.bind.host, port, reuse_port=reuse_port)

@@ -9,8 +9,18 @@ import dns.edns
 import dns.message
 import dns.query
 import pytest
+import yaml
 
-from tests.integration.support import Server, StartServer, addresses, copy_snapshot, dig
+from tests.helpers import forwarder_service
+from tests.integration.support import (
+    Server,
+    StartServer,
+    addresses,
+    copy_snapshot,
+    dig,
+    replace_file,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +103,33 @@ def test_ecs_from_anyone_else_is_not_believed(server: Server) -> None:
     assert addresses(reply) == {"10.244.1.10"}  # placed by its own address: node-a
     (option,) = [o for o in reply.options if isinstance(o, dns.edns.ECSOption)]
     assert option.scopelen == 0
+
+
+def with_forwarders(*endpoints: str) -> str:
+    """examples/topology.yaml plus a `kube-system/coredns` Service with these endpoints."""
+    cluster = yaml.safe_load(TOPOLOGY.read_text())
+    cluster["items"] += forwarder_service(*endpoints)
+    return yaml.safe_dump(cluster)
+
+
+def test_ecs_trust_follows_the_services_endpoints(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    snapshot = tmp_path / "cluster.yaml"
+    snapshot.write_text(with_forwarders("127.0.0.100"))
+    server = start_server("--ecs-trust-service", "kube-system/coredns", snapshot=snapshot)
+    placed = {"10.244.3.10", "10.244.3.11"}  # 127.0.0.4's answer, given in ECS
+    assert addresses(ask_with_ecs(server, "127.0.0.100", "127.0.0.4/32")) == placed
+    assert addresses(ask_with_ecs(server, "127.0.0.101", "127.0.0.4/32")) == set(ALL_WEB)
+    # The forwarder moves to another address: trust moves with it, in every worker.
+    replace_file(snapshot, with_forwarders("127.0.0.101"))
+
+    def moved() -> bool:
+        return all(
+            addresses(ask_with_ecs(server, "127.0.0.101", "127.0.0.4/32")) == placed
+            for _ in range(8)
+        )
+
+    assert wait_until(moved, 10), server.log()
+    for _ in range(8):
+        assert addresses(ask_with_ecs(server, "127.0.0.100", "127.0.0.4/32")) == set(ALL_WEB)

@@ -9,6 +9,7 @@ The data is examples/topology.yaml (clients on 127.0.0.2-5) plus a service with 
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.support import (
     Server,
     StartServer,
+    copy_snapshot,
     http_get,
     replace_file,
     rrset_texts,
@@ -263,3 +265,22 @@ def test_explain_follows_a_snapshot_change(start_server: StartServer, tmp_path: 
     assert answered() == moved
     # The counts outlive the caches that the reload emptied.
     assert scrape(port) == ({("topologyKeys", ZONE): 2, ("topologyKeys", HOSTNAME): 1}, 0)
+
+
+def test_the_readmes_explain_sample_is_what_the_server_says(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    question = "/explain?client=127.0.0.5&name=ledger.shop.svc.cluster.local"
+    block = readme.split(f"$ curl -s '127.0.0.1:9153{question}'\n", 1)[1].split("\n$ ", 1)[0]
+    documented = json.loads(block)
+    server = start_server("--http", "127.0.0.1:0", snapshot=copy_snapshot(tmp_path, TOPOLOGY))
+    status, body = http_get(http_port(server), question)
+    assert status == 200
+    served = json.loads(body)
+    # The SOA serial is the time the file was read; the rest is the same, field for field.
+    for reply in (served, documented):
+        reply["authority"] = [
+            re.sub(r"hostmaster\S+ \d+", "SERIAL", rr) for rr in reply["authority"]
+        ]
+    assert served == documented

@@ -15,6 +15,7 @@ from toposdns.cli import main
 from toposdns.config import PLUGINS, Reading, ServeConfig
 from toposdns.options import ConfigError, Origin, address_value, field_default
 from toposdns.resolve.autopath import parse_search_domains, read_search_domains
+from toposdns.resolve.client import TrustedService
 from toposdns.serve.forward_cache import CacheSettings
 
 
@@ -234,4 +235,22 @@ def test_zonal_needs_the_endpoints(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--snapshot", "x.yaml", "--zonal", "--noendpoints"]) == 2
     assert "--zonal: requires the EndpointSlice watch; remove --noendpoints" in (
         capsys.readouterr().err
+    )
+
+
+def test_ecs_trust_service() -> None:
+    config = serve({"--ecs-trust-service": "kube-system/coredns,other/dns"})
+    assert config.toposdns.ecs_trust_services == (
+        TrustedService("kube-system", "coredns"),
+        TrustedService("other", "dns"),
+    )
+    assert serve({}).toposdns.ecs_trust_services == ()
+
+
+@pytest.mark.parametrize("value", ["coredns", "kube-system/", "/coredns", "a/b/c", "Kube/dns"])
+def test_bad_ecs_trust_service(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--snapshot=x.yaml", f"--ecs-trust-service={value}"]) == 2
+    assert capsys.readouterr().err == (
+        f"toposdns serve: --ecs-trust-service {value}: {value!r} is not NAMESPACE/NAME, "
+        "e.g. kube-system/coredns\n"
     )

@@ -4,6 +4,8 @@ initial sync in pages, events of each kind, 410 and relist, restarts, stalls, ba
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -231,7 +233,9 @@ def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_pat
     assert len(relists) >= 6  # two full paged lists
 
 
-def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_path: Path) -> None:
+def test_api_server_restart_keeps_data_and_catches_up(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
@@ -244,7 +248,14 @@ def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_pa
             await run.until(lambda: run.answer("late.shop.svc.cluster.local") == ["10.96.9.9"])
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
 
+    caplog.set_level(logging.INFO, logger="toposdns")
     asyncio.run(scenario())
+    # One line when the API went away and one when it came back, whatever the four watches and
+    # their retries did in between.
+    problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1 and problems[0].startswith("API unreachable since "), problems
+    back = [r.getMessage() for r in caplog.records if r.getMessage().startswith("API back")]
+    assert len(back) == 1 and re.fullmatch(r"API back after \d+\.\ds", back[0]), back
 
 
 def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:

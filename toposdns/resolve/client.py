@@ -1,8 +1,9 @@
 """Who is asking: the client's address, and the node labels its PodLocator gives it.
 
 The address is the EDNS Client Subnet address when the packet carries one and comes from a
-trusted forwarder (`--ecs-trust`), else the packet's source. A pod or node PodLocator holding that
-address places the client; an unknown address has no labels (docs/topology.md).
+trusted forwarder (`--ecs-trust` networks, or the endpoints of an `--ecs-trust-service`), else
+the packet's source. A pod or node PodLocator holding that address places the client; an
+unknown address has no labels (docs/topology.md).
 """
 
 from __future__ import annotations
@@ -10,12 +11,38 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from toposdns.store.model import PodLocator
 from toposdns.store.snapshot import Snapshot
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 NO_LABELS: Mapping[str, str] = {}
+
+
+class TrustedService(NamedTuple):
+    """A Service whose endpoints are trusted ECS forwarders (`--ecs-trust-service NS/NAME`)."""
+
+    namespace: str
+    name: str
+
+
+#: What `--ecs-trust` and `--ecs-trust-service` give: networks, and Services whose endpoints
+#: are trusted as they come and go.
+Trust = Network | TrustedService
+
+
+def endpoint_addresses(snapshot: Snapshot, service: TrustedService) -> frozenset[str]:
+    """The canonical addresses of a Service's ready endpoints in this snapshot."""
+    found = set()
+    for slice_ in snapshot.slices.get((service.namespace, service.name), ()):
+        for endpoint in slice_.endpoints:
+            for address in endpoint.addresses:
+                try:
+                    found.add(str(ipaddress.ip_address(address)))
+                except ValueError:
+                    continue  # an FQDN slice: not an address a query comes from
+    return frozenset(found)
 
 
 @dataclass(frozen=True, slots=True)

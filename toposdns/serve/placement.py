@@ -11,8 +11,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
-from toposdns.resolve.client import NO_LABELS, Network, plain_address
+from toposdns.resolve.client import (
+    NO_LABELS,
+    Trust,
+    TrustedService,
+    endpoint_addresses,
+    plain_address,
+)
 from toposdns.store.model import PodLocator
+from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 
 #: Source addresses remembered before the memo is emptied (clients of one DNS pod are bounded
@@ -23,10 +30,23 @@ REMEMBERED_SOURCES = 65_536
 class Placer:
     """Places clients by source address, or by Client Subnet from trusted forwarders."""
 
-    def __init__(self, trust: tuple[Network, ...] = ()) -> None:
-        self.trust = trust
+    def __init__(self, trust: tuple[Trust, ...] = ()) -> None:
+        self.trust = tuple(t for t in trust if not isinstance(t, TrustedService))
+        self.services = tuple(t for t in trust if isinstance(t, TrustedService))
+        #: The trusted Services' endpoint addresses in the snapshot served (see `follow`).
+        self.trusted: frozenset[str] = frozenset()
         #: Source address -> (the address locators index it under, may its ECS be believed).
         self.sources: dict[str, tuple[str, bool]] = {}
+
+    def follow(self, snapshot: Snapshot) -> None:
+        """Trust the trusted Services' endpoints as this snapshot has them: a forwarder pod
+        that goes away is trusted no longer, and a new one from its first query."""
+        if not self.services:
+            return
+        trusted = frozenset().union(*(endpoint_addresses(snapshot, s) for s in self.services))
+        if trusted != self.trusted:
+            self.trusted = trusted
+            self.sources.clear()
 
     def place(
         self, locators: Mapping[str, PodLocator], source: str, subnet: str | None
@@ -62,6 +82,8 @@ class Placer:
         except ValueError:
             known = (plain, False)
         else:
-            known = (str(ip), any(ip in network for network in self.trust))
+            canonical = str(ip)
+            trusted = canonical in self.trusted or any(ip in network for network in self.trust)
+            known = (canonical, trusted)
         self.sources[source] = known
         return known

@@ -28,7 +28,7 @@ from typing import Any
 from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
-from toposdns.resolve.client import NO_LABELS, Network
+from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import Orderings, ReplyCache, SerialReply, TopologyReplies
@@ -85,7 +85,7 @@ class Responder:
         self,
         config: ResolverConfig,
         snapshot: Snapshot,
-        ecs_trust: tuple[Network, ...] = (),
+        ecs_trust: tuple[Trust, ...] = (),
         forwarder: Forwarder | None = None,
         metrics: QueryMetrics | None = None,
         loadbalance: bool = False,
@@ -94,6 +94,7 @@ class Responder:
         self.config = config
         self.snapshot = snapshot
         self.placer = Placer(ecs_trust)
+        self.placer.follow(snapshot)
         self.forwarder = forwarder
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
@@ -121,6 +122,7 @@ class Responder:
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
+        self.placer.follow(snapshot)
         if snapshot.follows(previous) and snapshot.synced == previous.synced:
             for cache in self.caches.values():
                 cache.invalidate(snapshot.changes)
