@@ -238,6 +238,41 @@ def test_zonal_needs_the_endpoints(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "listeners"),
+    [
+        ([], []),
+        (["--http", ":9153"], [(("0.0.0.0", 9153), {"/health", "/ready", "/explain", "/metrics"})]),
+        (
+            ["--health", ":8080", "--ready", ":8181", "--metrics", ":9153"],
+            [
+                (("0.0.0.0", 8080), {"/health"}),
+                (("0.0.0.0", 8181), {"/ready"}),
+                (("0.0.0.0", 9153), {"/metrics"}),
+            ],
+        ),
+        # One address named twice is one listener; port 0 picks a new port each time.
+        (
+            ["--health", "127.0.0.1:8080", "--ready", "127.0.0.1:8080", "--explain", "[::1]:0"],
+            [(("127.0.0.1", 8080), {"/health", "/ready"}), (("::1", 0), {"/explain"})],
+        ),
+        (
+            ["--metrics", "127.0.0.1:0", "--explain", "127.0.0.1:0"],
+            [(("127.0.0.1", 0), {"/explain"}), (("127.0.0.1", 0), {"/metrics"})],
+        ),
+    ],
+)
+def test_http_listeners(args: list[str], listeners: list[tuple[tuple[str, int], set[str]]]) -> None:
+    settings = serve(dict(zip(args[::2], args[1::2], strict=True)))
+    assert settings.http_listeners() == listeners
+    assert settings.serves_metrics == any("/metrics" in paths for _, paths in listeners)
+
+
+def test_http_addresses_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--snapshot", "x.yaml", "--explain", "localhost:9154"]) == 2
+    assert "--explain localhost:9154: 'localhost' is not an IP address" in capsys.readouterr().err
+
+
 def test_ecs_trust_service() -> None:
     config = serve({"--ecs-trust-service": "kube-system/coredns,other/dns"})
     assert config.toposdns.ecs_trust_services == (

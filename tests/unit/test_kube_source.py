@@ -181,7 +181,7 @@ def test_events_of_each_kind_change_answers_within_a_second(
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             api.modify(service("svc0", "10.96.1.1"))
             assert (
                 await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.1.1"])
@@ -218,7 +218,7 @@ def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_pat
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             synced_at = len(run.published)
             api.compact()  # open watches get ERROR 410; their versions are now too old
             api.modify(service("svc2", "10.96.3.3"))
@@ -239,7 +239,7 @@ def test_api_server_restart_keeps_data_and_catches_up(
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             await asyncio.to_thread(api.stop)
             await asyncio.sleep(0.3)  # reflectors fail and back off meanwhile
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
@@ -256,6 +256,35 @@ def test_api_server_restart_keeps_data_and_catches_up(
     assert len(problems) == 1 and problems[0].startswith("API unreachable since "), problems
     back = [r.getMessage() for r in caplog.records if r.getMessage().startswith("API back")]
     assert len(back) == 1 and re.fullmatch(r"API back after \d+\.\ds", back[0]), back
+
+
+def test_a_dropped_watch_resumes_from_the_last_event(api: FakeApiServer, tmp_path: Path) -> None:
+    """A watch that breaks off resumes after the last event it delivered: starting again from
+    an older version would replay changes already served, and answers would go back in time."""
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+            for i in range(1, 6):
+                last = api.modify(service("svc0", f"10.96.5.{i}"))
+                await run.until(lambda: run.answer(svc0) == [f"10.96.5.{i}"])  # noqa: B023
+            seen = len(run.published)
+            api.requests.clear()
+            await asyncio.to_thread(api.restart)  # every watch dropped mid-stream
+            await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+            await asyncio.sleep(0.3)  # what a replay would publish, published by now
+            watch = [r for r in api.requests if r.resource == "services" and r.is_watch]
+            assert watch and watch[0].query["resourceVersion"] == last
+            answers = {
+                str(rr.rdata)
+                for snapshot in run.published[seen:]
+                for rr in resolve(tuple(svc0.split(".")), A, snapshot, CONFIG).answer
+            }
+            assert answers <= {"10.96.5.5"}, "an older state was published again"
+
+    svc0 = "svc0.shop.svc.cluster.local"
+    asyncio.run(scenario())
 
 
 def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:
@@ -288,7 +317,7 @@ def test_malformed_objects_are_skipped_and_the_rest_served(
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
             assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             api.modify(eps("bad", "db", ["10.1.0.7"]))  # fixed: now served
             await run.until(lambda: "10.1.0.7" in run.answer("db.shop.svc.cluster.local"), 1)
             broken = service("svc3", "10.96.0.4")

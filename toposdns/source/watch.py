@@ -134,23 +134,26 @@ class Reflector:
         self.prepare: Callable[[Resource, Object], Any] = getattr(
             sink, "prepare", lambda _resource, obj: obj
         )
+        #: Where the next watch starts: the last event delivered, even when a watch broke off
+        #: (resuming from an older one would replay changes already served, and answers would
+        #: go back in time until the replay caught up). None: list first.
+        self.version: str | None = None
 
     async def run(self) -> None:
         """Forever: list when needed, watch, back off on failures."""
         name = self.resource.name
-        version: str | None = None
         delay = self.settings.backoff_initial
         while True:
             try:
-                if version is None:
-                    version = await self.list()
-                version = await self.watch(version)
+                if self.version is None:
+                    self.version = await self.list()
+                await self.watch(self.version)
                 delay = self.settings.backoff_initial
                 WATCH_RESTARTS.labels(name, "expired").inc()
             except Gone:
-                log.info("%s: resourceVersion %s is too old, listing again", name, version)
+                log.info("%s: resourceVersion %s is too old, listing again", name, self.version)
                 WATCH_RESTARTS.labels(name, "gone").inc()
-                version = None
+                self.version = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server is down, slow, or talking nonsense
@@ -201,8 +204,9 @@ class Reflector:
         return reply.body
 
     async def watch(self, version: str) -> str:
-        """Watch from `version`, delivering events; return the last version when the server
-        ends the watch. Raises Gone, ApiError, TimeoutError (inactivity) or a network error."""
+        """Watch from `version`, delivering events and keeping `self.version` at the last;
+        return it when the server ends the watch. Raises Gone, ApiError, TimeoutError
+        (inactivity) or a network error."""
         seconds = int(self.settings.watch_seconds * random.uniform(1.0, 2.0))
         response = await self.call(
             watch=True,
@@ -232,7 +236,7 @@ class Reflector:
                 pending = lines.pop()
                 for line in lines:
                     if line.strip():
-                        version = self.apply(json.loads(line), version)
+                        version = self.version = self.apply(json.loads(line), version)
         finally:
             response.release()
 
