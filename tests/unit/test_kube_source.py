@@ -410,3 +410,34 @@ def test_dns_programming_latency_as_coredns_measures_it(
     for k in before:
         count, total = (a - b for a, b in zip(after[k], before[k], strict=True))
         assert (count, round(total, 6)) == ((1.0, 1.5) if k == kind else (0.0, 0.0))
+
+
+def test_a_malformed_cidr_keeps_the_locator_it_replaces(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = {**locator("node-a", "192.168.0.1", "z1", ns="toposdns"), "cidrs": ["10.244.3.0/24"]}
+    api.add(namespace("toposdns"))
+    api.add(good)
+    before = MALFORMED_OBJECTS.labels("PodLocator")._value.get()
+
+    def zone_of(snapshot: Snapshot, address: str) -> str | None:
+        placed = snapshot.place(address).locator
+        return None if placed is None else placed.node_labels["topology.kubernetes.io/zone"]
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            api.wait_for_watches(4)
+            assert zone_of(run.snapshot, "10.244.3.7") == "z1"
+            api.modify({**good, "cidrs": ["10.244.3.0/24", "10.244.4.7/24"]})  # host bits set
+            api.modify(locator("client", "10.1.9.9", "z2"))  # the rest goes on
+            await run.until(lambda: zone_of(run.snapshot, "10.1.9.9") == "z2", 1)
+            assert zone_of(run.snapshot, "10.244.3.7") == "z1"  # the last good version
+            assert zone_of(run.snapshot, "10.244.4.7") is None
+
+    with caplog.at_level(logging.WARNING, logger="toposdns"):
+        asyncio.run(scenario())
+    assert MALFORMED_OBJECTS.labels("PodLocator")._value.get() == before + 1
+    messages = [record.getMessage() for record in caplog.records]
+    bad = "PodLocator toposdns/node-a: cidrs[1]: '10.244.4.7/24' has host bits set"
+    assert any(bad in message for message in messages), messages

@@ -93,8 +93,7 @@ class Responder:
     ) -> None:
         self.config = config
         self.snapshot = snapshot
-        self.placer = Placer(ecs_trust)
-        self.placer.follow(snapshot)
+        self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
@@ -122,7 +121,7 @@ class Responder:
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
-        self.placer.follow(snapshot)
+        self.placer.update(snapshot)
         if snapshot.follows(previous) and snapshot.synced == previous.synced:
             for cache in self.caches.values():
                 cache.invalidate(snapshot.changes)
@@ -174,8 +173,7 @@ class Responder:
         elif not isinstance(entry, TopologyReplies):
             reply = entry.current(self.snapshot.serial)  # type: ignore[union-attr]
         else:
-            subnet = echo.subnet[0] if echo.subnet is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            labels, via_ecs = self.placer.place(source, echo.subnet)
             found = entry.get(labels, self.snapshot.serial)
             if found is None:
                 return None
@@ -238,8 +236,7 @@ class Responder:
         if not self.zones_answer(query):
             return None
         try:
-            subnet = echo.subnet[0] if echo.subnet is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            labels, via_ecs = self.placer.place(source, echo.subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
@@ -287,8 +284,8 @@ class Responder:
                 completion = self.autopath.complete(data, query, transport, source)
                 if completion is not None:
                     return self.completed(completion, data, transport, started, qtype)
-            subnet = query.ecs.address if query.ecs is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
+            labels, via_ecs = self.placer.place(source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
                 forwarded = self.forwarded(data, query, transport)
