@@ -427,7 +427,7 @@ def test_a_malformed_cidr_keeps_the_locator_it_replaces(
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             assert zone_of(run.snapshot, "10.244.3.7") == "z1"
             api.modify({**good, "cidrs": ["10.244.3.0/24", "10.244.4.7/24"]})  # host bits set
             api.modify(locator("client", "10.1.9.9", "z2"))  # the rest goes on
