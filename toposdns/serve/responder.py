@@ -29,7 +29,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from toposdns.metrics import AUTOPATH_SUCCESS
+from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.options import Plugin, Setting, none, sets
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
@@ -502,6 +502,7 @@ class Responder:
 
     def failed(self, query: Query) -> bytes:
         """SERVFAIL for a bug, with the traceback in the log."""
+        PANICS.inc()
         log.exception(
             "internal error answering %s %s; replied SERVFAIL",
             name_text(query.name),
