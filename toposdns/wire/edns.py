@@ -57,10 +57,11 @@ def split_query(data: bytes) -> tuple[bytes, bytes] | None:
 
 
 def plain_key(data: bytes) -> bytes:
-    """The cache key of a plain query without OPT record (`split_query`), which the UDP
-    frontend computes for every datagram: the flags, counts and name, lower-cased, and the type
-    and class. Of a plain query's flags and counts only the AD bit can change with that, and
-    no reply depends on it; any other message gets a key no plain query has."""
+    """The cache key of a plain query without OPT record (`split_query`): the flags, counts and
+    name, lower-cased, and the type and class. Of a plain query's flags and counts only the AD
+    bit can change with that, and no reply depends on it; any other message gets a key no plain
+    query has. For a name already in lower case it is the query's bytes after the ID, as they
+    are: the UDP frontend looks those up first."""
     return data[2:-4].lower() + data[-4:]
 
 
