@@ -351,7 +351,10 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
         return None
     cache = replace(config.cache, max_bytes=cache_bounds(config)[1])
     return Forwarder(
-        list(config.upstreams), max_concurrent=config.forward.max_concurrent, cache=cache
+        list(config.upstreams),
+        max_concurrent=config.forward.max_concurrent,
+        cache=cache,
+        allow=config.forward.allow,
     )
 
 

@@ -199,6 +199,9 @@ class TableUpstream:
         self.silent = silent
         self.asked: list[str] = []
 
+    def admits(self, source: str) -> bool:
+        return True
+
     async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes | int:
         query = dnslib.DNSRecord.parse(data)
         name = str(query.q.qname).rstrip(".")

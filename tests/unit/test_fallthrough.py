@@ -11,12 +11,14 @@ import dnslib
 import pytest
 
 from tests.helpers import SHOP_WEB, config_of, kubernetes, snapshot_of
+from toposdns.config import Reading
 from toposdns.options import ConfigError
 from toposdns.resolve.resolver import match_zone, resolve
+from toposdns.serve.forward import Forwarder
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.convert import convert_object
-from toposdns.wire.codes import AXFR, NOERROR, NXDOMAIN, PTR, SERVFAIL, TXT, A
+from toposdns.wire.codes import AXFR, NOERROR, NXDOMAIN, PTR, REFUSED, SERVFAIL, TXT, A
 from toposdns.wire.edns import split_query
 
 # fall_test.go TestFallthrough: (--fallthrough values, name, falls through). Its served zones
@@ -106,8 +108,12 @@ def test_what_falls_through(config, name: str, qtype: int, synced: bool, rcode: 
 class FakeForwarder:
     """Answers every query with one A record, and keeps what it was sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: frozenset[str] = frozenset()) -> None:
         self.sent: list[tuple[bytes, bool]] = []
+        self.refused = refused
+
+    def admits(self, source: str) -> bool:
+        return source not in self.refused
 
     async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes:
         self.sent.append((data, tcp))
@@ -204,3 +210,49 @@ def test_any_for_the_upstreams_gets_rfc_8482s_minimal_answer(name: str, forward_
     assert (hinfo.rtype, hinfo.ttl, str(hinfo.rname)) == (13, 8482, name + ".")
     assert b"\x0dANY obsoleted\x0cSee RFC 8482\x00\x00\x29" in pending  # then the OPT
     assert [(rr.rtype, rr.rclass) for rr in reply.ar] == [(41, 1232)]
+
+
+# --forward-allow: (allowed networks, source, forwarded). Empty: every source, as CoreDNS's.
+ALLOW_CASES = [
+    ("", "203.0.113.9", True),
+    ("10.244.0.0/16,10.0.0.0/24", "10.244.3.7", True),
+    ("10.244.0.0/16,10.0.0.0/24", "10.0.0.255", True),
+    ("10.244.0.0/16,10.0.0.0/24", "10.0.1.1", False),
+    ("10.244.0.0/16", "fd00::1", False),
+    ("fd00:10:244::/48", "fd00:10:244:3::9", True),
+    ("fd00:10:244::/48", "fe80::1%eth0", False),
+    ("127.0.0.1", "127.0.0.1", True),  # an address alone is its /32
+    ("10.244.0.0/16", "not-an-address", False),
+]
+
+
+@pytest.mark.parametrize(("allow", "source", "admitted"), ALLOW_CASES)
+def test_forward_allow_admits(allow: str, source: str, admitted: bool) -> None:
+    options = Reading().read_flags({"--forward-allow": allow or None}).done().forward
+    forwarder = Forwarder([], allow=options.allow)
+    assert forwarder.admits(source) is admitted
+    assert forwarder.admits(source) is admitted  # decided once, remembered
+
+
+def test_forward_allow_names_a_bad_network() -> None:
+    with pytest.raises(ConfigError, match=r"^--forward-allow 10\.0\.0\.0/8,nowhere: 'nowhere'"):
+        Reading().read_flags({"--forward-allow": "10.0.0.0/8,nowhere"})
+
+
+@pytest.mark.parametrize("transport", [UDP4, TCP4], ids=["udp", "tcp"])
+def test_sources_outside_forward_allow_are_refused_upstream_names(transport: Transport) -> None:
+    forwarder = FakeForwarder(refused=frozenset({"198.51.100.7"}))
+    responder = Responder(KUBEADM, snapshot_of(OBJECTS), forwarder=forwarder)
+    outside = dnslib.DNSRecord.question("example.com", "A")
+    for query in (bytes(outside.pack()), ptr_query("8.8.8.8.in-addr.arpa")):  # and fallen
+        reply = responder.respond(query, transport, "198.51.100.7")
+        assert isinstance(reply, bytes)
+        assert dnslib.DNSRecord.parse(reply).header.rcode == REFUSED
+    assert not forwarder.sent
+    # The cluster's own names are still answered to anyone.
+    known = responder.respond(ptr_query("5.0.96.10.in-addr.arpa"), transport, "198.51.100.7")
+    assert isinstance(known, bytes) and dnslib.DNSRecord.parse(known).header.rcode == NOERROR
+    allowed = responder.respond(bytes(outside.pack()), transport, "10.244.1.5")
+    assert not isinstance(allowed, bytes) and allowed is not None
+    asyncio.run(allowed)
+    assert len(forwarder.sent) == 1

@@ -45,7 +45,7 @@ from toposdns.metrics import (
     FORWARD_MAX_CONCURRENT_REJECTS,
     PROXY_DURATION,
 )
-from toposdns.options import Origin, Plugin, Setting, integer, sets
+from toposdns.options import Network, Origin, Plugin, Setting, integer, networks, sets
 from toposdns.resolve.answer import RR, name_text
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
 from toposdns.serve.loop import LoopGuard
@@ -95,6 +95,8 @@ BUDGET = 5.0
 PASSES = 2
 MAX_CONCURRENT = 1000
 UPSTREAM_UDP_SIZE = 1232
+#: Sources whose `--forward-allow` verdict is remembered at most.
+MAX_ADMITTED = 65536
 #: The `zones` label of the cache metrics: the cache sits in the server block for `.`, as
 #: kubeadm's `cache 30` does.
 CACHE_ZONES = "."
@@ -112,6 +114,9 @@ class ForwardOptions:
     upstreams: tuple[Upstream, ...] | None = None
     #: Forwarded queries in flight at most; more get REFUSED.
     max_concurrent: int = MAX_CONCURRENT
+    #: `--forward-allow`: the sources whose names outside the zones are forwarded; the rest
+    #: get REFUSED (empty: every source, as CoreDNS's `forward`). A Corefile says it with `acl`.
+    allow: tuple[Network, ...] = ()
 
 
 def parse_upstreams(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
@@ -189,6 +194,15 @@ FORWARD: Plugin[ForwardOptions] = Plugin(
             "max_concurrent (default {default}, as kubeadm's Corefile)",
             shows="max_concurrent",
         ),
+        Setting(
+            None,
+            sets("allow", networks),
+            "--forward-allow",
+            "CIDR,...",
+            "forward names outside the zones only for queries from these networks; others get "
+            "REFUSED, so that no one outside the cluster uses it as an open resolver (default: "
+            "any source, as CoreDNS's forward)",
+        ),
     ),
 )
 
@@ -206,8 +220,12 @@ class Forwarder:
         max_concurrent: int = MAX_CONCURRENT,
         cache: CacheSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        allow: tuple[Network, ...] = (),
     ) -> None:
         self.upstreams = [UpstreamHealth(upstream) for upstream in upstreams]
+        self.allow = allow
+        #: `admits` by source address, decided once per source (cleared when it grows large).
+        self.admitted: dict[str, bool] = {}
         self.timeout = timeout
         self.max_concurrent = max_concurrent
         self.clock = clock
@@ -233,6 +251,22 @@ class Forwarder:
         entries = CACHE_ENTRIES.labels
         entries(server, "success", CACHE_ZONES, "").set_function(lambda: len(self.cache.success))
         entries(server, "denial", CACHE_ZONES, "").set_function(lambda: len(self.cache.denial))
+
+    def admits(self, source: str) -> bool:
+        """True if queries from `source` may be forwarded (`--forward-allow`)."""
+        if not self.allow:
+            return True
+        admitted = self.admitted.get(source)
+        if admitted is None:
+            try:
+                address = ipaddress.ip_address(source.partition("%")[0])
+                admitted = any(address in network for network in self.allow)
+            except ValueError:
+                admitted = False
+            if len(self.admitted) >= MAX_ADMITTED:
+                self.admitted.clear()
+            self.admitted[source] = admitted
+        return admitted
 
     async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> Outcome:
         """The reply to a raw query (ID as the client's), or the rcode to answer it with.

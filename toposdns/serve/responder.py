@@ -400,7 +400,7 @@ class Responder:
         if where is BADVERS:
             return self.counted(data, encode_badvers(query), transport, started, qtype)
         if where is UPSTREAMS:
-            return self.upstreams(data, query, transport, started)
+            return self.upstreams(data, query, transport, source, started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         try:
@@ -412,7 +412,7 @@ class Responder:
             labels, via_ecs = self.placer.place(source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
-                return self.upstreams(data, query, transport, started)
+                return self.upstreams(data, query, transport, source, started)
             # The answer was tailored to the ECS prefix only if it depended on the client.
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
             if answer.chase is not None and self.forwarder is not None:
@@ -426,10 +426,16 @@ class Responder:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
 
-    def upstreams(self, data: bytes, query: Query, transport: Transport, started: float) -> Reply:
+    def upstreams(
+        self, data: bytes, query: Query, transport: Transport, source: str, started: float
+    ) -> Reply:
         """A query the upstreams answer, counted when they have; ANY gets RFC 8482's minimal
         answer at once instead (CoreDNS's `any`), unless `--forward-any`: the reply an upstream
-        gives ANY is as large as it likes, an open amplifier."""
+        gives ANY is as large as it likes, an open amplifier. A source outside
+        `--forward-allow` is REFUSED, as CoreDNS's `acl` block would."""
+        assert self.forwarder is not None
+        if not self.forwarder.admits(source):
+            return self.counted(data, encode_bare(query, REFUSED), transport, started, query.qtype)
         if query.qtype == ANY and not self.forward_any:
             reply = encode_minimal_any(query)
             return self.counted(data, reply, transport, started, ANY, plugin="any")
