@@ -11,7 +11,6 @@ import contextlib
 import gc
 import ipaddress
 import logging
-import resource
 import socket
 import time
 from collections.abc import Callable, Coroutine
@@ -25,6 +24,7 @@ from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import INVALID_POLICIES
+from toposdns.open_files import fit_open_files
 from toposdns.resolve.answer import name_text
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import HttpServer
@@ -42,8 +42,6 @@ log = logging.getLogger("toposdns")
 
 # Large socket buffers absorb bursts instead of dropping queries while the loop is busy.
 UDP_BUFFER_BYTES = 4 * 1024 * 1024
-# Open files besides forwarded queries and TCP clients: listeners, HTTP, the API, logs.
-FILES_RESERVE = 64
 
 
 def own_addresses(host: str) -> tuple[str, ...]:
@@ -81,6 +79,7 @@ async def serve(config: ServeConfig) -> None:
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
+    config = fit_open_files(config)  # inherited by the workers, each with the same limit
     if config.workers > 1:
         from toposdns.workers.supervisor import supervise
 
@@ -88,7 +87,6 @@ async def serve(config: ServeConfig) -> None:
         return
     resolver_config = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
     forwarder = make_forwarder(config)
-    raise_open_files_limit(config)
     async with Lifecycle() as life:
         metrics = query_metrics(config, life.stack)
         responder = Responder(
@@ -203,27 +201,6 @@ async def start_http(
 def zones(config: ServeConfig) -> str:
     """The zones served, as the "serving DNS" line lists them."""
     return ", ".join(name_text(zone) for zone in config.resolver.zones)
-
-
-def raise_open_files_limit(config: ServeConfig) -> None:
-    """Raise the soft limit on open files to the hard one, as Go programs (CoreDNS) do at start;
-    warn when even that leaves too few for the forwarded queries and TCP connections allowed
-    (the limit is per process: each worker of `--workers N` may use that many)."""
-    needed = config.tcp_max_connections + (config.max_concurrent if config.upstreams else 0)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    if soft != resource.RLIM_INFINITY and soft < needed + FILES_RESERVE:
-        log.warning(
-            "the open files limit (%d) is below what --max-concurrent and --tcp-max-connections "
-            "allow (%d + %d): raise it (ulimit -n) or lower those; past the limit forwarded "
-            "queries get SERVFAIL",
-            soft,
-            needed,
-            FILES_RESERVE,
-        )
 
 
 async def _wait_for_sync(

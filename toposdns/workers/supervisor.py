@@ -37,7 +37,6 @@ from toposdns.serve.upstream import Upstream
 from toposdns.server import (
     bind_pair,
     own_addresses,
-    raise_open_files_limit,
     report_invalid_policies,
     start_http,
     start_source,
@@ -145,7 +144,6 @@ class Supervisor:
 
     async def run(self) -> None:
         config = self.config
-        raise_open_files_limit(config)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
         async with self.life as life:
