@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1024,
         metavar="N",
-        help="refuse TCP connections beyond this many (default %(default)s)",
+        help="keep at most this many TCP connections open, a quarter of them from one address; "
+        "past that a new one closes the oldest idle one, or is refused (default %(default)s)",
     )
     _add_log_options(serve)
 
