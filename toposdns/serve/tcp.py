@@ -10,9 +10,10 @@ timeout. A client trickling bytes therefore holds a slot for seconds, not indefi
 
 The cap is shared fairly: one source address holds at most a quarter of it (`SHARE`). A new
 connection past either bound closes the oldest idle connection (none under way, no answer
-pending) of that source, or of all, to make room (RFC 7766 §6.2.3 lets a server close idle
-connections when it needs to); only when none is idle is the new one refused. One client
-opening connections without end therefore neither holds every slot nor keeps others out.
+pending) of that source, or of the source holding the most, to make room (RFC 7766 §6.2.3
+lets a server close idle connections when it needs to); only when none is idle is the new
+one refused. One client opening connections without end therefore neither holds every slot
+nor keeps others out.
 """
 
 from __future__ import annotations
@@ -100,11 +101,13 @@ class TcpLimits:
                 del self.by_source[source]
 
     def _evict(self, among: dict[TcpProtocol, None], why: str) -> bool:
-        """Close the connection idle the longest among `among`; False if none is idle."""
+        """Close the connection idle the longest among `among`, of the source holding the most
+        connections; False if none is idle."""
         idle = [connection for connection in among if connection.idle]
         if not idle:
             return False
-        oldest = min(idle, key=lambda connection: connection.last_active)
+        by_source = self.by_source
+        oldest = max(idle, key=lambda c: (len(by_source[c.source]), -c.last_active))
         self.evicted.add(f"{why} (--tcp-max-connections)")
         oldest.close()
         return True
