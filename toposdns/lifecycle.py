@@ -7,6 +7,10 @@ and `toposdns controller` all live it the same way:
 - **main loop**: `await life.main_loop()` returns on SIGTERM or SIGINT (once `catch_signals()`
   was called), on `stop()`, or when a task started as `ending` ends, and raises what any started
   task raised, or what `fail()` was given.
+- **before**: from the first line of `python -m toposdns`, `exit_on_signals` makes SIGTERM and
+  SIGINT end the process at once (exit 0), until `catch_signals` takes them over. As PID 1 in a
+  container, a process without a handler for a signal never gets it: a SIGTERM during a slow
+  first sync would otherwise be lost, and the pod would wait out its grace period.
 - **shutdown**: `stopping` is true from then on (so /ready fails); `lameduck(seconds)` keeps the
   process serving a while, unless a second signal (Ctrl-C twice) or `stop(now=True)` ends it;
   then the `async with` closes the stack in reverse order, each started task cancelled and
@@ -18,11 +22,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
 #: How long a cancelled task may take to end at shutdown.
 CANCEL_TIMEOUT = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGINT end the process (exit 0), whatever it is doing, until a `Lifecycle`
+    catches them: for the startup, which has nothing to finish."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _exit)
+
+
+def _exit(signum: int, frame: object) -> None:
+    # SystemExit unwinds what is open (an event loop's tasks are cancelled) and exits 0.
+    print(f"stopped by {signal.Signals(signum).name} before serving", file=sys.stderr, flush=True)
+    raise SystemExit(0)
 
 
 class Lifecycle:
@@ -49,7 +68,7 @@ class Lifecycle:
     def catch_signals(self) -> None:
         """SIGTERM and SIGINT call `stop()` from now on (until the event loop closes)."""
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self.stop)
 
     def stop(self, now: bool = False) -> None:
