@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -32,16 +33,19 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def exit_on_signals() -> None:
-    """SIGTERM and SIGINT end the process (exit 0), whatever it is doing, until a `Lifecycle`
-    catches them: for the startup, which has nothing to finish."""
+    """SIGTERM and SIGINT end the process at once (exit 0), whatever it is doing, until a
+    `Lifecycle` catches them, as they end a Go program such as CoreDNS: the startup has no
+    client to finish with, and unwinding it (a module half imported, API calls under way)
+    could take longer than the pod's grace period."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _exit)
 
 
 def _exit(signum: int, frame: object) -> None:
-    # SystemExit unwinds what is open (an event loop's tasks are cancelled) and exits 0.
-    print(f"stopped by {signal.Signals(signum).name} before serving", file=sys.stderr, flush=True)
-    raise SystemExit(0)
+    with contextlib.suppress(OSError, ValueError):
+        print(f"stopped by {signal.Signals(signum).name} before serving", file=sys.stderr)
+        sys.stderr.flush()
+    os._exit(0)
 
 
 class Lifecycle:

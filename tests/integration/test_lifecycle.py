@@ -62,7 +62,7 @@ def test_sigterm_as_pid_1_during_a_slow_first_sync_exits_at_once(
         pytest.skip(f"cannot make a PID namespace: {exc}")
     try:
         # The server is unshare's child; wait until it asks the API server for Services.
-        assert wait_until(lambda: api_asked(api), timeout=20), namespace.tail()
+        assert wait_until(lambda: api_asked(api), timeout=40), namespace.tail()
         (pid,) = children(namespace.pid)
         os.kill(pid, signal.SIGTERM)
         assert namespace.proc.wait(3) == 0, namespace.tail()
