@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -305,19 +306,28 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def _convert(path: Path, objects: Iterable[Any]) -> list[Record]:
-    """Each object converted as it comes (and then dropped); SnapshotError for a bad one."""
+    """Each object converted as it comes (and then dropped); SnapshotError for a bad one, once
+    the rest of the file has parsed (a syntax error further on is the one to report)."""
     records: list[Record] = []
     seen: set[tuple[str, str, str]] = set()
+    remaining = iter(objects)
+    problem = ""
     try:
-        for raw in objects:
+        for raw in remaining:
             record = convert_object(raw)
             key = (type(record).__name__, getattr(record, "namespace", ""), record.name)
             if key in seen:
-                raise SnapshotError(f"{path}: {describe(raw)}: appears twice; keep one")
+                problem = f"{describe(raw)}: appears twice; keep one"
+                break
             seen.add(key)
             records.append(record)
     except ObjectError as exc:
-        raise SnapshotError(f"{path}: {exc}; fix or remove that object") from None
+        problem = f"{exc}; fix or remove that object"
+    if problem:
+        with contextlib.suppress(ObjectError):
+            for _ in remaining:
+                pass
+        raise SnapshotError(f"{path}: {problem}")
     return records
 
 
