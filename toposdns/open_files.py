@@ -32,8 +32,8 @@ def fit_open_files(config: ServeConfig) -> ServeConfig:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
-    forwarding = config.max_concurrent if config.upstreams else 0
-    tcp = config.tcp_max_connections
+    forwarding = config.forward.max_concurrent if config.upstreams else 0
+    tcp = config.tcp.max_connections
     if soft == resource.RLIM_INFINITY:
         log.info("open files: no limit")
         return config
@@ -55,8 +55,8 @@ def fit_open_files(config: ServeConfig) -> ServeConfig:
     )
     return replace(
         config,
-        max_concurrent=fitted_forwarding or config.max_concurrent,
-        tcp_max_connections=fitted_tcp,
+        forward=replace(config.forward, max_concurrent=fitted_forwarding or forwarding or 1),
+        tcp=replace(config.tcp, max_connections=fitted_tcp),
     )
 
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toposdns.config import ConfigError, parse_duration, parse_listen
 from toposdns.kube.names import is_dns_label, is_dns_subdomain, qualified_name_errors
+from toposdns.options import ConfigError, Origin, address_value, duration_value
 
 #: The node labels topology needs, copied by default.
 DEFAULT_LABEL_KEYS = (
@@ -163,13 +163,17 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         lease=check_lease(
             LeaseSettings(
                 name=args.lease_name,
-                duration=parse_duration(args.lease_duration, "--lease-duration"),
-                renew_deadline=parse_duration(args.renew_deadline, "--renew-deadline"),
-                retry_period=parse_duration(args.retry_period, "--retry-period"),
+                duration=_seconds(args.lease_duration, "--lease-duration"),
+                renew_deadline=_seconds(args.renew_deadline, "--renew-deadline"),
+                retry_period=_seconds(args.retry_period, "--retry-period"),
             )
         ),
         identity=args.identity,
         writes_per_second=check_rate(args.writes_per_second),
-        http=parse_listen(args.http, "--http"),
+        http=address_value(args.http, Origin("--http", args.http)),
         kubeconfig=args.kubeconfig,
     )
+
+
+def _seconds(text: str, flag: str) -> float:
+    return duration_value(text, Origin(flag, text))

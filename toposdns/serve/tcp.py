@@ -22,10 +22,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, cast
 
 from toposdns.logs import Tally
-from toposdns.serve.responder import Responder, Transport
+from toposdns.options import Plugin, Setting, integer, seconds, sets
+from toposdns.serve.acl import Screen
+from toposdns.serve.responder import Responder
+from toposdns.serve.transport import Transport
 
 log = logging.getLogger("toposdns")
 
@@ -34,6 +38,53 @@ log = logging.getLogger("toposdns")
 MAX_PENDING = 32
 #: The part of the connection cap one source address may hold.
 SHARE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TcpOptions:
+    """The DNS port's TCP connections: how many, and how long they may wait (toposdns's own)."""
+
+    max_connections: int = 1024
+    #: Connections idle this long are closed.
+    idle_timeout: float = 10.0
+    #: Once a message's first byte is in, the rest must follow within this many seconds.
+    read_timeout: float = 3.0
+
+
+TCP: Plugin[TcpOptions] = Plugin(
+    "tcp",
+    TcpOptions,
+    (
+        Setting(
+            "tcp_idle_timeout",
+            sets("idle_timeout", seconds()),
+            "--tcp-idle-timeout",
+            "DURATION",
+            "close TCP connections idle this long (default {default}s)",
+            shows="idle_timeout",
+        ),
+        Setting(
+            "tcp_read_timeout",
+            sets("read_timeout", seconds()),
+            "--tcp-read-timeout",
+            "DURATION",
+            "close a TCP connection when a query's bytes take longer than this to arrive "
+            "(default {default}s)",
+            shows="read_timeout",
+        ),
+        Setting(
+            "tcp_max_connections",
+            sets("max_connections", integer(1, 1_000_000, "1024")),
+            "--tcp-max-connections",
+            "N",
+            "keep at most this many TCP connections open, a quarter of them from one "
+            "address; past that a new one closes the oldest idle one, or is refused "
+            "(default {default})",
+            shows="max_connections",
+        ),
+    ),
+    directive="toposdns",
+)
 
 
 class TcpLimits:
@@ -116,8 +167,12 @@ class TcpLimits:
 class TcpProtocol(asyncio.Protocol):
     """One TCP connection."""
 
-    def __init__(self, responder: Responder, limits: TcpLimits, kind: Transport) -> None:
+    def __init__(
+        self, responder: Responder, limits: TcpLimits, kind: Transport, screen: Screen | None = None
+    ) -> None:
         self.responder = responder
+        #: CoreDNS's `acl`, checked before anything else: None, or what the client gets.
+        self.screen = screen
         self.limits = limits
         self.kind = kind
         self.buffer = bytearray()
@@ -165,6 +220,10 @@ class TcpProtocol(asyncio.Protocol):
                 break
             message = bytes(buffer[2 : 2 + length])
             del buffer[: 2 + length]
+            if self.screen is not None and (verdict := self.screen(message, source)) is not None:
+                if verdict:
+                    self.transport.write(len(verdict).to_bytes(2, "big") + verdict)
+                continue
             reply = responder.respond(message, self.kind, source, time.perf_counter())
             if reply is None:
                 continue

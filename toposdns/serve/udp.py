@@ -9,6 +9,7 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
+from toposdns.serve.acl import Screen
 from toposdns.serve.cache import Orderings, TopologyReplies
 from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
 from toposdns.serve.responder import UDP4, Responder, Transport
@@ -21,15 +22,21 @@ class UdpProtocol(asyncio.DatagramProtocol):
     query that needs an upstream gets a task."""
 
     def __init__(self, responder: Responder, kind: Transport) -> None:
-        self.responder = responder
         self.kind = kind
-        self.cache = responder.caches[kind].table  # only ever changed in place
         # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
         self.plain_addresses = kind is UDP4
-        self.metrics = responder.metrics
-        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
+        self.use(responder)
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
+        #: CoreDNS's `acl`, checked before anything else: None, or what the client gets.
+        self.screen: Screen | None = None
+
+    def use(self, responder: Responder) -> None:
+        """Answer with `responder` from the next datagram on (a reloaded configuration)."""
+        self.responder = responder
+        self.cache = responder.caches[self.kind].table  # only ever changed in place
+        self.metrics = responder.metrics
+        self.hits = self.metrics.hits_for(self.kind) if self.metrics is not None else {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
@@ -38,6 +45,10 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         transport = self.transport
         assert transport is not None
+        if self.screen is not None and (verdict := self.screen(data, addr[0])) is not None:
+            if verdict:
+                transport.sendto(verdict, addr)
+            return
         metrics = self.metrics
         started = perf_counter() if metrics is not None else 0.0
         key = data[2:]

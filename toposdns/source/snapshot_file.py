@@ -29,6 +29,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +47,7 @@ from yaml.events import (
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
+from toposdns.options import Plugin, Setting, file, sets, size
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import ObjectError, convert_object, describe
 from toposdns.store.model import Record
@@ -200,6 +202,40 @@ def _excessive_aliasing(decoded: int, aliased: int) -> bool:
         share = (decoded - ALIAS_RATIO_LOW) / (ALIAS_RATIO_HIGH - ALIAS_RATIO_LOW)
         allowed = 0.99 - 0.89 * share
     return aliased / decoded > allowed
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOptions:
+    """`--snapshot FILE`: serve a file's objects instead of watching a cluster."""
+
+    path: Path | None = None
+    #: Larger files are refused before they are read.
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+SNAPSHOT: Plugin[SnapshotOptions] = Plugin(
+    "snapshot",
+    SnapshotOptions,
+    (
+        Setting(
+            "snapshot",
+            sets("path", file("cluster.yaml")),
+            "--snapshot",
+            "FILE",
+            "serve the objects in this YAML/JSON file, reloaded when it changes "
+            "(default: watch the cluster)",
+        ),
+        Setting(
+            "snapshot_max_bytes",
+            sets("max_bytes", size),
+            "--snapshot-max-bytes",
+            "SIZE",
+            "refuse a larger --snapshot file, e.g. 512Ki, 64Mi, 1Gi (default {default} bytes)",
+            shows="max_bytes",
+        ),
+    ),
+    directive="toposdns",
+)
 
 
 class SnapshotError(Exception):
