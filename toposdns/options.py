@@ -280,16 +280,6 @@ def domain_as_written(text: str, origin: Origin) -> Name:
     return labels
 
 
-def domains(words: Sequence[str], origin: Origin) -> tuple[Name, ...]:
-    """Domain names, lower-cased, each once, in order."""
-    found: list[Name] = []
-    for word in words:
-        name = domain(word, origin)
-        if name not in found:
-            found.append(name)
-    return tuple(found)
-
-
 def address(default_port: int = 53) -> Parse:
     """`HOST:PORT`, `[V6]:PORT` or `:PORT` as (host, port); port 0 picks a free one."""
 
