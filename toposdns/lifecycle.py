@@ -2,15 +2,15 @@
 shutdown. `toposdns serve` (one process, or the supervisor and each worker of `--workers N`)
 and `toposdns controller` all live it the same way:
 
+- **before**: from the first line of `python -m toposdns`, `exit_on_signals` makes SIGTERM and
+  SIGINT end the process at once (exit 0), until `catch_signals` takes them over. As PID 1 in a
+  container, a process without a handler for a signal never gets it: a SIGTERM during a slow
+  first sync would otherwise be lost, and the pod would wait out its grace period.
 - **startup**: inside `async with Lifecycle() as life:`, the owner opens what it needs and says
   on `life.stack` how to close each; long-running tasks start with `life.start()`.
 - **main loop**: `await life.main_loop()` returns on SIGTERM or SIGINT (once `catch_signals()`
   was called), on `stop()`, or when a task started as `ending` ends, and raises what any started
   task raised, or what `fail()` was given.
-- **before**: from the first line of `python -m toposdns`, `exit_on_signals` makes SIGTERM and
-  SIGINT end the process at once (exit 0), until `catch_signals` takes them over. As PID 1 in a
-  container, a process without a handler for a signal never gets it: a SIGTERM during a slow
-  first sync would otherwise be lost, and the pod would wait out its grace period.
 - **shutdown**: `stopping` is true from then on (so /ready fails); `lameduck(seconds)` keeps the
   process serving a while, unless a second signal (Ctrl-C twice) or `stop(now=True)` ends it;
   then the `async with` closes the stack in reverse order, each started task cancelled and
