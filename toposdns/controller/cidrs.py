@@ -194,16 +194,18 @@ def learn(
         here: Prefix = (version, length, net)
         if lo == hi:
             return 0, kept_in(here)
-        options: list[Option] = []
         counts = Counter(node for _, node in points[lo:hi])
-        candidates = [n for n in counts if eligible(n)]
-        if candidates:
-            most = max(counts[n] for n in candidates)
-            tied = [n for n in candidates if counts[n] == most]
-            owner = prior.get(here)
-            options.append((hi - lo - most, [(here, owner if owner in tied else min(tied))]))
+        learning = {n: c for n, c in counts.items() if eligible(n)}
+        if not learning:
+            return 0, []  # only pods that ranges of their own nodes place
+        most = max(learning.values())
+        tied = sorted(n for n, c in learning.items() if c == most)
+        owner = prior.get(here)
+        options: list[Option] = [(hi - lo - most, [(here, owner if owner in tied else tied[0])])]
         if length >= deepest:
-            return options[0] if options else (hi - lo, [])
+            # Or left out: its learning nodes' pods then need exact locators.
+            options.append((sum(learning.values()), []))
+            return best(options)
         # Skip the levels where every point lies in one half and no previous prefix lies
         # within: such a prefix and its occupied half hold the same pods.
         first, last = values[lo], values[hi - 1]
