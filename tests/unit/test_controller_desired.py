@@ -382,6 +382,8 @@ def test_lease_timings_follow_client_go_rules(lease: LeaseSettings) -> None:
         (["--writes-per-second", "-1"], "--writes-per-second -1"),
         (["--http", "nowhere"], "--http 'nowhere'"),
         (["--lease-duration", "soon"], "--lease-duration 'soon'"),
+        (["--pod-locators", "some"], "--pod-locators 'some': must be one of auto, all, none"),
+        (["--node-cidrs", "guess"], "--node-cidrs 'guess': must be one of spec, learned, auto"),
     ],
 )
 def test_bad_flags_are_refused_with_the_flag_named(

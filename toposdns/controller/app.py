@@ -198,11 +198,13 @@ async def run_controller(config: ControllerConfig) -> None:
             life.stack.push_async_callback(http.stop)
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
         log.info(
-            "controller %s: locators for pods and nodes, node locators and Lease %s in "
-            "namespace %s",
+            "controller %s: node locators (pod ranges: --node-cidrs %s) and Lease %s in "
+            "namespace %s; pod locators: --pod-locators %s",
             controller.identity,
+            config.node_cidrs,
             config.lease.name,
             config.namespace,
+            config.pod_locators,
         )
         life.catch_signals()
         task = life.start(controller.run(), "controller")

@@ -171,7 +171,7 @@ def add_cidr_options(parser: argparse.ArgumentParser) -> None:
     defaults = ControllerConfig(namespace="default")
     parser.add_argument(
         "--pod-locators",
-        choices=POD_LOCATOR_MODES,
+        metavar="|".join(POD_LOCATOR_MODES),
         default=defaults.pod_locators,
         help="which pods get a PodLocator of their own: auto, those whose addresses their "
         "node's locator does not place (outside its pod ranges, or inside another node's); "
@@ -179,7 +179,7 @@ def add_cidr_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--node-cidrs",
-        choices=NODE_CIDR_MODES,
+        metavar="|".join(NODE_CIDR_MODES),
         default=defaults.node_cidrs,
         help="the pod ranges node locators carry: spec (Node.spec.podCIDRs), learned (aligned "
         "prefixes from where each node's pods are: IPv4 /24 to /26, IPv6 /64 to /120, for "
