@@ -727,3 +727,28 @@ def test_learned_ranges_follow_ipam_blocks_and_a_borrowed_address(
         assert writes(api, mark) == []
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("node_cidrs", ["spec", "learned"])
+def test_node_locators_are_written_while_the_pods_are_being_listed(
+    api: FakeApiServer, kubeconfig: Path, node_cidrs: str
+) -> None:
+    api.add(pod("outside", "n1", "10.9.0.1"))
+    api.fail_next("pods", 500, count=10_000)  # the list of every pod, still arriving
+
+    async def scenario() -> None:
+        async with running(kubeconfig, pod_locators="auto", node_cidrs=node_cidrs) as controller:
+            await until(lambda: {"nodes", "podlocators"} <= controller.state.listed)
+            if node_cidrs == "spec":  # node locators depend on nodes alone
+                await until(lambda: get(api, NS, "n1") and get(api, NS, "n2"), what="early")
+            else:  # learnt ranges need the pods
+                await asyncio.sleep(0.3)
+                assert api.count("podlocators") == 0
+            assert not controller.state.synced and get(api, "shop", "outside") is None
+            api.clear_failures()
+            if node_cidrs == "spec":
+                await until(lambda: get(api, "shop", "outside"), what="the pod's, once listed")
+            else:  # the pod's address is all n1 has: its range
+                await until(lambda: (get(api, NS, "n1") or {}).get("cidrs") == ["10.9.0.0/24"])
+
+    asyncio.run(scenario())

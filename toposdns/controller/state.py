@@ -129,11 +129,12 @@ class ClusterState:
         self,
         config: ControllerConfig,
         changed: Callable[[Iterable[Key]], None] = lambda keys: None,
-        synced: Callable[[], None] = lambda: None,
+        listed: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.changed = changed
-        self.on_synced = synced
+        #: Called when a resource has been listed for the first time.
+        self.on_listed = listed
         self.pods: dict[Key, PodFacts] = {}
         self.nodes: dict[str, NodeFacts] = {}
         self.locators: dict[Key, LocatorState] = {}
@@ -439,8 +440,8 @@ class ClusterState:
             log.info("%s: listed %d", resource.name, len(items))
         if changed:
             self.changed(changed)
-        if first and self.synced:
-            self.on_synced()
+        if first:
+            self.on_listed()
 
     def upsert(self, resource: Resource, obj: Object) -> None:
         """An object was added or modified."""
