@@ -173,6 +173,10 @@ class Controller:
 
     async def _work(self) -> None:
         while True:
+            # Most keys need no write (pods their node's locator places), and a sync that
+            # writes nothing never waits: without this, a pass over every pod would keep the
+            # Lease renewals and the watches from running.
+            await asyncio.sleep(0)
             key = await self.queue.get()
             try:
                 await self.writer.sync(key)

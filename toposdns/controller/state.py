@@ -199,8 +199,7 @@ class ClusterState:
         if mode != "auto":
             return ALL_MODE if mode == "all" else None
         node = pod.node_name
-        wanted = self.nodes[node].addresses
-        reason = self._unplaced(pod, self.wanted, wanted, self.cidrs.get(node))
+        reason = self._unplaced(pod, self.wanted, self.nodes[node].addresses, self.cidrs.get(node))
         if reason is not None:
             return reason
         have = self.locators.get(key)
