@@ -1,8 +1,9 @@
 """Fake upstream DNS servers on loopback for forwarding tests: they answer from a table, or
 misbehave on purpose, one way per mode, over UDP and TCP (`tcp_mode` may differ):
 
-- `answer`: as a recursive resolver would; `truncate`: TC over UDP for names in the table, so
-  the client must use TCP; `slow`: answers after `delay` seconds;
+- `answer`: as a recursive resolver would (BIND, unbound): over UDP, a reply larger than the
+  query's buffer (its EDNS size, else 512) is TC with no records; `truncate`: TC over UDP for
+  names in the table, so the client must use TCP; `slow`: answers after `delay` seconds;
 - `silent`: never answers; `close`: TCP closes on accept (UDP stays silent);
 - `midreply`: half a reply (TCP: then closes); `short`: a 3-byte reply; `garbage`: the right ID
   and then bytes that parse as nothing; `wrong_id`: a good reply with another ID;
@@ -48,6 +49,8 @@ class StubUpstream:
         self.relay_to: tuple[str, int] | None = None
         self.new_ids = False
         self.queries: list[tuple[str, str, str]] = []  # (proto, name, type)
+        #: The EDNS buffer size of each query (0 without EDNS), in the order of `queries`.
+        self.buffer_sizes: list[int] = []
         self.relayed = 0
         self.tcp_accepted = 0
         self.tcp_open = 0
@@ -77,6 +80,7 @@ class StubUpstream:
         name = str(query.q.qname).rstrip(".").lower()
         qtype = dnslib.QTYPE[query.q.qtype]
         self.queries.append(("tcp" if tcp else "udp", name, qtype))
+        self.buffer_sizes.append(next((rr.rclass for rr in query.ar if rr.rtype == 41), 0))
         if mode in ("silent", "close"):
             return None
         if mode == "short":
@@ -104,6 +108,10 @@ class StubUpstream:
             for line in lines:
                 reply.add_answer(*dnslib.RR.fromZone(line))
         packed = bytes(reply.pack())
+        if not tcp and len(packed) > _buffer_size(query):
+            reply.rr = []
+            reply.header.tc = 1
+            packed = bytes(reply.pack())
         if mode == "midreply":
             return packed[: len(packed) // 2]
         if mode == "wrong_id":
@@ -207,6 +215,14 @@ class StubUpstream:
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.run_until_complete(asyncio.sleep(0))  # transports close on the next round
         self._loop.close()
+
+
+def _buffer_size(query: dnslib.DNSRecord) -> int:
+    """The largest UDP reply a query takes: its EDNS buffer size (at least 512), else 512."""
+    for rr in query.ar:
+        if rr.rtype == dnslib.QTYPE.OPT:
+            return max(512, rr.rclass)
+    return 512
 
 
 @contextmanager

@@ -56,8 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--http",
         metavar="HOST:PORT",
-        help="serve /health, /ready and /metrics here (default: off)",
+        help="serve /health, /ready, /explain and /metrics here, for local use (default: off)",
     )
+    for flag, what in (
+        ("health", "/health, the liveness probe (CoreDNS's health: :8080)"),
+        ("ready", "/ready, the readiness probe (CoreDNS's ready: :8181)"),
+        ("metrics", "/metrics, for Prometheus (CoreDNS's prometheus: :9153)"),
+        ("explain", "/explain, where clients and endpoints are placed: keep it private"),
+    ):
+        serve.add_argument(
+            f"--{flag}", metavar="HOST:PORT", help=f"serve {what} here (default: off)"
+        )
     serve.add_argument(
         "--startup-timeout",
         type=float,
@@ -373,7 +382,8 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 1
     except OSError as exc:
-        log.error("cannot listen on %s: %s", args.listen, exc)
+        # The HTTP addresses name themselves; an error without a name is the DNS port's.
+        log.error("cannot listen on %s: %s", exc.filename or args.listen, exc.strerror or exc)
         return 1
     return 0
 

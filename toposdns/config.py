@@ -47,8 +47,15 @@ class ServeConfig:
     #: Once a TCP message's first byte is in, the rest must follow within this many seconds.
     tcp_read_timeout: float = 3.0
     tcp_max_connections: int = 1024
-    #: /health, /ready and /metrics address; None for no HTTP server.
+    #: /health, /ready, /explain and /metrics on one address, for local use; None: none.
     http: tuple[str, int] | None = None
+    #: Each endpoint on an address of its own, as CoreDNS's health, ready and prometheus
+    #: plugins (their Corefile defaults: :8080, :8181, :9153); None: not there.
+    health: tuple[str, int] | None = None
+    ready: tuple[str, int] | None = None
+    metrics: tuple[str, int] | None = None
+    #: /explain tells where every client is placed: only on an address given for it.
+    explain: tuple[str, int] | None = None
     #: Without a snapshot: the kubeconfig to use (None: in-cluster, else ~/.kube/config).
     kubeconfig: Path | None = None
     #: How long to wait for the first sync before answering anyway.
@@ -65,6 +72,32 @@ class ServeConfig:
     loadbalance: bool = False
     #: Processes answering DNS; above 1, a supervisor runs the source and forks them.
     workers: int = 1
+
+    def http_listeners(self) -> list[tuple[tuple[str, int], set[str]]]:
+        """Each HTTP address to listen on, with the paths served there: the endpoints given
+        one address share a listener (but port 0 picks a new port each time)."""
+        given = (
+            (self.http, ("/health", "/ready", "/explain", "/metrics")),
+            (self.health, ("/health",)),
+            (self.ready, ("/ready",)),
+            (self.explain, ("/explain",)),
+            (self.metrics, ("/metrics",)),
+        )
+        listeners: list[tuple[tuple[str, int], set[str]]] = []
+        for address, paths in given:
+            if address is None:
+                continue
+            same = [have for at, have in listeners if at == address and address[1] != 0]
+            if same:
+                same[0].update(paths)
+            else:
+                listeners.append((address, set(paths)))
+        return listeners
+
+    @property
+    def serves_metrics(self) -> bool:
+        """Whether some address serves /metrics (queries are counted only then)."""
+        return self.http is not None or self.metrics is not None
 
 
 def parse_zones(values: list[str]) -> tuple[tuple[Name, ...], Name]:
@@ -382,6 +415,10 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         tcp_read_timeout=check_seconds("--tcp-read-timeout", args.tcp_read_timeout),
         tcp_max_connections=check_count("--tcp-max-connections", args.tcp_max_connections),
         http=parse_listen(args.http, "--http") if args.http else None,
+        health=parse_listen(args.health, "--health") if args.health else None,
+        ready=parse_listen(args.ready, "--ready") if args.ready else None,
+        metrics=parse_listen(args.metrics, "--metrics") if args.metrics else None,
+        explain=parse_listen(args.explain, "--explain") if args.explain else None,
         kubeconfig=args.kubeconfig,
         startup_timeout=check_seconds("--startup-timeout", args.startup_timeout, low=0.0),
         upstreams=upstreams_of(args),

@@ -27,7 +27,7 @@ from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.resolve.answer import name_text
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.http import HttpServer
+from toposdns.serve.http import PATHS, HttpServer
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
@@ -115,9 +115,8 @@ async def serve(config: ServeConfig) -> None:
             return None if responder.snapshot.synced else "kubernetes"
 
         await start_source(config, life, publish, lambda: responder.snapshot.synced)
-        if config.http is not None:
-            http = HttpServer(not_ready, lambda: (responder.snapshot, responder.config))
-            await start_http(config.http, http, life.stack)
+        http = HttpServer(not_ready, lambda: (responder.snapshot, responder.config))
+        await start_http(config, http, life.stack)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         life.catch_signals()
@@ -151,8 +150,8 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
 
 
 def query_metrics(config: ServeConfig, stack: contextlib.AsyncExitStack) -> QueryMetrics | None:
-    """The per-query metrics, registered for /metrics; None without --http."""
-    if config.http is None:
+    """The per-query metrics, registered for /metrics; None when no address serves it."""
+    if not config.serves_metrics:
         return None
     metrics = QueryMetrics(f"dns://:{config.listen_port}")
     register(stack, metrics)
@@ -192,12 +191,19 @@ async def start_source(
 
 
 async def start_http(
-    address: tuple[str, int], http: HttpServer, stack: contextlib.AsyncExitStack
+    config: ServeConfig, http: HttpServer, stack: contextlib.AsyncExitStack
 ) -> None:
-    """Serve /health, /ready, /explain and /metrics until the stack closes."""
-    port = await http.start(*address)
+    """Serve the HTTP endpoints on the addresses the configuration gives, until the stack
+    closes. An address that cannot be bound raises OSError with it as `filename`."""
     stack.push_async_callback(http.stop)
-    log.info("serving /health, /ready, /explain and /metrics on %s:%d", address[0], port)
+    for (host, port), paths in config.http_listeners():
+        served = [path for path in PATHS if path in paths]
+        try:
+            bound = await http.listen(host, port, served)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"{host}:{port} ({', '.join(served)})") from None
+        names = ", ".join(served[:-1]) + " and " + served[-1] if len(served) > 1 else served[0]
+        log.info("serving %s on %s:%d", names, host, bound)
 
 
 def zones(config: ServeConfig) -> str:

@@ -70,9 +70,39 @@ def test_truncated_udp_is_retried_over_tcp(start_server: StartServer) -> None:
         whole = dig(server, "big.example.test", "+bufsize=4096", "+ignore")
         assert "tc" not in whole.flags and len(whole.rdata("A")) == 59
         assert [q[0] for q in upstream.queries if q[1] == "big.example.test"] == ["udp", "tcp"]
-        # A client that takes only 512 bytes gets the truncated reply, and retries over TCP.
-        small = dig(server, "big.example.test", "+ignore", "+noedns")
-        assert "tc" in small.flags and not small.answer
+
+
+def test_a_large_answer_is_cut_to_each_clients_buffer_and_fetched_once(
+    start_server: StartServer,
+) -> None:
+    """80 A records (1,314 bytes) from an upstream that, as BIND and unbound do, answers a UDP
+    query too large for its buffer with TC and no records."""
+    records = [f"large.example.test. 300 IN A 192.0.2.{i}" for i in range(1, 81)]
+    with stub_upstream({("large.example.test", "A"): records}) as upstream:
+        server = start_server("--upstream", f"127.0.0.1:{upstream.port}")
+
+        def asked() -> list[tuple[str, int]]:
+            return [
+                (proto, size)
+                for (proto, name, _), size in zip(
+                    upstream.queries, upstream.buffer_sizes, strict=False
+                )
+                if name == "large.example.test"
+            ]
+
+        # As many whole records as fit in 512 bytes (header and question: 34; 16 each), TC set.
+        plain = dig(server, "large.example.test", "+noedns", "+ignore")
+        assert plain.status == "NOERROR" and "tc" in plain.flags
+        assert plain.rdata("A") == [f"192.0.2.{i}" for i in range(1, 30)]
+        # Asked with a 1232-byte buffer, truncated, fetched whole over TCP once.
+        assert asked() == [("udp", 1232), ("tcp", 1232)]
+        again = dig(server, "large.example.test", "+noedns", "+ignore")
+        assert "tc" in again.flags and len(again.answer) == 29
+        flag_day = dig(server, "large.example.test", "+bufsize=1232", "+nocookie", "+ignore")
+        assert "tc" in flag_day.flags and len(flag_day.answer) == 74  # its OPT takes 11 bytes
+        retry = dig(server, "large.example.test", "+tcp")
+        assert "tc" not in retry.flags and retry.rdata("A") == [r.split()[-1] for r in records]
+        assert asked() == [("udp", 1232), ("tcp", 1232)]  # the rest came from the cache
 
 
 def test_externalname_target_outside_the_zone_is_chased(start_server: StartServer) -> None:

@@ -13,7 +13,7 @@ import dnslib
 import pytest
 
 from toposdns.serve import forward
-from toposdns.serve.forward import Forwarder, cache_key, question_end
+from toposdns.serve.forward import Forwarder, cache_key, question_end, upstream_query
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, check_reply
 from toposdns.wire.codes import FORMERR, REFUSED, SERVFAIL
 
@@ -59,12 +59,41 @@ def test_check_reply(reply: bytes, kind: str) -> None:
 def test_cache_key_is_the_question_as_asked_with_the_flags_answers_depend_on() -> None:
     end = question_end(WIRE)
     assert WIRE[12:end] == b"\x03www\x07example\x04test\x00\x00\x01\x00\x01"
-    key = cache_key(WIRE, end, tcp=False, limit=512, edns=False)
+    key = cache_key(WIRE, end, edns=False)
     other_id = b"\x00\x01" + WIRE[2:]
-    assert cache_key(other_id, end, False, 512, False) == key
-    assert cache_key(WIRE, end, True, 512, False) != key
+    assert cache_key(other_id, end, False) == key
     no_rd = WIRE[:2] + bytes((WIRE[2] & ~0x01,)) + WIRE[3:]
-    assert cache_key(no_rd, end, False, 512, False) != key
+    assert cache_key(no_rd, end, False) != key
+    do = dnslib.DNSRecord.question("www.example.test.", "A")
+    do.add_ar(dnslib.EDNS0(udp_len=4096, flags="do"))
+    assert cache_key(bytes(do.pack()), end, True) != key
+    big = dnslib.DNSRecord.question("www.example.test.", "A")
+    big.add_ar(dnslib.EDNS0(udp_len=4096))
+    assert cache_key(bytes(big.pack()), end, True) == key  # whole answers are cut per client
+
+
+UPSTREAM_QUERIES = [
+    ("no OPT: one is added", {}, (1232, 0)),
+    ("a small buffer is raised", {"udp_len": 512}, (1232, 0)),
+    ("a large buffer is lowered", {"udp_len": 65535}, (1232, 0)),
+    ("DO is kept", {"udp_len": 4096, "flags": "do"}, (1232, 0x8000)),
+]
+
+
+@pytest.mark.parametrize(
+    ("edns", "expected"), [c[1:] for c in UPSTREAM_QUERIES], ids=[c[0] for c in UPSTREAM_QUERIES]
+)
+def test_upstreams_are_asked_with_a_buffer_of_1232(
+    edns: dict[str, Any], expected: tuple[int, int]
+) -> None:
+    record = dnslib.DNSRecord.question("www.example.test.", "A")
+    if edns:
+        record.add_ar(dnslib.EDNS0(**edns))
+    data = bytes(record.pack())
+    sent = dnslib.DNSRecord.parse(upstream_query(data, question_end(data)))
+    (opt,) = sent.ar
+    assert (opt.rclass, opt.ttl) == expected
+    assert sent.q == record.q
 
 
 class FakeUpstream(asyncio.DatagramProtocol):

@@ -853,17 +853,23 @@ def test_dns_container() -> None:
     deployment = dns_deployment()
     spec = pod_spec(deployment)
     item = container(deployment)
+    # CoreDNS's ports and names (kubeadm's Deployment).
     assert {(p["name"], p["containerPort"], p["protocol"]) for p in item["ports"]} == {
         ("dns", 53, "UDP"),
         ("dns-tcp", 53, "TCP"),
         ("metrics", 9153, "TCP"),
+        ("liveness-probe", 8080, "TCP"),
+        ("readiness-probe", 8181, "TCP"),
     }
     assert "command" not in item, "the image's ENTRYPOINT is toposdns"
     assert item["args"][0] == "serve"
     options = flags(item["args"])
     assert options["--listen"].rpartition(":")[2] == "53"
-    http_port = int(options["--http"].rpartition(":")[2])
-    assert http_port == 9153
+    # Each endpoint on CoreDNS's port for it; /explain only inside the pod.
+    assert "--http" not in options, "one port for all would expose /explain with /metrics"
+    assert options["--health"] == "0.0.0.0:8080" and options["--ready"] == "0.0.0.0:8181"
+    assert options["--metrics"] == "0.0.0.0:9153"
+    assert ipaddress.ip_address(options["--explain"].rpartition(":")[0]).is_loopback
     assert options["--zone"].split(",") == ["cluster.local", "in-addr.arpa", "ip6.arpa"]
     assert options["--ttl"] == "30" and options["--pods"] == "insecure"
     # The rest of kubeadm's Corefile that has a counterpart (manifests/README.md's table).
@@ -884,9 +890,9 @@ def test_dns_container() -> None:
     assert spec["terminationGracePeriodSeconds"] > lameduck
     live, ready = item["livenessProbe"], item["readinessProbe"]
     assert live["httpGet"]["path"] == "/health"
+    assert port_number(spec, live["httpGet"]["port"]) == 8080
     assert ready["httpGet"]["path"] == "/ready"
-    for probe in (live, ready):
-        assert port_number(spec, probe["httpGet"]["port"]) == http_port
+    assert port_number(spec, ready["httpGet"]["port"]) == 8181
     assert (live["initialDelaySeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (
         60,
         5,
@@ -972,10 +978,14 @@ def test_kube_dns_service() -> None:
     assert ipaddress.ip_address(service["spec"]["clusterIP"]) == ipaddress.ip_address("10.96.0.10")
     assert selects(service["spec"]["selector"], spec_labels(dns_deployment()))
     assert not selects(service["spec"]["selector"], spec_labels(controller_deployment()))
+    # DNS and /metrics, as CoreDNS's Service; not the probes, nor /explain, which the pods
+    # serve only on their loopback address.
     container_ports = {
         (p["containerPort"], p["protocol"]) for p in container(dns_deployment())["ports"]
     }
-    assert {(target, protocol) for _, _, protocol, target in DNS_PORTS} == container_ports
+    assert {(target, protocol) for _, _, protocol, target in DNS_PORTS} < container_ports
+    explain = flags(container(dns_deployment())["args"])["--explain"]
+    assert int(explain.rpartition(":")[2]) not in {port for _, port, _, _ in DNS_PORTS}
 
 
 def test_disruption_budget_covers_the_dns_pods() -> None:

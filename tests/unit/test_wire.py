@@ -16,6 +16,7 @@ from toposdns.wire.encode import (
     encode_bare,
     encode_rejection,
     encode_reply,
+    truncate,
     udp_limit,
 )
 
@@ -188,6 +189,29 @@ class TestEncode:
         assert reply.header.tc == 1 and reply.header.q == 1
         assert 0 < len(reply.rr) < 100
         assert [str(rr.rdata) for rr in reply.rr] == [rr.rdata for rr in many[: len(reply.rr)]]
+
+    @pytest.mark.parametrize("limit", [512, 600, 777, 1232, 1500])
+    @pytest.mark.parametrize("edns", [None, Edns(1232, 0x8000, ((10, b"c" * 8),))])
+    def test_truncating_an_encoded_reply_cuts_as_the_encoder_does(
+        self, limit: int, edns: Edns | None
+    ) -> None:
+        answer = Answer(
+            NOERROR,
+            tuple(RR(NAME, A, 5, f"10.0.{i // 250}.{i % 250}") for i in range(80)),
+            additional=tuple(RR(NAME, AAAA, 5, f"fd00::{i}") for i in range(20)),
+        )
+        query = self.query(edns)
+        whole = encode_reply(query, answer, 65535, fragment_limit=1)  # compressed, all records
+        assert truncate(whole, limit) == encode_reply(query, answer, limit)
+        assert truncate(whole, 65535) is whole
+
+    def test_truncating_keeps_records_it_cannot_write(self) -> None:
+        reply = dnslib.DNSRecord.question("big.example.test", "MX").reply()
+        for i in range(60):
+            reply.add_answer(*dnslib.RR.fromZone(f"big.example.test. 60 IN MX {i} mx{i}.example."))
+        cut = dnslib.DNSRecord.parse(truncate(bytes(reply.pack()), 512))
+        assert cut.header.tc == 1 and 0 < len(cut.rr) < 60
+        assert [str(rr) for rr in cut.rr] == [str(rr) for rr in reply.rr[: len(cut.rr)]]
 
     def test_dropping_only_additional_records_sets_tc(self) -> None:
         answer = Answer(

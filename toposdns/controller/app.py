@@ -225,8 +225,8 @@ async def run_controller(config: ControllerConfig) -> None:
         api_client.user_agent = f"toposdns/{__version__} controller ({controller.identity})"
         if config.http is not None:
             http = HttpServer(controller.not_ready)
-            port = await http.start(*config.http)
             life.stack.push_async_callback(http.stop)
+            port = await http.listen(*config.http, ("/health", "/ready", "/metrics"))
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
         log.info(
             "controller %s: node locators (pod ranges: --node-cidrs %s) and Lease %s in "

@@ -13,8 +13,12 @@
   parses and answers the question asked; when the only replies were to other questions the client
   gets FORMERR, as from CoreDNS, and when none came SERVFAIL.
 - A query that came over UDP is forwarded over UDP, and retried over TCP when the reply is
-  truncated; a query that came over TCP is forwarded over TCP.
-- Replies pass through the cache as they pass through CoreDNS's `cache` (forward_cache.py).
+  truncated; a query that came over TCP is forwarded over TCP. Upstreams are asked with an EDNS
+  buffer of `UPSTREAM_UDP_SIZE` (1232 bytes, DNS Flag Day 2020's size, which needs no IP
+  fragments), whatever the client's, so that most answers come back whole over UDP.
+- Replies pass through the cache as they pass through CoreDNS's `cache` (forward_cache.py). The
+  cache keeps whole answers: a client whose buffer is smaller gets as many whole records as fit
+  with TC set, as from the zones, and its retry over TCP is answered from the cache.
 - Running out of sockets here (EMFILE and the like) answers SERVFAIL and is logged once; it is
   never counted against an upstream.
 """
@@ -26,7 +30,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from struct import pack
+from struct import pack, unpack_from
 
 import dnslib
 
@@ -68,6 +72,7 @@ from toposdns.wire.codes import (
     Name,
 )
 from toposdns.wire.decode import record_spans
+from toposdns.wire.encode import truncate
 
 __all__ = ["Forwarder", "Upstream", "answer_records", "build_query", "resolv_conf_upstreams"]
 
@@ -76,6 +81,7 @@ log = logging.getLogger("toposdns")
 BUDGET = 5.0
 PASSES = 2
 MAX_CONCURRENT = 1000
+UPSTREAM_UDP_SIZE = 1232
 
 #: What forwarding gives: the reply, or the rcode to answer with.
 Outcome = bytes | int
@@ -128,12 +134,12 @@ class Forwarder:
         end = question_end(data)
         if self.loops.came_back(data[:2], data[HEADER_SIZE:end]):
             return SERVFAIL
-        key = cache_key(data, end, tcp, limit, bool(opt))
+        key = cache_key(data, end, bool(opt))
         ad = bool(key[2] or data[3] & AD)  # the client asked for DNSSEC or for AD
         cached = self.cache.get(key)
-        if cached is not None and cached.fits(limit, opt):
+        if cached is not None:
             CACHE_HITS.labels(self.server, cached.kind).inc()
-            return cached.render(data[:2], self.clock(), opt, ad, hit=True)
+            return truncate(cached.render(data[:2], self.clock(), opt, ad, hit=True), limit)
         CACHE_MISSES.labels(self.server).inc()
         if self.outstanding >= self.max_concurrent:
             FORWARD_MAX_CONCURRENT_REJECTS.inc()
@@ -146,7 +152,7 @@ class Forwarder:
             return REFUSED
         self.outstanding += 1
         try:
-            outcome = await self._once(key, data, end, tcp, limit)
+            outcome = await self._once(key, data, end, tcp)
         finally:
             self.outstanding -= 1
             if self.refusing and self.outstanding <= self.max_concurrent // 2:
@@ -154,31 +160,30 @@ class Forwarder:
                 log.info("forwarding: %d queries in flight; accepting again", self.outstanding)
         if isinstance(outcome, int):
             return outcome
-        reply = outcome.render(data[:2], self.clock(), opt, ad, hit=False)
-        return reply if len(reply) <= limit else truncated(reply, end, opt)
+        return truncate(outcome.render(data[:2], self.clock(), opt, ad, hit=False), limit)
 
     async def close(self) -> None:
         """Stop health probes."""
         tasks = [task for upstream in self.upstreams for task in upstream.stop_probes()]
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _once(self, key: bytes, data: bytes, end: int, tcp: bool, limit: int) -> Entry | int:
-        """Ask the upstreams, unless the same question is on its way already: then its answer."""
-        pending = self.inflight.get(key)
+    async def _once(self, key: bytes, data: bytes, end: int, tcp: bool) -> Entry | int:
+        """Ask the upstreams, unless the same question is on its way already over the same
+        transport (a TCP client must not get what UDP left truncated): then its answer."""
+        flight = key + (b"t" if tcp else b"u")
+        pending = self.inflight.get(flight)
         if pending is not None:
             return await asyncio.shield(pending)
-        pending = self.inflight[key] = asyncio.get_running_loop().create_future()
+        pending = self.inflight[flight] = asyncio.get_running_loop().create_future()
         outcome: Entry | int = SERVFAIL
         try:
-            outcome = await self._resolve(key, data, end, tcp, limit)
+            outcome = await self._resolve(key, upstream_query(data, end), end, tcp)
         finally:
-            del self.inflight[key]
+            del self.inflight[flight]
             pending.set_result(outcome)
         return outcome
 
-    async def _resolve(
-        self, key: bytes, data: bytes, end: int, tcp: bool, limit: int
-    ) -> Entry | int:
+    async def _resolve(self, key: bytes, data: bytes, end: int, tcp: bool) -> Entry | int:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + BUDGET
         failure = SERVFAIL
@@ -188,7 +193,7 @@ class Forwarder:
                     return failure
                 started = time.perf_counter()
                 try:
-                    reply, message = await self._exchange(upstream, data, end, tcp, limit, deadline)
+                    reply, message = await self._exchange(upstream, data, end, tcp, deadline)
                 except LocalError as error:
                     if not self.short_of:
                         self.short_of = str(error)
@@ -228,7 +233,6 @@ class Forwarder:
         data: bytes,
         end: int,
         tcp: bool,
-        limit: int,
         deadline: float,
     ) -> tuple[bytes, dnslib.DNSRecord]:
         """One try with one upstream: the checked reply and its parse."""
@@ -242,8 +246,9 @@ class Forwarder:
             message = check_reply(query, reply)
             if tcp or not reply[2] & TC >> 8:
                 return reply, message
-            # Truncated: the whole answer needs TCP. If that fails, or there is no time left,
-            # the truncated reply is relayed and the client retries over TCP itself.
+            # Truncated: the whole answer needs TCP, and is cached whole. If that fails, or
+            # there is no time left, the truncated reply is relayed (never cached) and the
+            # client retries over TCP itself.
             timeout = min(self.timeout, deadline - loop.time())
             if timeout <= 0:
                 return reply, message
@@ -256,7 +261,7 @@ class Forwarder:
                 upstream.failed(True, error)
                 return reply, message
             upstream.succeeded(True)
-            return (whole, whole_message) if len(whole) <= limit else (reply, message)
+            return whole, whole_message
         finally:
             self.loops.answered(qid, question)
 
@@ -273,13 +278,12 @@ def question_end(data: bytes) -> int:
         end += 1 + length
 
 
-def cache_key(data: bytes, end: int, tcp: bool, limit: int, edns: bool) -> bytes:
+def cache_key(data: bytes, end: int, edns: bool) -> bytes:
     """What the answer depends on, as CoreDNS's cache keys it: the question (as asked), RD, CD
-    and DO; plus the reply size the client takes, since a reply may be truncated for it.
-    Client-specific EDNS options (cookies) are left out."""
+    and DO. Not the transport nor the client's buffer size: the cache keeps whole answers, cut
+    per client. Client-specific EDNS options (cookies) are left out."""
     do = _do_bit(data) if edns else 0
-    key = bytes((data[2] & 0x01, data[3] & 0x10, do, tcp)) + limit.to_bytes(2, "big")
-    return key + data[HEADER_SIZE:end]
+    return bytes((data[2] & 0x01, data[3] & 0x10, do)) + data[HEADER_SIZE:end]
 
 
 def _do_bit(data: bytes) -> int:
@@ -290,14 +294,15 @@ def _do_bit(data: bytes) -> int:
     return 0
 
 
-def truncated(reply: bytes, end: int, opt: bytes) -> bytes:
-    """A reply too large for the client's buffer cut to its header with TC set, its question and
-    the client's OPT: the client retries over TCP. (Rare: upstreams size replies for the buffer
-    the client announced, and only the OPT record changes here.)"""
-    header = (
-        reply[:2] + bytes((reply[2] | TC >> 8, reply[3])) + pack("!4H", 1, 0, 0, 1 if opt else 0)
-    )
-    return header + reply[HEADER_SIZE:end] + opt
+def upstream_query(data: bytes, end: int) -> bytes:
+    """The query as it goes upstream: its OPT record's buffer size set to UPSTREAM_UDP_SIZE, or
+    an OPT record with that size (and no DO bit) added when it has none."""
+    for _start, at, _, rtype, section in record_spans(data):
+        if rtype == OPT and section == 2:
+            return data[: at - 2] + pack("!H", UPSTREAM_UDP_SIZE) + data[at:]
+    arcount = unpack_from("!H", data, 10)[0] + 1
+    opt = b"\x00" + pack("!HHIH", OPT, UPSTREAM_UDP_SIZE, 0, 0)
+    return data[:10] + pack("!H", arcount) + data[12:] + opt
 
 
 def resolv_conf_upstreams(path: str = "/etc/resolv.conf") -> list[Upstream]:

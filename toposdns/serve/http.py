@@ -3,17 +3,21 @@
 /health and /ready follow CoreDNS's health and ready plugins: /health answers 200 `OK` while the
 process is up; /ready answers 200 `OK` once the data has synced, and 503 with what is not ready
 otherwise. `/explain?client=IP&name=NAME[&type=A]` answers what `toposdns explain --json`
-prints, from the data being served at that moment, or 400 with `{"error": ...}`. It tells no
-more than a DNS query from that client would, plus where the client and the endpoints are
-placed: the port is meant for the cluster's own monitoring, as /metrics is.
+prints, from the data being served at that moment, or 400 with `{"error": ...}`. It tells
+where every client and endpoint is placed, so it is served only on an address given for it.
 
-The port is bounded like the DNS port, with about the timeouts of CoreDNS's health server
-(plugin/health/health.go: 5 s to read a request, 5 s to write the answer, 5 s idle): at most
-MAX_CONNECTIONS at once; the first request must arrive within 5 s of connecting, a later one
-within 6 s of the previous answer (aiohttp's keep-alive timeout), and an answer must be taken
-by the client within 5 s; request lines and headers are short, and bodies are never read (the
-connection is closed after the answer). What aiohttp reports about a bad request becomes one
-line in the server's own log, tallied when requests come in floods.
+Each address is a listener of its own, as CoreDNS serves health (:8080), ready (:8181) and
+metrics (:9153) apart: a flood of scrapes or slow clients on one leaves the probes on the others
+alone. A listener is bounded like the DNS port, with about the timeouts of CoreDNS's health
+server (plugin/health/health.go: 5 s to read a request, 5 s to write the answer, 5 s idle): at
+most MAX_CONNECTIONS at once; the first request must arrive within 5 s of connecting, a later
+one within 6 s of the previous answer (aiohttp's keep-alive timeout), and an answer must be
+taken by the client within 5 s; request lines and headers are short, and bodies are never read.
+At the cap a new connection is not refused: the oldest connection that has not sent a whole
+request yet, from the source that holds the most connections, is closed to make room, so that a
+probe gets in however many half-sent requests are held open, and no source keeps more than its
+share while others want some. What aiohttp reports about a bad request becomes one line in the
+server's own log, tallied when requests come in floods.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, cast
 
 from aiohttp import web
@@ -42,11 +46,17 @@ MAX_LINE = 4096
 HEAD_END = b"\r\n\r\n"
 
 
+#: What a listener may serve, in the order its start-up line names them.
+PATHS = ("/health", "/ready", "/explain", "/metrics")
+
+
 class HttpServer:
-    """A small aiohttp server; `not_ready()` returns None when ready, else why not. With
-    `serving`, which gives the snapshot and resolver options answers come from right now, it
-    serves /explain too. `exposition` gives what /metrics answers (default: this process's
-    metrics)."""
+    """The HTTP endpoints of one process, served on any number of listeners.
+
+    `not_ready()` returns None when ready, else why not. `serving` gives the snapshot and
+    resolver options answers come from right now (for /explain); `exposition` gives what
+    /metrics answers (default: this process's metrics).
+    """
 
     def __init__(
         self,
@@ -57,62 +67,31 @@ class HttpServer:
         self.not_ready = not_ready
         self.serving = serving
         self.exposition = exposition
-        app = web.Application()
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/ready", self.ready)
-        app.router.add_get("/metrics", self.metrics)
-        if serving is not None:
-            app.router.add_get("/explain", self.explanation)
-        self.errors = Tally(
-            log,
-            logging.WARNING,
-            "HTTP: %s",
-            "HTTP: %d more errors in the last %gs, the last: %s",
-        )
-        self.refused = Tally(
-            log,
-            logging.WARNING,
-            "refused an HTTP connection %s",
-            "refused %d more HTTP connections in the last %gs, the last %s",
-        )
-        self.runner = web.AppRunner(
-            app,
-            access_log=None,
-            logger=_OneLine(self.errors),
-            handler_cancellation=True,
-            # Later than the first request's deadline, which aiohttp 3.14.4+ also enforces by
-            # this timer: ours then closes (and logs) first.
-            keepalive_timeout=REQUEST_TIMEOUT + 1,
-            lingering_time=0,
-            max_line_size=MAX_LINE,
-            max_field_size=MAX_LINE,
-            max_headers=32,
-        )
-        self.listener: asyncio.Server | None = None
-        self.open = 0
-        self.port = 0
+        self.listeners: list[Listener] = []
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; returns the bound port (port 0 picks one)."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        await self.runner.setup()
-        handlers = self.runner.server
-        assert handlers is not None
-        loop = asyncio.get_running_loop()
-        self.listener = await loop.create_server(
-            lambda: _Connection(self, handlers()), sock=sock, backlog=MAX_CONNECTIONS
-        )
-        self.port = int(sock.getsockname()[1])
-        return self.port
+    async def listen(self, host: str, port: int, paths: Collection[str]) -> int:
+        """Serve `paths` (of PATHS) on HOST:PORT until `stop`; returns the bound port (port 0
+        picks one)."""
+        handlers = {
+            "/health": self.health,
+            "/ready": self.ready,
+            "/explain": self.explanation,
+            "/metrics": self.metrics,
+        }
+        app = web.Application()
+        for path in paths:
+            if path == "/explain" and self.serving is None:
+                raise ValueError("/explain needs the data being served")
+            app.router.add_get(path, handlers[path])
+        listener = Listener(app)
+        bound = await listener.start(host, port)
+        self.listeners.append(listener)
+        return bound
 
     async def stop(self) -> None:
         """Stop listening, then close the open connections."""
-        if self.listener is not None:
-            self.listener.close()
-        await self.runner.cleanup()
+        for listener in self.listeners:
+            await listener.stop()
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="OK")
@@ -150,6 +129,108 @@ def _indented(data: object) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
+class Listener:
+    """One address: aiohttp's server for an application, behind the connection cap."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.errors = Tally(
+            log,
+            logging.WARNING,
+            "HTTP: %s",
+            "HTTP: %d more errors in the last %gs, the last: %s",
+        )
+        self.refused = Tally(
+            log,
+            logging.WARNING,
+            "refused an HTTP connection %s",
+            "refused %d more HTTP connections in the last %gs, the last %s",
+        )
+        self.runner = web.AppRunner(
+            app,
+            access_log=None,
+            logger=_OneLine(self.errors),
+            handler_cancellation=True,
+            # Later than the first request's deadline, which aiohttp 3.14.4+ also enforces by
+            # this timer: ours then closes (and logs) first.
+            keepalive_timeout=REQUEST_TIMEOUT + 1,
+            lingering_time=0,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=32,
+        )
+        self.server: asyncio.Server | None = None
+        self.open = 0
+        #: Open connections per source address.
+        self.sources: dict[str, int] = {}
+        #: The open connections that have not sent a whole request yet, oldest first.
+        self.waiting: dict[_Connection, None] = {}
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; returns the bound port."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        await self.runner.setup()
+        handlers = self.runner.server
+        assert handlers is not None
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: _Connection(self, handlers()), sock=sock, backlog=MAX_CONNECTIONS
+        )
+        return int(sock.getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening, then close the open connections."""
+        if self.server is not None:
+            self.server.close()
+        await self.runner.cleanup()
+
+    def admit(self, source: str) -> bool:
+        """Whether a new connection from `source` may be served: below the cap, always; at
+        it, when a waiting connection of a source holding more than `source` does (its own
+        included) can be closed to make room."""
+        if self.open >= MAX_CONNECTIONS:
+            victim = self.victim()
+            held = self.sources.get(source, 0)
+            if victim is None or (victim.source != source and self.sources[victim.source] <= held):
+                self.refused.add(
+                    f"from {source}: {self.open} already open (the maximum), {held} of them "
+                    "its own, none of a larger share waiting for a request"
+                )
+                return False
+            self.errors.add(
+                f"closed a connection from {victim.source} to make room: it had sent no whole "
+                f"request, and {self.open} were open (the maximum)"
+            )
+            victim.close()
+        self.open += 1
+        self.sources[source] = self.sources.get(source, 0) + 1
+        return True
+
+    def victim(self) -> _Connection | None:
+        """The oldest waiting connection of the source holding the most connections."""
+        found: _Connection | None = None
+        for connection in self.waiting:
+            if found is None or self.sources[connection.source] > self.sources[found.source]:
+                found = connection
+        return found
+
+    def release(self, connection: _Connection) -> None:
+        """A connection `admit` let in is gone."""
+        self.open -= 1
+        self.waiting.pop(connection, None)
+        left = self.sources[connection.source] - 1
+        if left:
+            self.sources[connection.source] = left
+        else:
+            del self.sources[connection.source]
+
+
 class _Connection(asyncio.Protocol):
     """One HTTP connection: aiohttp's handler behind the connection cap and two deadlines.
 
@@ -160,23 +241,26 @@ class _Connection(asyncio.Protocol):
     wait for the client to read it for more than REQUEST_TIMEOUT either.
     """
 
-    def __init__(self, server: HttpServer, handler: asyncio.Protocol) -> None:
-        self.server = server
+    def __init__(self, listener: Listener, handler: asyncio.Protocol) -> None:
+        self.listener = listener
         self.handler: asyncio.Protocol | None = handler
         self.transport: asyncio.Transport | None = None
+        self.source = "?"
+        self.counted = False  # admitted, and not yet released
         self.tail = b""  # the first request so far, up to 3 bytes: a blank line may be split
         self.waiting = True  # for the first request's head to be whole
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        server = self.server
-        if server.open >= MAX_CONNECTIONS:
-            server.refused.add(f"from {self.peer()}: {server.open} already open (the maximum)")
+        peer = self.transport.get_extra_info("peername")
+        self.source = str(peer[0]) if peer else "?"
+        if not self.listener.admit(self.source):
             self.handler = None
             self.transport.abort()
             return
-        server.open += 1
+        self.counted = True
+        self.listener.waiting[self] = None
         assert self.handler is not None
         self.handler.connection_made(transport)
         self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.expire)
@@ -188,6 +272,7 @@ class _Connection(asyncio.Protocol):
             seen = self.tail + data
             if HEAD_END in seen:
                 self.waiting = False
+                self.listener.waiting.pop(self, None)
                 self.cancel()
             self.tail = seen[-(len(HEAD_END) - 1) :]
         self.handler.data_received(data)
@@ -211,27 +296,35 @@ class _Connection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         what = "sent no whole request" if self.waiting else "did not read its answer"
-        self.server.errors.add(
-            f"closed a connection from {self.peer()}: it {what} within {REQUEST_TIMEOUT:g}s"
+        self.listener.errors.add(
+            f"closed a connection from {self.source}: it {what} within {REQUEST_TIMEOUT:g}s"
         )
-        self.transport.abort()
+        self.close()
+
+    def close(self) -> None:
+        """Close at once, and leave room for another connection right away."""
+        self.cancel()
+        self.release()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def release(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.listener.release(self)
 
     def cancel(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
-    def peer(self) -> str:
-        peer = self.transport.get_extra_info("peername") if self.transport else None
-        return str(peer[0]) if peer else "?"
-
     def eof_received(self) -> bool | None:
         return self.handler.eof_received() if self.handler is not None else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.cancel()
+        self.release()
         if self.handler is not None:
-            self.server.open -= 1
             self.handler.connection_lost(exc)
             self.handler = None
 

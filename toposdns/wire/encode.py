@@ -3,7 +3,8 @@
 Replies go out uncompressed when they fit. A reply larger than the client's buffer is compressed
 and then cut record by record from the end, with TC set if anything was dropped (even only
 additional records); the question is always kept. A UDP reply that fits but exceeds the
-fragmentation limit (1480 bytes over IPv4, 1220 over IPv6) is compressed too.
+fragmentation limit (1480 bytes over IPv4, 1220 over IPv6) is compressed too. A reply
+encoded elsewhere (an upstream's) is cut the same way by `truncate`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
-from toposdns.wire.decode import ECS_OPTION, ClientSubnet, Edns, Query
+from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
 
 MIN_UDP_SIZE = 512
 MAX_TCP_SIZE = 65535
@@ -178,6 +179,37 @@ def _record_wire(rr: RR) -> bytes:
         _records.clear()
     _records[rr] = wire
     return wire
+
+
+def truncate(message: bytes, limit: int) -> bytes:
+    """An encoded message cut to at most `limit` bytes as `encode_reply` cuts an answer: the
+    header, the question, as many whole records as fit in order, then the OPT record; TC set
+    if any record was dropped. A message that fits is returned as it is.
+
+    Records are kept as they are (a reply from elsewhere may hold types this module cannot
+    write); compression pointers stay valid, since they only point backwards.
+    """
+    if len(message) <= limit:
+        return message
+    spans = record_spans(message)
+    opt = b""
+    budget = limit
+    for start, _, end, rtype, section in spans:
+        if rtype == OPT and section == 2:
+            opt = message[start:end]
+            budget -= len(opt)
+            break
+    kept = [0, 0, 0]
+    cut = spans[0][0] if spans else len(message)  # the question's end
+    for _start, _, end, rtype, section in spans:
+        if end > budget or (rtype == OPT and section == 2):
+            break  # records after an OPT record are dropped with it moved to the end
+        kept[section] += 1
+        cut = end
+    flags = message[2] | TC >> 8
+    header = message[:2] + bytes((flags, message[3])) + message[4:6]
+    counts = pack("!3H", kept[0], kept[1], kept[2] + (1 if opt else 0))
+    return header + counts + message[HEADER_SIZE:cut] + opt
 
 
 def encode_bare(query: Query, rcode: int) -> bytes:

@@ -152,11 +152,10 @@ class Supervisor:
             self.source = await start_source(
                 config, life, self.publish, lambda: self.current.synced, self.builder
             )
-            if config.http is not None:
-                http = HttpServer(
-                    self.not_ready, lambda: (self.current, self.resolver), self.exposition
-                )
-                await start_http(config.http, http, life.stack)
+            http = HttpServer(
+                self.not_ready, lambda: (self.current, self.resolver), self.exposition
+            )
+            await start_http(config, http, life.stack)
             life.catch_signals()
             family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
             reserved = bind_pair(

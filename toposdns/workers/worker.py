@@ -152,7 +152,7 @@ async def work(start: Start, channel: socket.socket) -> None:
     """Answer DNS on the shared port and follow the supervisor, until told to stop."""
     config = start.config
     forwarder = make_forwarder(config)
-    metrics = QueryMetrics(f"dns://:{start.port}") if config.http is not None else None
+    metrics = QueryMetrics(f"dns://:{start.port}") if config.serves_metrics else None
     responder = Responder(
         start.resolver, start.snapshot, config.ecs_trust, forwarder, metrics, config.loadbalance
     )
