@@ -65,6 +65,8 @@ REGION = "region-1"
 POLL = 0.05
 STOP_TIMEOUT = 10.0
 WRITES = ("POST", "PUT", "DELETE")
+#: The controller's log lines that tell where a cold start's time went.
+MILESTONE = re.compile(r"listed \d+|leading|stopped leading|writing node locators|reconcil")
 RECONCILED_LINE = re.compile(r"every locator reconciled in ([\d.]+)s: (\d+) created")
 #: One pod in this many has an address outside every node's range (`spec` layout).
 OUTSIDE_EVERY = 2000
@@ -473,6 +475,11 @@ def cold_start(
         "standin_cpu_s": standin_cpu,
         "vmhwm_mb": hwm,
         "vmrss_mb": rss,
+        "milestones": [
+            f"{at:.1f} s {line.split(' ', 3)[-1]}"
+            for at, line in proc.lines
+            if MILESTONE.search(line)
+        ],
     }
     log(f"cold start: {result}")
     return result
@@ -636,6 +643,7 @@ def table(r: JSON) -> str:
             f"{_writes(cw)} (after settling: {_writes(c['writes_after_settling'])})",
         ),
         ("cold: addresses misplaced", f"{c['misplaced']}"),
+        ("cold: controller log", "; ".join(c["milestones"])),
         (
             "cold: controller",
             f"CPU {c['controller_cpu_s']:.0f} s (stand-in: {c['standin_cpu_s']:.0f} s), "
