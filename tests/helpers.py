@@ -7,7 +7,7 @@ from typing import Any
 
 import dnslib
 
-from toposdns.config import parse_zones
+from toposdns.config import answer_options
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import convert_object
@@ -39,16 +39,22 @@ def config_of(
     ns_addresses: Iterable[str] = (),
 ) -> ResolverConfig:
     """A resolver config from CLI-style values."""
-    parsed, primary = parse_zones(zones or ["cluster.local"])
+    parsed = kubernetes({"--zone": zones or ["cluster.local"]})
     return ResolverConfig(
-        zones=parsed,
+        zones=parsed.zones,
         ttl=ttl,
         pods=pods,
         endpoint_pod_names=endpoint_pod_names,
         namespaces=frozenset(namespaces),
         ns_addresses=tuple(ns_addresses),
-        primary_zone=primary,
+        primary_zone=parsed.primary_zone,
     )
+
+
+def kubernetes(flags: dict[str, Any]) -> ResolverConfig:
+    """The answer options as the server reads them from its flags, by flag:
+    `{"--zone": ["cluster.local"], "--ttl": "30", "--fallthrough": [""]}`."""
+    return answer_options(flags)[0]
 
 
 def normal(rr: dnslib.RR) -> str:

@@ -6,18 +6,15 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from toposdns import __version__
-from toposdns.config import (
-    DEFAULT_RESOLV_CONF,
-    POD_MODES,
-    ConfigError,
-    resolver_config,
-    serve_config,
-)
+from toposdns.config import ANSWER_PLUGINS, PLUGINS, Reading, ServeConfig, answer_options
+from toposdns.corefile import read_corefile
 from toposdns.logs import configure_logging
+from toposdns.options import ConfigError, Plugin
 from toposdns.source.snapshot_file import SnapshotError
 
 log = logging.getLogger("toposdns")
@@ -35,136 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="answer DNS queries over UDP and TCP")
     serve.add_argument(
-        "--snapshot",
+        "--corefile",
         type=Path,
         metavar="FILE",
-        help="serve the objects in this YAML/JSON file, reloaded when it changes "
-        "(default: watch the cluster)",
+        help="read the settings from this Corefile, as CoreDNS does (`toposdns -conf FILE`); "
+        "flags given with it override it",
     )
-    serve.add_argument(
-        "--snapshot-max-bytes",
-        default="64Mi",
-        metavar="SIZE",
-        help="refuse a larger --snapshot file, e.g. 512Ki, 64Mi, 1Gi (default %(default)s)",
-    )
-    serve.add_argument(
-        "--kubeconfig",
-        type=Path,
-        metavar="FILE",
-        help="without --snapshot: this kubeconfig (default: in-cluster, else ~/.kube/config)",
-    )
-    serve.add_argument(
-        "--http",
-        metavar="HOST:PORT",
-        help="serve /health, /ready, /explain and /metrics here, for local use (default: off)",
-    )
-    for flag, what in (
-        ("health", "/health, the liveness probe (CoreDNS's health: :8080)"),
-        ("ready", "/ready, the readiness probe (CoreDNS's ready: :8181)"),
-        ("metrics", "/metrics, for Prometheus (CoreDNS's prometheus: :9153)"),
-        ("explain", "/explain, where clients and endpoints are placed: keep it private"),
-    ):
-        serve.add_argument(
-            f"--{flag}", metavar="HOST:PORT", help=f"serve {what} here (default: off)"
-        )
-    serve.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="wait this long for the first sync with the cluster (default %(default)s)",
-    )
-    serve.add_argument(
-        "--listen",
-        default="0.0.0.0:53",
-        metavar="HOST:PORT",
-        help="DNS address, UDP and TCP (default %(default)s; port 0 picks one)",
-    )
-    _add_answer_options(serve)
-    serve.add_argument(
-        "--ecs-trust",
-        default="",
-        metavar="CIDR[,CIDR]",
-        help="take the client address from EDNS Client Subnet when the query comes from these "
-        "networks, e.g. the CoreDNS pods that forward to toposdns (default: none)",
-    )
-    serve.add_argument(
-        "--upstream",
-        metavar="IP[:PORT],...",
-        help="forward names outside the zones here ('none': refuse them). Default: the "
-        "nameservers of /etc/resolv.conf when watching a cluster, none with --snapshot",
-    )
-    serve.add_argument(
-        "--max-concurrent",
-        type=int,
-        default=1000,
-        metavar="N",
-        help="forward at most N queries at once; more get REFUSED, as CoreDNS's forward "
-        "max_concurrent (default %(default)s, as kubeadm's Corefile)",
-    )
-    serve.add_argument(
-        "--cache-max-ttl",
-        type=int,
-        metavar="SECONDS",
-        help="keep forwarded answers and denials at most this long, as CoreDNS's `cache SECONDS` "
-        "(kubeadm: 30; default 3600 for answers, 1800 for denials)",
-    )
-    for kind, what in (("success", "answers"), ("denial", "NXDOMAIN/NODATA/SERVFAIL")):
-        serve.add_argument(
-            f"--cache-{kind}",
-            metavar="CAPACITY[,TTL[,MINTTL]]",
-            help=f"the cache of forwarded {what}, as CoreDNS cache's `{kind} CAPACITY TTL "
-            "MINTTL` (default 10000 entries, minimum TTL 5)",
-        )
-    serve.add_argument(
-        "--cache-disable",
-        action="append",
-        default=[],
-        metavar="success|denial[:ZONE,...]",
-        help="do not cache forwarded answers (success) or denials in these zones (default: "
-        "everywhere), as CoreDNS cache's `disable`; repeatable",
-    )
-    serve.add_argument(
-        "--loadbalance",
-        action="store_true",
-        help="vary the order of A, AAAA and MX records from reply to reply "
-        "(CoreDNS `loadbalance round_robin`)",
-    )
-    serve.add_argument(
-        "--lameduck",
-        default="5s",
-        metavar="DURATION",
-        help="after SIGTERM, keep answering this long while /ready fails (default %(default)s)",
-    )
-    serve.add_argument(
-        "--tcp-idle-timeout",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="close TCP connections idle this long (default %(default)s)",
-    )
-    serve.add_argument(
-        "--tcp-read-timeout",
-        type=float,
-        default=3.0,
-        metavar="SECONDS",
-        help="close a TCP connection when a query's bytes take longer than this to arrive "
-        "(default %(default)s)",
-    )
-    serve.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="answer DNS in N processes sharing the port, fed by one source (default: the CPUs "
-        "this process may use: its CPU affinity and cgroup CPU limit; 1: a single process)",
-    )
-    serve.add_argument(
-        "--tcp-max-connections",
-        type=int,
-        default=1024,
-        metavar="N",
-        help="refuse TCP connections beyond this many (default %(default)s)",
-    )
+    add_plugin_flags(serve, PLUGINS)
     _add_log_options(serve)
 
     explain = commands.add_parser(
@@ -181,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="print JSON for tools")
     explain.add_argument("name", help="the query name, e.g. web.shop.svc.cluster.local")
     explain.add_argument("type", nargs="?", default="A", help="record type (default A)")
-    _add_answer_options(explain)
+    add_plugin_flags(explain, ANSWER_PLUGINS)
     _add_controller_parser(commands)
     return parser
 
@@ -270,61 +144,44 @@ def _add_log_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_answer_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--zone",
-        action="append",
-        default=[],
-        metavar="ZONE[,ZONE]",
-        help="zones to serve, repeatable (default cluster.local, in-addr.arpa, ip6.arpa)",
-    )
-    parser.add_argument("--ttl", type=int, default=5, help="TTL of answers (default 5)")
-    parser.add_argument(
-        "--pods",
-        choices=POD_MODES,
-        default="disabled",
-        help="pod records <a-b-c-d>.<ns>.pod.<zone> (default disabled)",
-    )
-    parser.add_argument(
-        "--endpoint-pod-names",
-        action="store_true",
-        help="name endpoints without a hostname after their pod",
-    )
-    parser.add_argument(
-        "--namespaces",
-        default="",
-        metavar="NS[,NS]",
-        help="serve only these namespaces (CoreDNS `namespaces`)",
-    )
-    parser.add_argument(
-        "--fallthrough",
-        action="append",
-        nargs="?",
-        const="",
-        default=[],
-        metavar="ZONE[,ZONE]",
-        help="names in these zones that the cluster does not have go to the upstreams instead "
-        "of NXDOMAIN (SERVFAIL without upstreams); no zone: every zone (CoreDNS `fallthrough`)",
-    )
-    parser.add_argument(
-        "--autopath",
-        action="store_true",
-        help="for a pod a PodLocator places in namespace NS, answer X.NS.svc.ZONE, when it does "
-        "not exist, with the first name of the pod's search path that does, behind a CNAME "
-        "(CoreDNS `autopath @kubernetes`)",
-    )
-    parser.add_argument(
-        "--autopath-resolv-conf",
-        type=Path,
-        metavar="FILE",
-        help="with --autopath: the node's search domains come from this file's `search` line "
-        f"(default {DEFAULT_RESOLV_CONF})",
-    )
+def add_plugin_flags(parser: argparse.ArgumentParser, plugins: Sequence[Plugin[Any]]) -> None:
+    """The flags of the plugins' settings, each with its help line and default."""
+    for plugin in plugins:
+        for setting in plugin.settings:
+            if not setting.flag:
+                continue
+            text = setting.help.replace("%", "%%")
+            if setting.shows:
+                text = text.replace("{default}", plugin.default_text(setting.shows))
+            kwargs: dict[str, Any] = {"help": text, "dest": _dest(setting.flag), "default": None}
+            if not setting.metavar:
+                kwargs["action"] = "store_true"
+            else:
+                kwargs["metavar"] = setting.metavar
+                if setting.optional:
+                    kwargs.update(nargs="?", const=True)
+                if setting.repeat:
+                    kwargs["action"] = "append"
+            parser.add_argument(setting.flag, **kwargs)
+
+
+def given_flags(args: argparse.Namespace, plugins: Sequence[Plugin[Any]]) -> dict[str, Any]:
+    """The plugin flags given on the command line, by flag."""
+    return {
+        setting.flag: getattr(args, _dest(setting.flag))
+        for plugin in plugins
+        for setting in plugin.settings
+        if setting.flag
+    }
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(coredns_arguments(sys.argv[1:] if argv is None else argv))
     if args.command == "explain":
         return _explain(args)
     if args.command == "controller":
@@ -332,12 +189,27 @@ def main(argv: list[str] | None = None) -> int:
     return _serve(args)
 
 
+def coredns_arguments(argv: list[str]) -> list[str]:
+    """CoreDNS's command line, `-conf FILE` (as its Deployments pass it), as `serve
+    --corefile FILE`; any other command line as it is."""
+    if argv and (argv[0] == "-conf" or argv[0].startswith("-conf=")):
+        name, _, value = argv[0].partition("=")
+        return ["serve", "--corefile", *([value] if value else []), *argv[1:]]
+    return argv
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """`serve`'s configuration: the Corefile, if given, then the flags."""
+    reading = Reading() if args.corefile is None else read_corefile(args.corefile)
+    return reading.read_flags(given_flags(args, PLUGINS)).done()
+
+
 def _explain(args: argparse.Namespace) -> int:
     from toposdns.explain import explain, parse_question, render_json, render_text
     from toposdns.source.snapshot_file import load_snapshot
 
     try:
-        config = resolver_config(args)
+        config, autopath = answer_options(given_flags(args, ANSWER_PLUGINS))
         address, name, qtype = parse_question(args.client, args.name, args.type)
     except (ConfigError, ValueError) as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
@@ -347,7 +219,7 @@ def _explain(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 1
-    result = explain(snapshot, config, address, name, qtype)
+    result = explain(snapshot, config, address, name, qtype, autopath)
     if args.json:
         print(json.dumps(render_json(result), indent=2))
     else:
@@ -359,7 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
     from toposdns.kube.client import ConnectError
     from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
-    from toposdns.workers.supervisor import WorkerError
+    from toposdns.workers.supervisor import WorkerError, supervise
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -368,7 +240,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"toposdns serve: {exc}", file=sys.stderr)
         return 2
     try:
-        run(serve(config))
+        corefile = None if args.corefile is None else (args.corefile, lambda: serve_config(args))
+        run(supervise(config, corefile) if config.workers > 1 else serve(config, corefile))
     except SnapshotError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -383,7 +256,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except OSError as exc:
         # The HTTP addresses name themselves; an error without a name is the DNS port's.
-        log.error("cannot listen on %s: %s", exc.filename or args.listen, exc.strerror or exc)
+        log.error("cannot listen on %s: %s", exc.filename or config.bind, exc.strerror or exc)
         return 1
     return 0
 

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toposdns.resolve.answer import Answer, name_text, type_code, type_name
-from toposdns.resolve.autopath import candidates, completed, goes_on
+from toposdns.resolve.autopath import (
+    NO_AUTOPATH,
+    AutopathOptions,
+    candidates,
+    completed,
+    goes_on,
+    local_answer,
+    walk,
+)
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
@@ -52,17 +60,23 @@ class Explanation:
 
 
 def explain(
-    snapshot: Snapshot, config: ResolverConfig, address: str, name: Name, qtype: int
+    snapshot: Snapshot,
+    config: ResolverConfig,
+    address: str,
+    name: Name,
+    qtype: int,
+    autopath: AutopathOptions = NO_AUTOPATH,
 ) -> Explanation:
-    """Resolve `name` for a client at `address`, keeping the topology decisions."""
+    """Resolve `name` for a client at `address`, keeping the topology decisions (and with
+    `autopath` on, the search-path walk the server would take)."""
     client = identify(snapshot, address)
     decisions: list[Decision] = []
     answer = resolve(name, qtype, snapshot, config, client.labels, decisions)
     steps = None
     locator = client.locator
     names = None
-    if config.autopath and locator is not None and not locator.is_node:
-        names = candidates(name, locator.namespace, config)
+    if autopath.enabled and locator is not None and not locator.is_node:
+        names = candidates(name, locator.namespace, config, autopath.search)
     if names is not None:
         decisions = []  # the walk's, whose first name is the name asked
         steps = _walk(snapshot, config, client, names, qtype, decisions)
@@ -86,17 +100,11 @@ def _walk(
 ) -> tuple[Step, ...]:
     """The names autopath tries in the zones, up to the first that exists or that only the
     upstreams can answer."""
-    steps = []
-    for name in names:
-        answer = None
-        if match_zone(tuple(label.lower() for label in name), config.zones) is not None:
-            answer = resolve(name, qtype, snapshot, config, client.labels, decisions)
-            if answer.fallthrough:
-                answer = None
-        steps.append(Step(name, answer))
-        if answer is None or not goes_on(answer):
-            break
-    return tuple(steps)
+
+    def local(name: Name) -> Answer | None:
+        return local_answer(name, qtype, snapshot, config, client.labels, decisions)
+
+    return tuple(Step(names[index], answer) for index, answer in walk(names, 0, local))
 
 
 def parse_question(address: str, name: str, qtype: str) -> tuple[str, Name, int]:

@@ -85,6 +85,12 @@ ANSWERING = (
 )
 
 # `--workers N`: the supervisor's view of its workers.
+RELOAD_FAILED = Counter("coredns_reload_failed", "Counter of the number of failed reload attempts.")
+RELOAD_VERSION = Gauge(
+    "coredns_reload_version_info",
+    "A metric with a constant '1' value labeled by hash, and value which type of hash generated.",
+    ["hash", "value"],
+)
 WORKER_RESTARTS = Counter(
     "toposdns_worker_restarts", "Worker processes that ended and were started again."
 )

@@ -1,7 +1,8 @@
 """`toposdns serve` assembled: load the data, bind UDP and TCP, serve, reload, stop on a signal.
 
-The pieces (`start_source`, `serve_dns`, ...) are shared with the supervisor and the workers of
-`--workers N` (toposdns/workers/); the lifecycle they all live is toposdns/lifecycle.py.
+`DnsServer` is one process's DNS server; `serve` runs it with the source in one process, and
+each worker of `--workers N` runs one under the supervisor (toposdns/workers/), which shares
+`start_source` and `start_http`. The lifecycle they all live is toposdns/lifecycle.py.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import logging
 import resource
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -25,12 +27,17 @@ from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import INVALID_POLICIES
+from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
+from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.http import PATHS, HttpServer
+from toposdns.serve.http import PATHS, HttpServer, Serving
+from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_metrics import QueryMetrics
-from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder
-from toposdns.serve.tcp import TcpLimits, TcpProtocol
+from toposdns.serve.responder import Responder
+from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
+from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
@@ -40,8 +47,9 @@ from toposdns.store.topology import invalid_changes
 
 log = logging.getLogger("toposdns")
 
-# Large socket buffers absorb bursts instead of dropping queries while the loop is busy.
-UDP_BUFFER_BYTES = 4 * 1024 * 1024
+#: A Corefile to reload: its path, and how to read it into a configuration.
+Corefile = tuple[Path, Callable[[], ServeConfig]]
+
 # Open files besides forwarded queries and TCP clients: listeners, HTTP, the API, logs.
 FILES_RESERVE = 64
 
@@ -75,69 +83,177 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
         )
 
 
-async def serve(config: ServeConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then keep answering for the lameduck period. With
-    `config.workers` above 1, as a supervisor of that many worker processes.
+class DnsServer:
+    """One process's DNS server, as the single process and each worker of `--workers N` run
+    it: the responder over the data, the forwarder, the query metrics, UDP and TCP."""
+
+    def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
+        self.config = config
+        self.forwarder = make_forwarder(config)
+        self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.responder = self.respond_by(config, resolver, snapshot)
+        self.udp: list[UdpProtocol] = []
+        self.server = ""
+
+    def respond_by(
+        self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot
+    ) -> Responder:
+        return Responder(
+            resolver,
+            snapshot,
+            config.toposdns.ecs_trust,
+            self.forwarder,
+            self.metrics,
+            config.loadbalance.round_robin,
+            config.autopath,
+        )
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        """Answer by `config` from the next query on, with the same sockets (so that none is
+        lost), data and metrics; the forwarder is new if its settings changed, the old one
+        closed once its queries are done. Returns the plugins whose changes need a restart."""
+        old = self.config
+        restart = [name for name, value in where(config).items() if value != where(old)[name]]
+        config = kept_where(config, old)
+        if (old.forward, old.cache) != (config.forward, config.cache):
+            retired, self.forwarder = self.forwarder, make_forwarder(config)
+            if self.forwarder is not None:
+                self.forwarder.set_server(self.server)
+            if retired is not None:
+                asyncio.get_running_loop().call_later(
+                    FORWARD_BUDGET, lambda: asyncio.ensure_future(retired.close())
+                )
+        previous = self.responder
+        resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
+        self.responder = self.respond_by(config, resolver, previous.snapshot)
+        self.responder.topology_counts = previous.topology_counts  # counts go on
+        for protocol in self.udp:
+            protocol.use(self.responder)
+        self.config = config
+        return restart
+
+    def serving(self) -> Serving:
+        """What answers come from right now (for /explain)."""
+        return self.responder.snapshot, self.responder.config, self.config.autopath
+
+    async def start(
+        self, stack: contextlib.AsyncExitStack, port: int, reuse_port: bool = False
+    ) -> int:
+        """Bind the DNS port (with `reuse_port`, shared with other workers) and answer on it
+        until the stack closes; returns the port."""
+        if self.forwarder is not None:
+            stack.push_async_callback(self.forwarder.close)
+        config = self.config
+        family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
+        udp_sock, tcp_sock = bind_pair(family, config.bind.host, port, reuse_port=reuse_port)
+        port = await serve_dns(config.tcp, self, udp_sock, tcp_sock, stack)
+        server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        if self.metrics is not None:
+            self.metrics.server = server
+        if self.forwarder is not None:
+            self.forwarder.set_server(server)
+        return port
+
+
+async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
+    """Serve in this process until SIGTERM or SIGINT, then keep answering for the lameduck
+    period (the supervisor of `--workers N` runs a `DnsServer` in each worker instead). With
+    `corefile` (its path, and how to read it) and `reload` on, apply it when it changes.
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
-    if config.workers > 1:
-        from toposdns.workers.supervisor import supervise
-
-        await supervise(config)
-        return
-    resolver_config = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
-    forwarder = make_forwarder(config)
     raise_open_files_limit(config)
+    read_bytes = None if corefile is None else corefile_bytes(corefile[0])
+    snapshot = Snapshot(synced=config.snapshot.path is not None)
+    dns = DnsServer(config, answering(config), snapshot)
     async with Lifecycle() as life:
-        metrics = query_metrics(config, life.stack)
-        responder = Responder(
-            resolver_config,
-            Snapshot(synced=config.snapshot is not None),
-            config.ecs_trust,
-            forwarder,
-            metrics,
-            config.loadbalance,
-        )
-        if metrics is not None:
-            register(life.stack, responder.topology_counts)
-        if forwarder is not None:
-            life.stack.push_async_callback(forwarder.close)
+        if dns.metrics is not None:
+            register(life.stack, dns.metrics)
+            register(life.stack, dns.responder.topology_counts)
+        if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
         def publish(snapshot: Snapshot) -> None:
-            report_invalid_policies(responder.snapshot, snapshot)
-            responder.update(snapshot)
+            report_invalid_policies(dns.responder.snapshot, snapshot)
+            dns.responder.update(snapshot)
 
         def not_ready() -> str | None:
             if life.stopping:
                 return "Shutting down"
-            return None if responder.snapshot.synced else "kubernetes"
+            return None if dns.responder.snapshot.synced else "kubernetes"
 
-        await start_source(config, life, publish, lambda: responder.snapshot.synced)
-        http = HttpServer(not_ready, lambda: (responder.snapshot, responder.config))
-        await start_http(config, http, life.stack)
+        def reconfigure(new: ServeConfig) -> None:
+            report_restart(dns.reconfigure(new))
+
+        await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
+        await start_http(config, life.stack, not_ready, dns.serving)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         life.catch_signals()
-        family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
-        udp_sock, tcp_sock = bind_pair(family, config.listen_host, config.listen_port)
-        port = await serve_dns(config, responder, udp_sock, tcp_sock, life.stack)
-        log.info("serving DNS on %s:%d (udp, tcp) for %s", config.listen_host, port, zones(config))
-        server = f"dns://:{port}"  # the label CoreDNS gives its server block
-        if metrics is not None:
-            metrics.server = server
-        if forwarder is not None:
-            forwarder.set_server(server)
+        port = await dns.start(life.stack, config.bind.port)
+        log.info("serving DNS on %s:%d (udp, tcp) for %s", config.bind.host, port, zones(config))
+        if dns.forwarder is not None:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = forwarder.loops.check(config.upstreams, f"{config.listen_host}:{port}")
+            check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
             life.start(check, "loop check", ending=False)
+        if corefile is not None and config.reload.enabled:
+            path, read = corefile
+            watch = watch_corefile(path, read_bytes, lambda: dns.config.reload, read, reconfigure)
+            life.start(watch, "reload", ending=False)
         await life.main_loop()
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
-        log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
-        await life.lameduck(config.lameduck)
+        lameduck = dns.config.health.lameduck
+        log.info("shutting down: answering for %gs more (lameduck)", lameduck)
+        await life.lameduck(lameduck)
         log.info("stopped")
+
+
+def where(config: ServeConfig) -> dict[str, object]:
+    """The settings that say where and from what the server serves: a reload keeps them until
+    a restart."""
+    return {
+        "snapshot": config.snapshot,
+        "kubeconfig and startup_timeout": config.cluster,
+        "bind and port": config.bind,
+        "tcp": config.tcp,
+        "health address": config.health.address,
+        "ready address": config.ready.address,
+        "prometheus address": config.prometheus.address,
+        "workers": config.toposdns.workers,
+        "http": config.toposdns.http,
+    }
+
+
+def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
+    """`config` with the `running` one's settings of where it serves."""
+    return replace(
+        config,
+        snapshot=running.snapshot,
+        cluster=running.cluster,
+        bind=running.bind,
+        tcp=running.tcp,
+        health=replace(config.health, address=running.health.address),
+        ready=running.ready,
+        prometheus=running.prometheus,
+        toposdns=replace(
+            config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
+        ),
+    )
+
+
+def report_restart(plugins: list[str]) -> None:
+    """Say once which reloaded settings wait for a restart (they say where to serve)."""
+    if plugins:
+        log.warning(
+            "reload: %s changed; these apply when toposdns restarts, the rest applies now",
+            ", ".join(plugins),
+        )
+
+
+def answering(config: ServeConfig) -> ResolverConfig:
+    """The answer options, with this server's own addresses for apex NS answers."""
+    return replace(config.kubernetes, ns_addresses=own_addresses(config.bind.host))
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:
@@ -145,17 +261,8 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     if not config.upstreams:
         return None
     return Forwarder(
-        list(config.upstreams), max_concurrent=config.max_concurrent, cache=config.cache
+        list(config.upstreams), max_concurrent=config.forward.max_concurrent, cache=config.cache
     )
-
-
-def query_metrics(config: ServeConfig, stack: contextlib.AsyncExitStack) -> QueryMetrics | None:
-    """The per-query metrics, registered for /metrics; None when no address serves it."""
-    if not config.serves_metrics:
-        return None
-    metrics = QueryMetrics(f"dns://:{config.listen_port}")
-    register(stack, metrics)
-    return metrics
 
 
 def register(stack: contextlib.AsyncExitStack, collector: Collector) -> None:
@@ -174,27 +281,34 @@ async def start_source(
     """Load the snapshot file and watch it for changes; or connect to the cluster, watch it
     (into `builder`, if given) and wait up to --startup-timeout until `synced()`. Returns the
     cluster's source, None for a file."""
-    if config.snapshot is not None:
-        files = SnapshotFileSource(config.snapshot, publish, max_bytes=config.snapshot_max_bytes)
+    if config.snapshot.path is not None:
+        files = SnapshotFileSource(
+            config.snapshot.path, publish, max_bytes=config.snapshot.max_bytes
+        )
         publish(files.load())
         gc.freeze()  # the data lives long: the cyclic collector need not walk it again and again
         life.start(files.watch(), "source")
         return None
-    api_client = await connect(config.kubeconfig)
+    api_client = await connect(config.cluster.kubeconfig)
     life.stack.push_async_callback(api_client.close)
     # Listed objects live as long as the data: freeze what survives each page, so the
     # cyclic collector does not scan it again and again in a big sync.
     source = KubeSource(apis_of(api_client), publish, on_page=gc.freeze, builder=builder)
     task = life.start(source.run(), "source")
-    await _wait_for_sync(synced, task, config.startup_timeout)
+    await _wait_for_sync(synced, task, config.cluster.startup_timeout)
     return source
 
 
 async def start_http(
-    config: ServeConfig, http: HttpServer, stack: contextlib.AsyncExitStack
+    config: ServeConfig,
+    stack: contextlib.AsyncExitStack,
+    not_ready: Callable[[], str | None],
+    serving: Callable[[], Serving],
+    exposition: Callable[[], Awaitable[bytes]] | None = None,
 ) -> None:
     """Serve the HTTP endpoints on the addresses the configuration gives, until the stack
     closes. An address that cannot be bound raises OSError with it as `filename`."""
+    http = HttpServer(not_ready, serving, exposition)
     stack.push_async_callback(http.stop)
     for (host, port), paths in config.http_listeners():
         served = [path for path in PATHS if path in paths]
@@ -208,14 +322,15 @@ async def start_http(
 
 def zones(config: ServeConfig) -> str:
     """The zones served, as the "serving DNS" line lists them."""
-    return ", ".join(name_text(zone) for zone in config.resolver.zones)
+    return ", ".join(name_text(zone) for zone in config.kubernetes.zones)
 
 
 def raise_open_files_limit(config: ServeConfig) -> None:
     """Raise the soft limit on open files to the hard one, as Go programs (CoreDNS) do at start;
     warn when even that leaves too few for the forwarded queries and TCP connections allowed
     (the limit is per process: each worker of `--workers N` may use that many)."""
-    needed = config.tcp_max_connections + (config.max_concurrent if config.upstreams else 0)
+    forwarding = config.forward.max_concurrent if config.upstreams else 0
+    needed = config.tcp.max_connections + forwarding
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
@@ -244,56 +359,27 @@ async def _wait_for_sync(
 
 
 async def serve_dns(
-    config: ServeConfig,
-    responder: Responder,
+    options: TcpOptions,
+    dns: DnsServer,
     udp_sock: socket.socket,
     tcp_sock: socket.socket,
     stack: contextlib.AsyncExitStack,
 ) -> int:
-    """Answer on a bound UDP socket and a listening TCP socket until the stack closes; returns
-    their port."""
+    """Answer on a bound UDP socket and a listening TCP socket, with `dns`'s responder as it
+    is at each datagram and connection, until the stack closes; returns their port."""
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
-    udp, _ = await loop.create_datagram_endpoint(
-        lambda: UdpProtocol(responder, kind), sock=udp_sock
-    )
+    protocol = UdpProtocol(dns.responder, kind)
+    udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
+    dns.udp.append(protocol)
     stack.callback(udp.close)
-    limits = TcpLimits(config.tcp_max_connections, config.tcp_idle_timeout, config.tcp_read_timeout)
+    limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
     tcp = await loop.create_server(
-        lambda: TcpProtocol(responder, limits, stream), sock=tcp_sock, backlog=1024
+        lambda: TcpProtocol(dns.responder, limits, stream), sock=tcp_sock, backlog=1024
     )
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)
     return int(udp_sock.getsockname()[1])
-
-
-def bind_pair(
-    family: int, host: str, port: int, reuse_port: bool = False, listen: bool = True
-) -> tuple[socket.socket, socket.socket]:
-    """A UDP and a TCP socket bound to one port (with `reuse_port`, a port other such sockets
-    share: the kernel spreads queries among them). For port 0 the kernel picks the UDP port,
-    which TCP may already use: then try another, a bounded number of times."""
-    for attempt in range(1 if port else 20):
-        udp = socket.socket(family, socket.SOCK_DGRAM)
-        udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_BUFFER_BYTES)
-        udp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UDP_BUFFER_BYTES)
-        tcp = socket.socket(family, socket.SOCK_STREAM)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        for sock in (udp, tcp) if reuse_port else ():
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            udp.bind((host, port))
-            tcp.bind((host, udp.getsockname()[1]))
-            if listen:
-                tcp.listen(1024)
-        except OSError:
-            udp.close()
-            tcp.close()
-            if port or attempt == 19:
-                raise
-            continue
-        return udp, tcp
-    raise AssertionError("unreachable")
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from dataclasses import replace
 from typing import Any
 
 import dnslib
 import pytest
 
 from tests.helpers import config_of, snapshot_of
-from toposdns.config import parse_search_domains
 from toposdns.resolve.answer import RR, Answer
-from toposdns.resolve.autopath import candidates, completed, first_candidate, search_path
+from toposdns.resolve.autopath import (
+    AutopathOptions,
+    candidates,
+    completed,
+    first_candidate,
+    parse_search_domains,
+    search_path,
+)
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
 from toposdns.wire.codes import CNAME, NOERROR, NXDOMAIN, SERVFAIL, A, Name
 
@@ -44,11 +49,8 @@ def test_coredns_search_path() -> None:
     assert texts(search_path("ns", (), ())) == ["ns.svc", "svc", "", ""]
 
 
-CONFIG = replace(
-    config_of(zones=["cluster.local", "in-addr.arpa"]),
-    autopath=True,
-    autopath_search=parse_search_domains("search corp.example\n", "test"),
-)
+CONFIG = config_of(zones=["cluster.local", "in-addr.arpa"])
+SEARCH = parse_search_domains("search corp.example\n", "test")
 
 
 # autopath_test.go TestInSearchPath, for a pod in `default`: does the name start the walk?
@@ -65,11 +67,13 @@ CONFIG = replace(
     ],
 )
 def test_coredns_in_search_path(qname: str, walks: bool) -> None:
-    assert (candidates(labels(qname), "default", CONFIG) is not None) is walks
+    assert (candidates(labels(qname), "default", CONFIG, SEARCH) is not None) is walks
 
 
 def test_candidates_keep_the_case_asked_of_the_name() -> None:
-    found = candidates(labels("Api.Example.com.Default.SVC.cluster.local"), "default", CONFIG)
+    found = candidates(
+        labels("Api.Example.com.Default.SVC.cluster.local"), "default", CONFIG, SEARCH
+    )
     assert texts(found) == [
         "Api.Example.com.default.svc.cluster.local",
         "Api.Example.com.svc.cluster.local",
@@ -184,9 +188,8 @@ UPSTREAM = {
     "a.example.com": ["127.0.0.53"],
     "lb.com": ["192.0.2.1", "192.0.2.2", "192.0.2.3"],
 }
-WALK_CONFIG = replace(
-    CONFIG, autopath_search=tuple(labels(d) for d in ("example.org", "example.com", "com"))
-)
+WALK_CONFIG = CONFIG
+WALK = AutopathOptions(True, search=tuple(labels(d) for d in ("example.org", "example.com", "com")))
 
 
 class TableUpstream:
@@ -250,7 +253,7 @@ def upstream() -> TableUpstream:
 
 @pytest.fixture
 def responder(upstream: TableUpstream) -> Responder:
-    return Responder(WALK_CONFIG, snapshot_of(OBJECTS), forwarder=upstream)
+    return Responder(WALK_CONFIG, snapshot_of(OBJECTS), forwarder=upstream, autopath=WALK)
 
 
 @pytest.mark.parametrize("transport", [UDP4, TCP4], ids=["udp", "tcp"])
@@ -347,14 +350,16 @@ def test_letter_case_as_coredns_writes_it(responder: Responder) -> None:
 
 
 def test_a_silent_upstream_ends_the_walk_with_servfail() -> None:
-    responder = Responder(WALK_CONFIG, snapshot_of(OBJECTS), forwarder=TableUpstream(silent=True))
+    responder = Responder(
+        WALK_CONFIG, snapshot_of(OBJECTS), forwarder=TableUpstream(silent=True), autopath=WALK
+    )
     reply = ask(responder, "b.shop.svc.cluster.local")
     assert reply.header.rcode == SERVFAIL and str(reply.q.qname) == "b.shop.svc.cluster.local."
 
 
 def test_without_upstreams_a_name_outside_the_zones_is_servfail() -> None:
     # CoreDNS: the kubernetes plugin has no next plugin for it, an error.
-    responder = Responder(WALK_CONFIG, snapshot_of(OBJECTS))
+    responder = Responder(WALK_CONFIG, snapshot_of(OBJECTS), autopath=WALK)
     assert ask(responder, "b.shop.svc.cluster.local").header.rcode == SERVFAIL
     found = ask(responder, "web.other.shop.svc.cluster.local")  # found before that: answered
     assert found.header.rcode == NOERROR and len(found.rr) == 2
@@ -366,6 +371,7 @@ def test_ecs_places_the_pod_behind_a_trusted_forwarder(upstream: TableUpstream) 
         snapshot_of(OBJECTS),
         ecs_trust=(ipaddress.ip_network("10.0.0.0/24"),),
         forwarder=upstream,
+        autopath=WALK,
     )
     reply = ask(responder, "web.other.shop.svc.cluster.local", source=NODE, ecs=POD)
     assert len(reply.rr) == 2
@@ -374,7 +380,9 @@ def test_ecs_places_the_pod_behind_a_trusted_forwarder(upstream: TableUpstream) 
 
 
 def test_loadbalance_keeps_the_cname_first(upstream: TableUpstream) -> None:
-    responder = Responder(WALK_CONFIG, snapshot_of(OBJECTS), forwarder=upstream, loadbalance=True)
+    responder = Responder(
+        WALK_CONFIG, snapshot_of(OBJECTS), forwarder=upstream, loadbalance=True, autopath=WALK
+    )
     orders = set()
     for _ in range(30):
         reply = ask(responder, "lb.shop.svc.cluster.local")

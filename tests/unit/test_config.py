@@ -1,77 +1,110 @@
-"""Command-line values to validated settings."""
+"""Settings, from flags (and the Corefile, tests/unit/test_corefile.py) through one table per
+plugin, into the one frozen configuration."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-import toposdns.config as config
+import toposdns.resolve.autopath as autopath
+from tests.helpers import kubernetes
 from toposdns.cli import main
-from toposdns.config import (
-    ConfigError,
-    check_max_concurrent,
-    check_ttl,
-    parse_cache,
-    parse_listen,
-    parse_search_domains,
-    parse_zones,
-)
+from toposdns.config import PLUGINS, Reading, ServeConfig
+from toposdns.options import ConfigError, Origin, address_value, field_default
+from toposdns.resolve.autopath import parse_search_domains, read_search_domains
+from toposdns.serve.forward_cache import CacheSettings
+
+
+def serve(flags: dict[str, Any]) -> ServeConfig:
+    """The configuration `toposdns serve` builds from these flags (and --snapshot)."""
+    return Reading().read_flags({"--snapshot": "x.yaml", **flags}).done()
 
 
 def test_zones_default_and_lists() -> None:
-    zones, primary = parse_zones([])
-    assert zones == (("cluster", "local"), ("in-addr", "arpa"), ("ip6", "arpa"))
-    assert primary == ("cluster", "local")
-    zones, primary = parse_zones(["in-addr.arpa", "Example.Org.,cluster.local"])
-    assert zones == (("in-addr", "arpa"), ("example", "org"), ("cluster", "local"))
-    assert primary == ("Example", "Org")  # its configured case, for PTR targets
+    config = kubernetes({})
+    assert config.zones == (("cluster", "local"), ("in-addr", "arpa"), ("ip6", "arpa"))
+    assert config.primary_zone == ("cluster", "local")
+    config = kubernetes({"--zone": ["in-addr.arpa", "Example.Org.,cluster.local"]})
+    assert config.zones == (("in-addr", "arpa"), ("example", "org"), ("cluster", "local"))
+    assert config.primary_zone == ("Example", "Org")  # its configured case, for PTR targets
 
 
-@pytest.mark.parametrize("values", [["in-addr.arpa"], ["a..b"]])
-def test_bad_zones(values: list[str]) -> None:
-    with pytest.raises(ConfigError):
-        parse_zones(values)
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["in-addr.arpa"], "--zone in-addr.arpa: at least one zone must be a forward zone"),
+        (["a..b"], "--zone a..b: 'a..b' is not a domain name"),
+    ],
+)
+def test_bad_zones(values: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        kubernetes({"--zone": values})
 
 
 def test_listen() -> None:
-    assert parse_listen("127.0.0.1:5353") == ("127.0.0.1", 5353)
-    assert parse_listen("[::1]:53") == ("::1", 53)
-    assert parse_listen(":53") == ("0.0.0.0", 53)
+    def listen(text: str) -> tuple[str, int]:
+        return address_value(text, Origin("--listen", text))
+
+    assert listen("127.0.0.1:5353") == ("127.0.0.1", 5353)
+    assert listen("[::1]:53") == ("::1", 53)
+    assert listen(":53") == ("0.0.0.0", 53)
     for bad in ("localhost:53", "127.0.0.1", "127.0.0.1:99999"):
-        with pytest.raises(ConfigError):
-            parse_listen(bad)
+        with pytest.raises(ConfigError, match="--listen"):
+            listen(bad)
+    bound = serve({"--listen": "127.0.0.1:5353"}).bind
+    assert (bound.host, bound.port) == ("127.0.0.1", 5353)
 
 
 def test_ttl_range() -> None:
-    assert check_ttl(0) == 0 and check_ttl(3600) == 3600
-    with pytest.raises(ConfigError):
-        check_ttl(3601)
+    assert kubernetes({"--ttl": "0"}).ttl == 0 and kubernetes({"--ttl": "3600"}).ttl == 3600
+    with pytest.raises(ConfigError, match=re.escape("--ttl 3601: must be between 0 and 3600")):
+        kubernetes({"--ttl": "3601"})
+
+
+def test_every_plugin_is_a_field_of_the_configuration_with_its_defaults() -> None:
+    # The options objects hold the only copy of their defaults: no flag, no setting.
+    config = serve({})
+    for plugin in PLUGINS:
+        assert field_default(ServeConfig, plugin.name) == plugin.default()
+    assert config.kubernetes == kubernetes({})
+    assert config.upstreams == ()  # a snapshot: no upstreams unless named
+
+
+def test_flags_name_their_help_default_from_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "TTL of answers, 0 to 3600 (default 5)" in text
+    assert "repeatable (default cluster.local, in-" in text  # argparse breaks at the dash
+    assert "(default 0.0.0.0:53; port 0 picks one)" in text
 
 
 def test_search_domains_are_checked() -> None:
     too_many = "search " + " ".join(f"d{i}.example" for i in range(33))
     with pytest.raises(ConfigError, match="resolv.conf: 33 search domains; .* at most 32"):
         parse_search_domains(too_many, "resolv.conf")
-    with pytest.raises(ConfigError, match="search domain 'a..b' is not a domain name"):
+    with pytest.raises(ConfigError, match="search domain: 'a..b' is not a domain name"):
         parse_search_domains("search a..b\n", "resolv.conf")
 
 
 def test_resolv_conf_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A missing default file gives no search domains, as CoreDNS; a named one must be there.
-    monkeypatch.setattr(config, "DEFAULT_RESOLV_CONF", tmp_path / "missing")
-    assert config.read_search_domains(None) == ()
+    monkeypatch.setattr(autopath, "DEFAULT_RESOLV_CONF", tmp_path / "missing")
+    assert read_search_domains(None) == ()
     with pytest.raises(ConfigError, match="cannot read it"):
-        config.read_search_domains(tmp_path / "missing")
+        read_search_domains(tmp_path / "missing")
     huge = tmp_path / "huge"
     huge.write_text("#" * 70000)
     with pytest.raises(ConfigError, match="larger than 65536 bytes"):
-        config.read_search_domains(huge)
+        read_search_domains(huge)
     node = tmp_path / "resolv.conf"
     node.write_text("search Corp.Example\n")
-    monkeypatch.setattr(config, "DEFAULT_RESOLV_CONF", node)
-    assert config.read_search_domains(None) == (("corp", "example"),)
+    monkeypatch.setattr(autopath, "DEFAULT_RESOLV_CONF", node)
+    assert read_search_domains(None) == (("corp", "example"),)
+    assert serve({"--autopath": True}).autopath.search == (("corp", "example"),)
 
 
 # `cache` of CoreDNS (plugin/cache/setup_test.go TestSetup), as toposdns's flags:
@@ -93,7 +126,7 @@ def test_cache_flags(
     flags: tuple[int | None, str | None, str | None],
     expected: tuple[tuple[int, int, int], tuple[int, int, int]],
 ) -> None:
-    settings = parse_cache(*flags, disable=[])
+    settings = cache(*flags)
     got = tuple((p.capacity, p.max_ttl, p.min_ttl) for p in (settings.success, settings.denial))
     assert got == expected
 
@@ -101,22 +134,22 @@ def test_cache_flags(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ((0, None, None), "--cache-max-ttl 0: must be between 1 and"),  # cache 0
-        ((-1, None, None), "--cache-max-ttl -1: must be between 1 and"),  # cache -1
-        ((None, "", None), "--cache-success '': expected CAPACITY[,TTL[,MINTTL]]"),  # success
-        ((None, "15", "aaa"), "--cache-denial 'aaa': expected CAPACITY"),  # denial aaa
+        ((0, None, None), "--cache-max-ttl 0: TTL must be between 1 and"),  # cache 0
+        ((-1, None, None), "--cache-max-ttl -1: TTL must be between 1 and"),  # cache -1
+        ((None, "", None), "--cache-success: expected CAPACITY [TTL [MINTTL]]"),  # success
+        ((None, "15", "aaa"), "--cache-denial aaa: expected CAPACITY"),  # denial aaa
         ((None, "10,0", None), "--cache-success 10,0: TTL must be between 1 and"),
         ((None, "0", None), "--cache-success 0: CAPACITY must be between 1 and"),
-        ((None, "10,20,30,40", None), "expected CAPACITY[,TTL[,MINTTL]]"),
+        ((None, "10,20,30,40", None), "expected CAPACITY [TTL [MINTTL]]"),
     ],
 )
 def test_bad_cache_flags(flags: tuple[int | None, str | None, str | None], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        parse_cache(*flags, disable=[])
+        cache(*flags)
 
 
 def test_cache_disable() -> None:
-    settings = parse_cache(
+    settings = cache(
         None, None, None, ["success:cluster.local", "denial:Cluster.Local.,example.org", "denial"]
     )
     assert settings.success.disabled == (("cluster", "local"),)
@@ -125,22 +158,30 @@ def test_cache_disable() -> None:
     assert settings.success.keeps(("www", "example", "org"))
     for bad in ("positive:cluster.local", "success:a..b"):
         with pytest.raises(ConfigError, match="--cache-disable"):
-            parse_cache(None, None, None, [bad])
+            cache(None, None, None, [bad])
+
+
+def cache(
+    max_ttl: int | None, success: str | None, denial: str | None, disable: list[str] | None = None
+) -> CacheSettings:
+    """The forward cache from its flags."""
+    flags = {"--cache-success": success, "--cache-denial": denial, "--cache-disable": disable}
+    return serve({"--cache-max-ttl": None if max_ttl is None else str(max_ttl), **flags}).cache
 
 
 # forward's `max_concurrent` (plugin/forward/setup_test.go TestSetupMaxConcurrent)
 def test_max_concurrent() -> None:
-    assert check_max_concurrent(1000) == 1000
-    for bad in (0, -4):
+    assert serve({"--max-concurrent": "1000"}).forward.max_concurrent == 1000
+    for bad in ("0", "-4", "many"):
         with pytest.raises(ConfigError, match="--max-concurrent"):
-            check_max_concurrent(bad)
+            serve({"--max-concurrent": bad})
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--max-concurrent", "0"], "toposdns serve: --max-concurrent 0: must be at least 1"),
-        (["--cache-max-ttl", "0"], "toposdns serve: --cache-max-ttl 0: must be between 1 and"),
+        (["--max-concurrent", "0"], "toposdns serve: --max-concurrent 0: must be between 1 and"),
+        (["--cache-max-ttl", "0"], "toposdns serve: --cache-max-ttl 0: TTL must be between 1"),
         (["--cache-disable", "success:"], ""),
     ],
 )
@@ -166,6 +207,8 @@ def test_serve_checks_forwarding_flags_before_starting(
         ("--tcp-idle-timeout", "0", "--tcp-idle-timeout 0: must be between 0.001 and 3600 seconds"),
         ("--tcp-read-timeout", "-1", "--tcp-read-timeout -1: must be between"),
         ("--startup-timeout", "99999", "--startup-timeout 99999: must be between 0 and 3600"),
+        ("--lameduck", "soon", "--lameduck soon: expected a duration such as 5s or 500ms"),
+        ("--workers", "0", "--workers 0: must be between 1 and 1024"),
         ("--tcp-max-connections", "0", "--tcp-max-connections 0: must be between 1 and"),
     ],
 )

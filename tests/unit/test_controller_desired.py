@@ -380,10 +380,10 @@ def test_lease_timings_follow_client_go_rules(lease: LeaseSettings) -> None:
         (["--lease-duration", "5s"], "--lease-duration 5s: must be longer than --renew-deadline"),
         (["--retry-period", "9s"], "--renew-deadline 10s: must be longer than 1.2 x"),
         (["--writes-per-second", "-1"], "--writes-per-second -1"),
-        (["--http", "nowhere"], "--http 'nowhere'"),
-        (["--lease-duration", "soon"], "--lease-duration 'soon'"),
-        (["--pod-locators", "some"], "--pod-locators 'some': must be one of auto, all, none"),
-        (["--node-cidrs", "guess"], "--node-cidrs 'guess': must be one of spec, learned, auto"),
+        (["--http", "nowhere"], "--http nowhere: expected HOST:PORT"),
+        (["--lease-duration", "soon"], "--lease-duration soon: expected a duration"),
+        (["--pod-locators", "some"], "--pod-locators some: expected one of auto, all, none"),
+        (["--node-cidrs", "guess"], "--node-cidrs guess: expected one of spec, learned, auto"),
     ],
 )
 def test_bad_flags_are_refused_with_the_flag_named(

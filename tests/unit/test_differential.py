@@ -28,7 +28,6 @@ import pytest
 
 from tests.differential import Frontends, frame, reference_reply, render
 from tests.helpers import config_of
-from toposdns.config import DEFAULT_ZONES
 from toposdns.resolve.client import Network
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.store.builder import StoreBuilder
@@ -124,7 +123,11 @@ ECS_ADDRESSES = ("127.0.0.2", "127.0.0.4", "10.1.0.1", "192.168.0.3", "203.0.113
 
 CONFIGS = {
     "defaults": (
-        config_of(zones=list(DEFAULT_ZONES), pods="verified", ns_addresses=["10.1.0.1"]),
+        config_of(
+            zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
+            pods="verified",
+            ns_addresses=["10.1.0.1"],
+        ),
         (("cluster", "local"),),
     ),
     "options": (

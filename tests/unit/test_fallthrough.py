@@ -10,8 +10,8 @@ from dataclasses import replace
 import dnslib
 import pytest
 
-from tests.helpers import SHOP_WEB, config_of, snapshot_of
-from toposdns.config import ConfigError, parse_fallthrough, parse_zones
+from tests.helpers import SHOP_WEB, config_of, kubernetes, snapshot_of
+from toposdns.options import ConfigError
 from toposdns.resolve.resolver import match_zone, resolve
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
 from toposdns.store.builder import StoreBuilder
@@ -21,7 +21,7 @@ from toposdns.wire.edns import split_query
 
 # fall_test.go TestFallthrough: (--fallthrough values, name, falls through). Its served zones
 # are left open there; here they must hold the fallthrough zones.
-FALL_ZONES, _ = parse_zones(["foo.com,bar.com,foo.net"])
+FALL_ZONES = "foo.com,bar.com,foo.net"
 FALL_CASES = [
     ([], "foo.com", False),  # the zero value: no fallthrough
     ([""], "foo.net", True),  # no zones: every zone
@@ -32,7 +32,7 @@ FALL_CASES = [
 ]
 
 # setup_test.go: `fallthrough` alone is the root zone; with zones, those zones in order.
-SETUP_ZONES, _ = parse_zones(["cluster.local,ip6.arpa,inaddr.arpa,foo.com"])
+SETUP_ZONES = "cluster.local,ip6.arpa,inaddr.arpa,foo.com"
 SETUP_CASES = [
     ([""], [()]),
     (["ip6.arpa,inaddr.arpa,foo.com"], [("ip6", "arpa"), ("inaddr", "arpa"), ("foo", "com")]),
@@ -43,14 +43,15 @@ SETUP_CASES = [
 
 @pytest.mark.parametrize(("values", "name", "falls"), FALL_CASES)
 def test_coredns_fall_table(values: list[str], name: str, falls: bool) -> None:
-    zones = parse_fallthrough(values, FALL_ZONES)
+    zones = kubernetes({"--zone": [FALL_ZONES], "--fallthrough": values}).fallthrough
     lower = tuple(name.lower().split("."))
     assert (match_zone(lower, zones) is not None) is falls
 
 
 @pytest.mark.parametrize(("values", "zones"), SETUP_CASES)
 def test_coredns_setup_table(values: list[str], zones: list[tuple[str, ...]]) -> None:
-    assert list(parse_fallthrough(values, SETUP_ZONES)) == zones
+    got = kubernetes({"--zone": [SETUP_ZONES], "--fallthrough": values}).fallthrough
+    assert list(got) == zones
 
 
 @pytest.mark.parametrize(
@@ -62,15 +63,14 @@ def test_coredns_setup_table(values: list[str], zones: list[tuple[str, ...]]) ->
     ],
 )
 def test_bad_fallthrough_zones(values: list[str], message: str) -> None:
-    zones, _ = parse_zones([])
-    with pytest.raises(ConfigError, match="--fallthrough") as error:
-        parse_fallthrough(values, zones)
+    with pytest.raises(ConfigError, match="fallthrough") as error:
+        kubernetes({"--fallthrough": values})
     assert message in str(error.value)
 
 
 OBJECTS = SHOP_WEB
 REVERSE = config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"])
-KUBEADM = replace(REVERSE, fallthrough=parse_fallthrough(["in-addr.arpa,ip6.arpa"], REVERSE.zones))
+KUBEADM = replace(REVERSE, fallthrough=(("in-addr", "arpa"), ("ip6", "arpa")))
 EVERYWHERE = replace(REVERSE, fallthrough=((),))
 UNKNOWN_V6 = ".".join("0123456789abcdef0123456789abcdef") + ".ip6.arpa"
 

@@ -14,6 +14,8 @@ import copy
 import functools
 import ipaddress
 import re
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,15 @@ import pytest
 import yaml
 from celpy import celtypes
 
-from toposdns.cli import build_parser
-from toposdns.config import parse_fallthrough, parse_zones
+from toposdns.cli import build_parser, given_flags
+from toposdns.config import PLUGINS, Reading
+from toposdns.corefile import expand, lex, read_corefile, server_blocks
 from toposdns.kube.resources import POD_LOCATOR
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 FORWARD = MANIFESTS / "coredns-forward"
+KUBEADM = MANIFESTS / "kubeadm"
 K8S_VERSION = kubernetes_validate.latest_version()
 IMAGE = "ghcr.io/toposdns/toposdns:0.1.0"
 
@@ -61,7 +65,7 @@ def object_id(doc: Doc) -> tuple[str, str, str, str]:
 def render(directory: Path) -> list[Doc]:
     """What `kubectl kustomize DIRECTORY` outputs, for the features these kustomizations use."""
     kustomization = load(directory / "kustomization.yaml")[0]
-    unsupported = set(kustomization) - {"apiVersion", "kind", "resources", "patches"}
+    unsupported = set(kustomization) - {"apiVersion", "kind", "resources", "patches", "images"}
     assert not unsupported, f"{rel(directory)}: teach render() about {sorted(unsupported)}"
     docs: list[Doc] = []
     for entry in kustomization.get("resources", []):
@@ -69,9 +73,24 @@ def render(directory: Path) -> list[Doc]:
         docs.extend(render(path) if path.is_dir() else load(path))
     for patch in kustomization.get("patches", []):
         docs = apply_patch(docs, patch)
+    for image in kustomization.get("images", []):
+        docs = [swap_image(doc, image) for doc in docs]
     ids = [object_id(doc) for doc in docs]
     assert len(ids) == len(set(ids)), f"{rel(directory)}: an object is defined twice"
     return docs
+
+
+def swap_image(doc: Doc, image: Doc) -> Doc:
+    """Kustomize's `images` entry: containers running `name` (any tag) run `newName:newTag`."""
+    assert set(image) <= {"name", "newName", "newTag"}, f"unsupported image form: {image}"
+    containers = doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    if not any(c["image"].rpartition(":")[0] == image["name"] for c in containers):
+        return doc
+    doc = copy.deepcopy(doc)
+    for container in doc["spec"]["template"]["spec"]["containers"]:
+        if container["image"].rpartition(":")[0] == image["name"]:
+            container["image"] = f"{image.get('newName', image['name'])}:{image['newTag']}"
+    return doc
 
 
 def apply_patch(docs: list[Doc], patch: Doc) -> list[Doc]:
@@ -194,7 +213,11 @@ def test_validates_against_kubernetes_schema(path: Path) -> None:
         check_schema(doc)
 
 
-@pytest.mark.parametrize("directory", [MANIFESTS, FORWARD], ids=["root", "coredns-forward"])
+OVERLAYS = [MANIFESTS, FORWARD, KUBEADM]
+OVERLAY_IDS = ["root", "coredns-forward", "kubeadm"]
+
+
+@pytest.mark.parametrize("directory", OVERLAYS, ids=OVERLAY_IDS)
 def test_rendered_objects_validate(directory: Path) -> None:
     # The overlay's patches produce objects no file holds.
     for doc in rendered(directory):
@@ -874,16 +897,15 @@ def test_dns_container() -> None:
     assert options["--ttl"] == "30" and options["--pods"] == "insecure"
     # The rest of kubeadm's Corefile that has a counterpart (manifests/README.md's table).
     assert options["--fallthrough"].split(",") == ["in-addr.arpa", "ip6.arpa"]
-    zones, _ = parse_zones([options["--zone"]])
-    assert parse_fallthrough([options["--fallthrough"]], zones)  # as the server reads it
     assert options["--cache-max-ttl"] == "30"
     assert options["--loadbalance"] == ""
     assert "--autopath" not in options, "opt-in: kubeadm's Corefile has no autopath"
     # Every argument is one the server takes, once the kubelet has expanded `$(VAR)` from the
     # container's environment (CPU_REQUEST is a whole number of CPUs).
     expanded = [re.sub(r"\$\(CPU_REQUEST\)", "2", arg) for arg in item["args"]]
-    parsed = build_parser().parse_args(expanded)
-    assert parsed.loadbalance and parsed.cache_max_ttl == 30
+    config = Reading().read_flags(given_flags(build_parser().parse_args(expanded), PLUGINS)).done()
+    assert config.loadbalance.round_robin and config.cache.success.max_ttl == 30
+    assert config.kubernetes.fallthrough == (("in-addr", "arpa"), ("ip6", "arpa"))
     assert "--snapshot" not in options, "in a cluster it watches the API"
     lameduck = duration_seconds(options["--lameduck"])
     assert lameduck == 5
@@ -1009,18 +1031,12 @@ def test_disruption_budget_covers_the_dns_pods() -> None:
 
 
 def corefile_block(corefile: str, zone: str) -> list[str]:
-    """The directives of one server block (`ZONE { ... }`), each with its arguments."""
-    lines = [line.split("#", 1)[0].strip() for line in corefile.splitlines()]
-    lines = [line for line in lines if line]
-    start = lines.index(f"{zone} {{")
-    directives, depth = [], 1
-    for line in lines[start + 1 :]:
-        if depth == 1 and line != "}":
-            directives.append(line.rstrip("{").strip())
-        depth += line.count("{") - line.count("}")
-        if depth == 0:
-            return directives
-    raise AssertionError(f"{zone} block is not closed")
+    """The directives of one server block (`ZONE { ... }`), each with its arguments, read with
+    the server's Corefile syntax."""
+    for keys, directives in server_blocks(expand(lex(corefile, "Corefile"), ROOT, {}, 0)):
+        if [key.text for key in keys] == [zone]:
+            return [" ".join(token.text for token in line) for line, _ in directives]
+    raise AssertionError(f"no {zone} block")
 
 
 def test_forward_overlay_leaves_kube_dns_to_coredns() -> None:
@@ -1070,3 +1086,76 @@ def test_corefile_block_parser() -> None:
     text = "a:53 {\n  errors\n  forward . 1.2.3.4 {\n    max_fails 2\n  }\n}\nb:53 {\n  cache\n}\n"
     assert corefile_block(text, "a:53") == ["errors", "forward . 1.2.3.4"]
     assert corefile_block(text, "b:53") == ["cache"]
+
+
+# --- kubeadm's objects, with only the image swapped ---------------------------------------
+
+
+def test_kubeadm_overlay_is_kubeadms_objects_with_the_image_swapped() -> None:
+    docs = rendered(KUBEADM)
+    assert {(doc["kind"], doc["metadata"]["name"]) for doc in docs} == {
+        ("ConfigMap", "coredns"),
+        ("Deployment", "coredns"),
+        ("Service", "kube-dns"),
+        ("ClusterRole", "toposdns:coredns-podlocators"),
+        ("ClusterRoleBinding", "toposdns:coredns-podlocators"),
+    }
+    for doc in docs:
+        assert doc["metadata"].get("namespace", "kube-system") == "kube-system"
+    deployment = copy.deepcopy(find(docs, "Deployment", "coredns"))  # rendered() is cached
+    original = load(KUBEADM / "deployment.yaml")[0]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == IMAGE
+    container["image"] = original["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert deployment == original, "nothing but the image differs from kubeadm's"
+    assert container["args"] == ["-conf", "/etc/coredns/Corefile"]
+    assert container["resources"]["limits"] == {"memory": "170Mi"}
+
+
+def test_kubeadm_corefile_is_read_by_the_server(tmp_path: Path) -> None:
+    docs = rendered(KUBEADM)
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(find(docs, "ConfigMap", "coredns")["data"]["Corefile"])
+    config = read_corefile(corefile).done()
+    (container,) = find(docs, "Deployment", "coredns")["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert config.bind.port == ports["dns"] == ports["dns-tcp"] == 53
+    assert config.health.address is not None and config.ready.address is not None
+    assert config.health.address[1] == ports["liveness-probe"]
+    assert config.ready.address[1] == ports["readiness-probe"]
+    assert config.prometheus.address is not None
+    assert config.prometheus.address[1] == ports["metrics"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert config.toposdns.workers == 1, "one process in 170Mi, as CoreDNS"
+    service = find(docs, "Service", "kube-dns")
+    assert {port["targetPort"] for port in service["spec"]["ports"]} == {53, ports["metrics"]}
+
+
+def test_kubeadm_overlay_lets_coredns_read_podlocators() -> None:
+    docs = rendered(KUBEADM)
+    role = find(docs, "ClusterRole", "toposdns:coredns-podlocators")
+    assert role["rules"] == [
+        {"apiGroups": ["toposdns.io"], "resources": ["podlocators"], "verbs": ["list", "watch"]}
+    ]
+    binding = find(docs, "ClusterRoleBinding", "toposdns:coredns-podlocators")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    serviceaccount = find(docs, "Deployment", "coredns")["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": serviceaccount, "namespace": "kube-system"}
+    ]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_renders_the_kubeadm_overlay() -> None:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(KUBEADM)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    by_id = {object_id(doc): doc for doc in yaml.safe_load_all(out)}
+    assert by_id == {object_id(doc): doc for doc in rendered(KUBEADM)}

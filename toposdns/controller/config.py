@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from toposdns.config import ConfigError, parse_duration, parse_listen
 from toposdns.kube.names import is_dns_label, is_dns_subdomain, qualified_name_errors
+from toposdns.options import ConfigError, Origin, address_value, choice, duration_value
 
 #: The node labels topology needs, copied by default.
 DEFAULT_LABEL_KEYS = (
@@ -199,21 +199,23 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         lease=check_lease(
             LeaseSettings(
                 name=args.lease_name,
-                duration=parse_duration(args.lease_duration, "--lease-duration"),
-                renew_deadline=parse_duration(args.renew_deadline, "--renew-deadline"),
-                retry_period=parse_duration(args.retry_period, "--retry-period"),
+                duration=_seconds(args.lease_duration, "--lease-duration"),
+                renew_deadline=_seconds(args.renew_deadline, "--renew-deadline"),
+                retry_period=_seconds(args.retry_period, "--retry-period"),
             )
         ),
         identity=args.identity,
         writes_per_second=check_rate(args.writes_per_second),
-        http=parse_listen(args.http, "--http"),
+        http=address_value(args.http, Origin("--http", args.http)),
         kubeconfig=args.kubeconfig,
         pod_locators=_choice(args.pod_locators, "--pod-locators", POD_LOCATOR_MODES),
         node_cidrs=_choice(args.node_cidrs, "--node-cidrs", NODE_CIDR_MODES),
     )
 
 
-def _choice(value: str, option: str, choices: tuple[str, ...]) -> Any:
-    if value not in choices:
-        raise ConfigError(f"{option} {value!r}: must be one of {', '.join(choices)}")
-    return value
+def _seconds(text: str, flag: str) -> float:
+    return duration_value(text, Origin(flag, text))
+
+
+def _choice(value: str, flag: str, modes: tuple[str, ...]) -> Any:
+    return choice(*modes)([value], Origin(flag, value))

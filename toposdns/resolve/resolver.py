@@ -14,8 +14,21 @@ target, a port, and the owner name an SRV record would point at.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+from toposdns.options import (
+    Origin,
+    Plugin,
+    Setting,
+    adds,
+    choice,
+    domain,
+    domain_as_written,
+    integer,
+    none,
+    sets,
+)
 from toposdns.resolve.answer import RR, Answer, Chase, Soa, Srv
 from toposdns.resolve.qname import POD, SVC, InvalidName, Request, parse_request
 from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port, Service, canonical_ip
@@ -64,10 +77,112 @@ class ResolverConfig:
     #: `fallthrough` zones as lower-case labels (the root, (), holds every name): there a name
     #: the cluster does not have goes on to the upstreams instead of getting NXDOMAIN.
     fallthrough: tuple[Name, ...] = ()
-    #: `--autopath`: complete the search path of pods placed by a PodLocator on the server.
-    autopath: bool = False
-    #: The node's search domains, which the kubelet appends to every pod's search path.
-    autopath_search: tuple[Name, ...] = ()
+
+
+POD_MODES = ("disabled", "insecure", "verified")
+
+
+def _zones(options: ResolverConfig, words: Sequence[str], origin: Origin) -> ResolverConfig:
+    """`kubernetes ZONES...` (`--zone`): the zones, lower-cased, and the first forward zone in
+    its written case, which PTR answers point into."""
+    zones: list[Name] = []
+    primary: Name | None = None
+    for word in words:
+        labels = domain_as_written(word, origin)
+        lower = domain(word, origin)
+        if lower in zones:
+            continue
+        zones.append(lower)
+        if primary is None and lower[-2:] not in REVERSE_ZONES:
+            primary = labels
+    if not zones:
+        return options
+    if primary is None:
+        raise origin.error("at least one zone must be a forward zone, e.g. cluster.local")
+    return replace(options, zones=tuple(zones), primary_zone=primary)
+
+
+def _fallthrough(words: Sequence[str], origin: Origin) -> tuple[Name, ...]:
+    """`fallthrough [ZONES...]`: no zone (or `.`) is every zone, the root."""
+    return tuple(dict.fromkeys(domain(word, origin) for word in words or ["."]))
+
+
+def _namespaces(words: Sequence[str], origin: Origin) -> frozenset[str]:
+    return frozenset(words)
+
+
+def _check(options: ResolverConfig, origin: Origin) -> ResolverConfig:
+    """A `fallthrough` zone must overlap a served zone, or nothing could fall through."""
+    options = replace(options, fallthrough=tuple(dict.fromkeys(options.fallthrough)))
+    for labels in options.fallthrough:
+        if not any(
+            labels[len(labels) - len(zone) :] == zone or zone[len(zone) - len(labels) :] == labels
+            for zone in options.zones
+        ):
+            served = ", ".join(".".join(zone) or "." for zone in options.zones)
+            raise origin.error(
+                f"fallthrough {'.'.join(labels) or '.'}: holds no name of the served zones "
+                f"({served}); name one of them or a zone inside one, e.g. in-addr.arpa"
+            )
+    return options
+
+
+#: The `kubernetes` plugin's answer options, as its Corefile block and `serve`'s flags set them.
+KUBERNETES: Plugin[ResolverConfig] = Plugin(
+    "kubernetes",
+    ResolverConfig,
+    (
+        Setting(
+            "",
+            _zones,
+            "--zone",
+            "ZONE[,ZONE]",
+            "zones to serve, repeatable (default {default})",
+            shows="zones",
+            repeat="join",
+        ),
+        Setting(
+            "ttl",
+            sets("ttl", integer(0, 3600, "30")),
+            "--ttl",
+            "SECONDS",
+            "TTL of answers, 0 to 3600 (default {default})",
+            shows="ttl",
+        ),
+        Setting(
+            "pods",
+            sets("pods", choice(*POD_MODES)),
+            "--pods",
+            "|".join(POD_MODES),
+            "pod records <a-b-c-d>.<ns>.pod.<zone> (default {default})",
+            shows="pods",
+        ),
+        Setting(
+            "endpoint_pod_names",
+            sets("endpoint_pod_names", none),
+            "--endpoint-pod-names",
+            help="name endpoints without a hostname after their pod",
+        ),
+        Setting(
+            "namespaces",
+            sets("namespaces", _namespaces),
+            "--namespaces",
+            "NS[,NS]",
+            "serve only these namespaces (CoreDNS `namespaces`)",
+        ),
+        Setting(
+            "fallthrough",
+            adds("fallthrough", _fallthrough),
+            "--fallthrough",
+            "ZONE[,ZONE]",
+            "names in these zones that the cluster does not have go to the upstreams instead of "
+            "NXDOMAIN (SERVFAIL without upstreams); no zone: every zone (CoreDNS `fallthrough`)",
+            repeat="each",
+            optional=True,
+        ),
+    ),
+    _check,
+)
 
 
 class NotFound(LookupError):

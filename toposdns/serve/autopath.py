@@ -10,33 +10,35 @@ zones) ends it with SERVFAIL, as a plugin error ends CoreDNS's.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from struct import error as StructError
 from struct import pack
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import dnslib
 from dnslib.buffer import BufferError as PacketError
 
-from toposdns.metrics import AUTOPATH_SUCCESS
 from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import (
+    AutopathOptions,
     answered_alike,
     candidates,
     completed,
     first_candidate,
     first_other,
     goes_on,
+    local_answer,
 )
-from toposdns.resolve.resolver import resolve
+from toposdns.resolve.autopath import walk as walk_names
+from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.placement import Placer
+from toposdns.serve.transport import Transport
+from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
-from toposdns.wire.decode import HEADER_SIZE, MAX_NAME_WIRE, Query, read_name, record_spans
+from toposdns.wire.decode import HEADER_SIZE, Query, read_name, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, name_wire, udp_limit
-
-if TYPE_CHECKING:
-    from toposdns.serve.responder import Responder, Transport
 
 #: A completed reply, or one that waits for the upstreams.
 Completion = bytes | Coroutine[Any, Any, bytes]
@@ -57,11 +59,36 @@ class _Walk:
     scope: int
 
 
-class AutoPath:
-    """Completes search paths for one responder, from its snapshot and its upstreams."""
+class Relay(Protocol):
+    """How the walk asks the upstreams: the server's forwarding."""
 
-    def __init__(self, responder: Responder) -> None:
-        self.responder = responder
+    async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
+        """The upstreams' reply to a query for a name outside the zones."""
+
+    async def chased(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
+        """An answer ending in a CNAME out of the zones, completed upstream."""
+
+
+class AutoPath:
+    """Completes search paths from the snapshot being served and, for the names outside the
+    zones, the upstreams (`relay`; None without any)."""
+
+    def __init__(
+        self,
+        options: AutopathOptions,
+        config: ResolverConfig,
+        serving: Callable[[], Snapshot],
+        placer: Placer,
+        relay: Relay | None,
+        count: Callable[[], None],
+    ) -> None:
+        self.options = options
+        self.config = config
+        self.serving = serving
+        self.placer = placer
+        self.relay = relay
+        #: Called for each name found (`coredns_autopath_success_total`).
+        self.count = count
 
     def complete(
         self, data: bytes, query: Query, transport: Transport, source: str
@@ -69,53 +96,47 @@ class AutoPath:
         """The completed reply to a query, or None when the plain reply is what the client
         gets: the name is not below its first search domain, no pod's PodLocator places it,
         or the name exists as asked."""
-        responder = self.responder
-        config = responder.config
+        config = self.config
         if query.qtype in (AXFR, IXFR) or query.qclass != CLASS_IN:
             return None
         if first_candidate(query.name, config) is None:
             return None
         subnet = query.ecs.address if query.ecs is not None else None
-        locator, via_ecs = responder.placer.locate(responder.snapshot.locators, source, subnet)
+        snapshot = self.serving()
+        locator, via_ecs = self.placer.locate(snapshot.locators, source, subnet)
         if locator is None or locator.is_node:
             return None
-        names = candidates(query.name, locator.namespace, config)
+        names = candidates(query.name, locator.namespace, config, self.options.search)
         if names is None:
             return None
         labels = locator.node_labels
-        first = self.local(names[0], query.qtype, labels)
+        first = local_answer(names[0], query.qtype, snapshot, config, labels)
         if first is not None and answered_alike(query.name, names[0], first):
             return None  # the plain reply, which the reply cache may keep for everyone
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         scope = query.ecs.source_prefix if query.ecs is not None and via_ecs else 0
-        return self.walk(_Walk(data, query, transport, names, labels, limit, scope), 0)
+        return self.steps(_Walk(data, query, transport, names, labels, limit, scope), 0)
 
     def shared(self, query: Query, answer: Answer) -> bool:
         """True when `answer`, the plain one to this query, is also what any placed pod would
         get, so that the reply cache may keep it for every client."""
-        first = first_candidate(query.name, self.responder.config)
+        first = first_candidate(query.name, self.config)
         return first is None or answered_alike(query.name, first, answer)
 
-    def local(self, name: Name, qtype: int, labels: Labels) -> Answer | None:
-        """The zones' answer for a name, or None when the upstreams must answer it."""
-        responder = self.responder
-        if not responder.in_zones(name):
-            return None
-        answer = resolve(name, qtype, responder.snapshot, responder.config, labels)
-        return None if answer.fallthrough else answer
-
-    def walk(self, walk: _Walk, start: int, first: bytes | None = None) -> Completion:
+    def steps(self, walk: _Walk, start: int, first: bytes | None = None) -> Completion:
         """Try the names from `start` on; `first` is the reply to the first name, which the
         client gets when no name exists."""
-        for index in range(start, len(walk.names)):
+        snapshot = self.serving()
+
+        def local(name: Name) -> Answer | None:
+            return local_answer(name, walk.query.qtype, snapshot, self.config, walk.labels)
+
+        for index, answer in walk_names(walk.names, start, local):
             name = walk.names[index]
-            if _wire_length(name) > MAX_NAME_WIRE:
-                continue  # no server can have it
-            answer = self.local(name, walk.query.qtype, walk.labels)
             if answer is None:
-                if self.responder.forwarder is None:
+                if self.relay is None:
                     return encode_bare(walk.query, SERVFAIL)  # no next plugin: an error
-                return self.upstream(walk, index, first)
+                return self.upstream(self.relay, walk, index, first)
             if not goes_on(answer):
                 return self.found(walk, name, answer)
             if first is None:
@@ -126,27 +147,25 @@ class AutoPath:
     def found(self, walk: _Walk, name: Name, answer: Answer) -> Completion:
         """The reply for a name that exists in the zones."""
         self.count()
-        if answer.chase is not None and self.responder.forwarder is not None:
-            return self.chased(walk, name, answer)
+        if answer.chase is not None and self.relay is not None:
+            return self.chased(self.relay, walk, name, answer)
         return self.encode(walk.query, completed(answer, walk.query.name), walk)
 
-    async def chased(self, walk: _Walk, name: Name, answer: Answer) -> bytes:
+    async def chased(self, relay: Relay, walk: _Walk, name: Name, answer: Answer) -> bytes:
         """An ExternalName found on the way, completed upstream, then led by the CNAME."""
         asked = walk.query._replace(name=name)
-        reply = await self.responder.chased(asked, answer, walk.transport, walk.scope)
+        reply = await relay.chased(asked, answer, walk.transport, walk.scope)
         return self.renamed(reply, walk)
 
-    async def upstream(self, walk: _Walk, index: int, first: bytes | None) -> bytes:
+    async def upstream(self, relay: Relay, walk: _Walk, index: int, first: bytes | None) -> bytes:
         """Ask the upstreams for one name, then go on with the walk if it does not exist."""
         name = walk.names[index]
         asked = walk.query._replace(name=name)
-        reply = await self.responder.forwarded(
-            renamed_query(walk.data, name), asked, walk.transport
-        )
+        reply = await relay.forwarded(renamed_query(walk.data, name), asked, walk.transport)
         if reply[3] & 0x0F != NXDOMAIN:
             self.count()
             return self.renamed(reply, walk)
-        rest = self.walk(walk, index + 1, reply if first is None else first)
+        rest = self.steps(walk, index + 1, reply if first is None else first)
         return rest if isinstance(rest, bytes) else await rest
 
     def renamed(self, reply: bytes, walk: _Walk) -> bytes:
@@ -158,11 +177,6 @@ class AutoPath:
 
     def encode(self, query: Query, answer: Answer, walk: _Walk) -> bytes:
         return encode_reply(query, answer, walk.limit, walk.transport.fragment_limit, walk.scope)
-
-    def count(self) -> None:
-        metrics = self.responder.metrics
-        if metrics is not None:
-            AUTOPATH_SUCCESS.labels(metrics.server).inc()
 
 
 def renamed_query(data: bytes, name: Name) -> bytes:
@@ -202,7 +216,3 @@ def renamed_reply(reply: bytes, original: Name, limit: int) -> bytes:
 
 def _labels(name: dnslib.DNSLabel) -> Name:
     return tuple(label.decode("latin-1") for label in name.label)
-
-
-def _wire_length(name: Name) -> int:
-    return sum(len(label) + 1 for label in name) + 1

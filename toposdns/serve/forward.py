@@ -26,10 +26,12 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from struct import pack, unpack_from
 
 import dnslib
@@ -42,6 +44,7 @@ from toposdns.metrics import (
     FORWARD_MAX_CONCURRENT_REJECTS,
     PROXY_DURATION,
 )
+from toposdns.options import Origin, Plugin, Setting, integer, sets
 from toposdns.resolve.answer import RR, name_text
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
 from toposdns.serve.loop import LoopGuard
@@ -74,7 +77,16 @@ from toposdns.wire.codes import (
 from toposdns.wire.decode import record_spans
 from toposdns.wire.encode import truncate
 
-__all__ = ["Forwarder", "Upstream", "answer_records", "build_query", "resolv_conf_upstreams"]
+__all__ = [
+    "FORWARD",
+    "ForwardOptions",
+    "Forwarder",
+    "Upstream",
+    "answer_records",
+    "build_query",
+    "parse_upstreams",
+    "resolv_conf_upstreams",
+]
 
 log = logging.getLogger("toposdns")
 
@@ -82,6 +94,99 @@ BUDGET = 5.0
 PASSES = 2
 MAX_CONCURRENT = 1000
 UPSTREAM_UDP_SIZE = 1232
+
+#: CoreDNS's forward takes at most this many upstreams.
+MAX_UPSTREAMS = 15
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardOptions:
+    """CoreDNS's `forward . TO... { max_concurrent N }` (`--upstream`, `--max-concurrent`)."""
+
+    #: Where names outside the zones go; empty: they are refused. None: not configured (the
+    #: server then takes resolv.conf's nameservers when watching a cluster).
+    upstreams: tuple[Upstream, ...] | None = None
+    #: Forwarded queries in flight at most; more get REFUSED.
+    max_concurrent: int = MAX_CONCURRENT
+
+
+def parse_upstreams(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
+    """Upstreams: `IP`, `IP:PORT`, `[IPv6]:PORT`, `dns://` before any, or a resolv.conf file
+    (a path), whose nameservers are taken, as CoreDNS's `forward . /etc/resolv.conf`."""
+    upstreams: list[Upstream] = []
+    for word in words:
+        if "/" in word.removeprefix("dns://"):
+            found = resolv_conf_upstreams(word)
+            if not found:
+                raise origin.error(f"{word}: no nameserver in it (or it cannot be read)")
+            upstreams.extend(found)
+            continue
+        upstreams.append(_upstream(word.removeprefix("dns://"), origin))
+    if len(upstreams) > MAX_UPSTREAMS:
+        raise origin.error(f"more than {MAX_UPSTREAMS} upstreams, as CoreDNS allows")
+    return tuple(upstreams)
+
+
+def _upstream(text: str, origin: Origin) -> Upstream:
+    host, port = text, "53"
+    if text.startswith("["):
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":") or "53"
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 < number < 65536:
+        raise origin.error(f"{text!r}: expected IP[:PORT] or [IPv6]:PORT")
+    return Upstream(host, number)
+
+
+def _flag_upstreams(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
+    """`--upstream IP[:PORT],...`, or `none` to refuse names outside the zones."""
+    if [word.lower() for word in words] == ["none"]:
+        return ()
+    return parse_upstreams(words, origin)
+
+
+def _to(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
+    """`forward FROM TO...`: toposdns forwards every name outside its zones, so FROM is `.`."""
+    if len(words) < 2:
+        raise origin.error("expected `forward . TO...`, e.g. forward . /etc/resolv.conf")
+    if words[0] != ".":
+        raise origin.error(
+            f"forwarding {words[0]} only is not supported: every name outside the zones is "
+            "forwarded; write `forward . TO...`"
+        )
+    return parse_upstreams(words[1:], origin)
+
+
+FORWARD: Plugin[ForwardOptions] = Plugin(
+    "forward",
+    ForwardOptions,
+    (
+        Setting("", sets("upstreams", _to)),
+        Setting(
+            None,
+            sets("upstreams", _flag_upstreams),
+            "--upstream",
+            "IP[:PORT],...",
+            "forward names outside the zones here ('none': refuse them). Default: the "
+            "nameservers of /etc/resolv.conf when watching a cluster, none with --snapshot",
+        ),
+        Setting(
+            "max_concurrent",
+            sets("max_concurrent", integer(1, 1_000_000, "1000")),
+            "--max-concurrent",
+            "N",
+            "forward at most N queries at once; more get REFUSED, as CoreDNS's forward "
+            "max_concurrent (default {default}, as kubeadm's Corefile)",
+            shows="max_concurrent",
+        ),
+    ),
+)
 
 #: What forwarding gives: the reply, or the rcode to answer with.
 Outcome = bytes | int

@@ -18,14 +18,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from struct import pack, unpack_from
 
 import dnslib
 from cachetools import TLRUCache
 
+from toposdns.options import Origin, Plugin, Setting, check_range, domain, duration_value
 from toposdns.wire.codes import (
     AA,
     AD,
@@ -93,6 +94,133 @@ class CacheSettings:
     denial: CachePolicy = CachePolicy(max_ttl=1800)
     #: How long SERVFAIL and NOTIMP are kept (CoreDNS's `servfail` default).
     servfail_ttl: int = 5
+
+
+MAX_TTL = 2**31 - 1  # RFC 2181 section 8
+MAX_CAPACITY = 1_000_000
+#: CoreDNS caps `servfail` at 5 minutes.
+MAX_SERVFAIL_TTL = 300
+
+
+def _cache_ttl(settings: CacheSettings, words: Sequence[str], origin: Origin) -> CacheSettings:
+    """`cache [TTL] [ZONES...]`: TTL caps both caches; the zones must be `.`, all of them."""
+    rest = list(words)
+    if rest and rest[0].lstrip("-").isdigit():
+        ttl = check_range(_number(rest.pop(0), origin), 1, MAX_TTL, origin, "TTL")
+        settings = replace(
+            settings,
+            success=replace(settings.success, max_ttl=ttl),
+            denial=replace(settings.denial, max_ttl=ttl),
+        )
+    if any(domain(word, origin) != () for word in rest):
+        raise origin.error(
+            "caching only some zones is not supported: every forwarded reply is cached; "
+            "use `disable success|denial ZONES` to leave zones out"
+        )
+    return settings
+
+
+def _number(word: str, origin: Origin) -> int:
+    try:
+        return int(word)
+    except ValueError:
+        raise origin.error(f"{word!r} is not a whole number") from None
+
+
+def _policy(kind: str) -> Callable[[CacheSettings, Sequence[str], Origin], CacheSettings]:
+    """`success|denial CAPACITY [TTL [MINTTL]]`."""
+
+    def apply(settings: CacheSettings, words: Sequence[str], origin: Origin) -> CacheSettings:
+        if not 1 <= len(words) <= 3 or not all(word.isdigit() for word in words):
+            raise origin.error(
+                f"expected CAPACITY [TTL [MINTTL]] in whole numbers, e.g. {kind} 10000 30 5"
+            )
+        numbers = [int(word) for word in words]
+        policy = getattr(settings, kind)
+        capacity = check_range(numbers[0], 1, MAX_CAPACITY, origin, "CAPACITY")
+        policy = replace(policy, capacity=capacity)
+        if len(numbers) > 1:
+            policy = replace(policy, max_ttl=check_range(numbers[1], 1, MAX_TTL, origin, "TTL"))
+        if len(numbers) > 2:
+            policy = replace(policy, min_ttl=check_range(numbers[2], 0, MAX_TTL, origin, "MINTTL"))
+        return replace(settings, **{kind: policy})
+
+    return apply
+
+
+def _disable(settings: CacheSettings, words: Sequence[str], origin: Origin) -> CacheSettings:
+    """`disable success|denial [ZONES...]` (no zones: everywhere)."""
+    if not words or words[0] not in ("success", "denial"):
+        raise origin.error("expected success or denial, then zones, e.g. success cluster.local")
+    names = [domain(word, origin) for word in words[1:]] or [()]
+    policy = getattr(settings, words[0])
+    policy = replace(policy, disabled=policy.disabled + tuple(names))
+    return replace(settings, **{words[0]: policy})
+
+
+def _servfail(settings: CacheSettings, words: Sequence[str], origin: Origin) -> CacheSettings:
+    """`servfail DURATION`: how long SERVFAIL is kept, at most 5m (0: not at all)."""
+    if len(words) != 1:
+        raise origin.error("expected a duration, e.g. servfail 5s")
+    ttl = duration_value(words[0], origin)
+    if ttl > MAX_SERVFAIL_TTL:
+        raise origin.error(f"must be at most {MAX_SERVFAIL_TTL // 60}m")
+    return replace(settings, servfail_ttl=int(ttl))
+
+
+def _disable_words(text: str) -> list[str]:
+    """`--cache-disable success:ZONE,ZONE` as the words of `disable success ZONE ZONE`."""
+    kind, _, zones = text.partition(":")
+    return [kind.strip(), *(zone.strip() for zone in zones.split(",") if zone.strip())]
+
+
+_DEFAULT = CacheSettings()
+
+#: CoreDNS's `cache` for forwarded replies, as its Corefile block and `serve`'s flags set it.
+CACHE: Plugin[CacheSettings] = Plugin(
+    "cache",
+    CacheSettings,
+    (
+        Setting(
+            "",
+            _cache_ttl,
+            "--cache-max-ttl",
+            "SECONDS",
+            "keep forwarded answers and denials at most this long, as CoreDNS's `cache "
+            f"SECONDS` (kubeadm: 30; default {_DEFAULT.success.max_ttl} for answers, "
+            f"{_DEFAULT.denial.max_ttl} for denials)",
+        ),
+        Setting(
+            "success",
+            _policy("success"),
+            "--cache-success",
+            "CAPACITY[,TTL[,MINTTL]]",
+            "the cache of forwarded answers, as CoreDNS cache's `success CAPACITY TTL MINTTL` "
+            f"(default {_DEFAULT.success.capacity} entries, minimum TTL "
+            f"{_DEFAULT.success.min_ttl})",
+        ),
+        Setting(
+            "denial",
+            _policy("denial"),
+            "--cache-denial",
+            "CAPACITY[,TTL[,MINTTL]]",
+            "the cache of forwarded NXDOMAIN/NODATA/SERVFAIL, as CoreDNS cache's `denial "
+            f"CAPACITY TTL MINTTL` (default {_DEFAULT.denial.capacity} entries, minimum TTL "
+            f"{_DEFAULT.denial.min_ttl})",
+        ),
+        Setting(
+            "disable",
+            _disable,
+            "--cache-disable",
+            "success|denial[:ZONE,...]",
+            "do not cache forwarded answers (success) or denials in these zones (default: "
+            "everywhere), as CoreDNS cache's `disable`; repeatable",
+            repeat="each",
+            flag_words=_disable_words,
+        ),
+        Setting("servfail", _servfail),
+    ),
+)
 
 
 @dataclass(slots=True)

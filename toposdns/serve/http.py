@@ -26,7 +26,8 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
@@ -34,10 +35,107 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from toposdns.explain import explain, parse_question, render_json
 from toposdns.logs import Tally
+from toposdns.options import Origin, Plugin, Setting, address_value, seconds, sets
+from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
+
+#: The addresses CoreDNS's health, ready and prometheus plugins listen on by default.
+HEALTH_ADDRESS = ("0.0.0.0", 8080)
+READY_ADDRESS = ("0.0.0.0", 8181)
+METRICS_ADDRESS = ("127.0.0.1", 9153)
+
+Address = tuple[str, int]
+#: What answers come from right now, for /explain.
+Serving = tuple[Snapshot, ResolverConfig, AutopathOptions]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthOptions:
+    """CoreDNS's `health [ADDRESS] { lameduck DURATION }` (`--lameduck`)."""
+
+    #: Where /health is served; None: not at all (but `--http`).
+    address: Address | None = None
+    #: After SIGTERM, how long to keep answering with /ready failing.
+    lameduck: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyOptions:
+    """CoreDNS's `ready [ADDRESS]`."""
+
+    address: Address | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusOptions:
+    """CoreDNS's `prometheus [ADDRESS]`."""
+
+    address: Address | None = None
+
+
+def listen_at(default: Address) -> Callable[[Sequence[str], Origin], Address]:
+    """`[ADDRESS]`: `HOST:PORT` or `:PORT` (`localhost` is 127.0.0.1); none: `default`."""
+
+    def parse(words: Sequence[str], origin: Origin) -> Address:
+        if not words:
+            return default
+        if len(words) != 1:
+            raise origin.error("expected at most one address, e.g. :8080")
+        return address_value(words[0].replace("localhost:", "127.0.0.1:"), origin)
+
+    return parse
+
+
+HEALTH: Plugin[HealthOptions] = Plugin(
+    "health",
+    HealthOptions,
+    (
+        Setting(
+            "",
+            sets("address", listen_at(HEALTH_ADDRESS)),
+            "--health",
+            "HOST:PORT",
+            "serve /health, the liveness probe, here (CoreDNS's health: :8080; default: off)",
+        ),
+        Setting(
+            "lameduck",
+            sets("lameduck", seconds(0.0)),
+            "--lameduck",
+            "DURATION",
+            "after SIGTERM, keep answering this long while /ready fails (default {default}s)",
+            shows="lameduck",
+        ),
+    ),
+)
+READY: Plugin[ReadyOptions] = Plugin(
+    "ready",
+    ReadyOptions,
+    (
+        Setting(
+            "",
+            sets("address", listen_at(READY_ADDRESS)),
+            "--ready",
+            "HOST:PORT",
+            "serve /ready, the readiness probe, here (CoreDNS's ready: :8181; default: off)",
+        ),
+    ),
+)
+PROMETHEUS: Plugin[PrometheusOptions] = Plugin(
+    "prometheus",
+    PrometheusOptions,
+    (
+        Setting(
+            "",
+            sets("address", listen_at(METRICS_ADDRESS)),
+            "--metrics",
+            "HOST:PORT",
+            "serve /metrics, for Prometheus, here (CoreDNS's prometheus: :9153; default: off)",
+        ),
+    ),
+)
 
 MAX_CONNECTIONS = 128
 REQUEST_TIMEOUT = 5.0
@@ -61,7 +159,7 @@ class HttpServer:
     def __init__(
         self,
         not_ready: Callable[[], str | None],
-        serving: Callable[[], tuple[Snapshot, ResolverConfig]] | None = None,
+        serving: Callable[[], Serving] | None = None,
         exposition: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         self.not_ready = not_ready
@@ -119,8 +217,8 @@ class HttpServer:
             usage = "GET /explain?client=IP&name=NAME[&type=A]"
             return web.json_response({"error": f"{exc}; usage: {usage}"}, status=400)
         assert self.serving is not None  # the route exists only with it
-        snapshot, config = self.serving()
-        result = render_json(explain(snapshot, config, address, name, qtype))
+        snapshot, config, autopath = self.serving()
+        result = render_json(explain(snapshot, config, address, name, qtype, autopath))
         return web.json_response(result, dumps=_indented)
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
+from toposdns.metrics import AUTOPATH_SUCCESS
 from toposdns.resolve.answer import Answer, name_text, type_name
+from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
@@ -37,6 +38,12 @@ from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
 from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
+from toposdns.serve.transport import TCP4 as TCP4
+from toposdns.serve.transport import TCP6 as TCP6
+from toposdns.serve.transport import TRANSPORTS
+from toposdns.serve.transport import UDP4 as UDP4
+from toposdns.serve.transport import UDP6 as UDP6
+from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
@@ -50,8 +57,6 @@ from toposdns.wire.edns import (
     split_query,
 )
 from toposdns.wire.encode import (
-    FRAGMENT_LIMIT_V4,
-    FRAGMENT_LIMIT_V6,
     MAX_TCP_SIZE,
     MIN_UDP_SIZE,
     encode_badvers,
@@ -69,22 +74,6 @@ log = logging.getLogger("toposdns")
 REMEMBERED_OPTIONS = 16_384
 
 
-@dataclass(frozen=True, slots=True, eq=False)  # one object per kind: hashed by identity
-class Transport:
-    """How a query arrived, which decides the reply's size limits."""
-
-    name: str
-    tcp: bool
-    fragment_limit: int
-    family: int  # 1 IPv4, 2 IPv6, as CoreDNS's metrics label it
-
-
-UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4, 1)
-UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6, 2)
-TCP4 = Transport("tcp4", True, 0, 1)
-TCP6 = Transport("tcp6", True, 0, 2)
-TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
-
 #: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
@@ -100,6 +89,7 @@ class Responder:
         forwarder: Forwarder | None = None,
         metrics: QueryMetrics | None = None,
         loadbalance: bool = False,
+        autopath: AutopathOptions = NO_AUTOPATH,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
@@ -108,9 +98,20 @@ class Responder:
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
         self.loadbalance = loadbalance
-        self.autopath = AutoPath(self) if config.autopath else None
+        self.autopath = (
+            AutoPath(
+                autopath,
+                config,
+                lambda: self.snapshot,
+                self.placer,
+                self if forwarder is not None else None,
+                self.count_autopath,
+            )
+            if autopath.enabled
+            else None
+        )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
-        self.negatives = None if config.autopath else Negatives(config)
+        self.negatives = None if autopath.enabled else Negatives(config)
         self.caches = {kind: ReplyCache() for kind in TRANSPORTS}
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
@@ -406,6 +407,11 @@ class Responder:
             type_name(query.qtype),
         )
         return encode_bare(query, SERVFAIL)
+
+    def count_autopath(self) -> None:
+        """A name autopath found (`coredns_autopath_success_total`, with metrics on)."""
+        if self.metrics is not None:
+            AUTOPATH_SUCCESS.labels(self.metrics.server).inc()
 
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""

@@ -15,16 +15,64 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, cast
 
 from toposdns.logs import Tally
-from toposdns.serve.responder import Responder, Transport
+from toposdns.options import Plugin, Setting, integer, seconds, sets
+from toposdns.serve.responder import Responder
+from toposdns.serve.transport import Transport
 
 log = logging.getLogger("toposdns")
 
 #: Queries one connection may have waiting for an upstream; past that its queries are read only
 #: as those are answered, so one pipelining client cannot hold every forwarding slot.
 MAX_PENDING = 32
+
+
+@dataclass(frozen=True, slots=True)
+class TcpOptions:
+    """The DNS port's TCP connections: how many, and how long they may wait (toposdns's own)."""
+
+    max_connections: int = 1024
+    #: Connections idle this long are closed.
+    idle_timeout: float = 10.0
+    #: Once a message's first byte is in, the rest must follow within this many seconds.
+    read_timeout: float = 3.0
+
+
+TCP: Plugin[TcpOptions] = Plugin(
+    "tcp",
+    TcpOptions,
+    (
+        Setting(
+            "tcp_idle_timeout",
+            sets("idle_timeout", seconds()),
+            "--tcp-idle-timeout",
+            "DURATION",
+            "close TCP connections idle this long (default {default}s)",
+            shows="idle_timeout",
+        ),
+        Setting(
+            "tcp_read_timeout",
+            sets("read_timeout", seconds()),
+            "--tcp-read-timeout",
+            "DURATION",
+            "close a TCP connection when a query's bytes take longer than this to arrive "
+            "(default {default}s)",
+            shows="read_timeout",
+        ),
+        Setting(
+            "tcp_max_connections",
+            sets("max_connections", integer(1, 1_000_000, "1024")),
+            "--tcp-max-connections",
+            "N",
+            "refuse TCP connections beyond this many (default {default})",
+            shows="max_connections",
+        ),
+    ),
+    directive="toposdns",
+)
 
 
 class TcpLimits:

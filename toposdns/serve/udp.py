@@ -21,15 +21,19 @@ class UdpProtocol(asyncio.DatagramProtocol):
     query that needs an upstream gets a task."""
 
     def __init__(self, responder: Responder, kind: Transport) -> None:
-        self.responder = responder
         self.kind = kind
-        self.cache = responder.caches[kind].table  # only ever changed in place
         # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
         self.plain_addresses = kind is UDP4
-        self.metrics = responder.metrics
-        self.hits = self.metrics.hits_for(kind) if self.metrics is not None else {}
+        self.use(responder)
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
+
+    def use(self, responder: Responder) -> None:
+        """Answer with `responder` from the next datagram on (a reloaded configuration)."""
+        self.responder = responder
+        self.cache = responder.caches[self.kind].table  # only ever changed in place
+        self.metrics = responder.metrics
+        self.hits = self.metrics.hits_for(self.kind) if self.metrics is not None else {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.

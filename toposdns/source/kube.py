@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from toposdns.kube.client import Apis
 from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import MALFORMED_OBJECTS
+from toposdns.options import Origin, Plugin, Setting, seconds, sets
 from toposdns.source.watch import (
     Object,
     Reflector,
@@ -31,6 +34,46 @@ from toposdns.store.model import EndpointSlice, Namespace, PodLocator, Record, S
 from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """How to reach the cluster (CoreDNS `kubernetes { kubeconfig, startup_timeout }`)."""
+
+    #: None: in-cluster, else ~/.kube/config.
+    kubeconfig: Path | None = None
+    #: How long to wait for the first sync before answering anyway.
+    startup_timeout: float = 5.0
+
+
+def _kubeconfig(words: Sequence[str], origin: Origin) -> Path:
+    if len(words) != 1:
+        raise origin.error("expected one file, e.g. /etc/kubernetes/kubeconfig (no context)")
+    return Path(words[0])
+
+
+CLUSTER: Plugin[ClusterOptions] = Plugin(
+    "cluster",
+    ClusterOptions,
+    (
+        Setting(
+            "kubeconfig",
+            sets("kubeconfig", _kubeconfig),
+            "--kubeconfig",
+            "FILE",
+            "without --snapshot: this kubeconfig (default: in-cluster, else ~/.kube/config)",
+        ),
+        Setting(
+            "startup_timeout",
+            sets("startup_timeout", seconds(0.0)),
+            "--startup-timeout",
+            "DURATION",
+            "wait this long for the first sync with the cluster (default {default}s)",
+            shows="startup_timeout",
+        ),
+    ),
+    directive="kubernetes",
+)
 
 NAMESPACES = Resource(
     "namespaces", "Namespace", "v1", lambda a: a.core.list_namespace_without_preload_content

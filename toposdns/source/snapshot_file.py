@@ -22,7 +22,8 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from yaml.events import AliasEvent
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
+from toposdns.options import Origin, Plugin, Setting, sets, size
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import ObjectError, convert_object, describe
 from toposdns.store.model import Record
@@ -88,6 +90,46 @@ class _Loader(Composer, SafeConstructor, Resolver, _Parser):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOptions:
+    """`--snapshot FILE`: serve a file's objects instead of watching a cluster."""
+
+    path: Path | None = None
+    #: Larger files are refused before they are read.
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+def _path(words: Sequence[str], origin: Origin) -> Path:
+    if len(words) != 1:
+        raise origin.error("expected one file, e.g. cluster.yaml")
+    return Path(words[0])
+
+
+SNAPSHOT: Plugin[SnapshotOptions] = Plugin(
+    "snapshot",
+    SnapshotOptions,
+    (
+        Setting(
+            "snapshot",
+            sets("path", _path),
+            "--snapshot",
+            "FILE",
+            "serve the objects in this YAML/JSON file, reloaded when it changes "
+            "(default: watch the cluster)",
+        ),
+        Setting(
+            "snapshot_max_bytes",
+            sets("max_bytes", size),
+            "--snapshot-max-bytes",
+            "SIZE",
+            "refuse a larger --snapshot file, e.g. 512Ki, 64Mi, 1Gi (default {default} bytes)",
+            shows="max_bytes",
+        ),
+    ),
+    directive="toposdns",
+)
 
 
 class SnapshotError(Exception):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Metric
 
+from toposdns.config import ServeConfig
 from toposdns.store.journal import Operation
 from toposdns.store.snapshot import Snapshot
 
@@ -83,7 +84,14 @@ class Looped:
     question: bytes
 
 
-Message = Changes | Replace | Scrape | Stop | Serving | Applied | Families | Looped
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """Answer by this configuration from now on (a reloaded Corefile)."""
+
+    config: ServeConfig
+
+
+Message = Changes | Replace | Scrape | Stop | Reconfigure | Serving | Applied | Families | Looped
 
 
 def frame(message: Message) -> bytes:

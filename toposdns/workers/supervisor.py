@@ -31,16 +31,20 @@ from prometheus_client import REGISTRY, Metric, generate_latest
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
-from toposdns.serve.http import HttpServer
+from toposdns.reload import corefile_bytes, watch_corefile
+from toposdns.serve.listen import bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
 from toposdns.server import (
-    bind_pair,
-    own_addresses,
+    Corefile,
+    answering,
+    kept_where,
     raise_open_files_limit,
     report_invalid_policies,
+    report_restart,
     start_http,
     start_source,
+    where,
     zones,
 )
 from toposdns.source.kube import KubeSource
@@ -53,6 +57,7 @@ from toposdns.workers.messages import (
     Families,
     Looped,
     Message,
+    Reconfigure,
     Replace,
     Scrape,
     Serving,
@@ -113,24 +118,28 @@ class Worker:
             os.kill(self.pid, signal.SIGKILL)
 
 
-async def supervise(config: ServeConfig) -> None:
-    """Run the source once and `config.workers` worker processes, until SIGTERM or SIGINT."""
-    await Supervisor(config).run()
+async def supervise(config: ServeConfig, corefile: Corefile | None = None) -> None:
+    """Run the source once and `config.workers` worker processes, until SIGTERM or SIGINT;
+    with `corefile` and `reload` on, apply the Corefile to them all when it changes."""
+    await Supervisor(config, corefile).run()
 
 
 class Supervisor:
     """The source, the workers, and the HTTP endpoints."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, corefile: Corefile | None = None) -> None:
         self.config = config
-        self.resolver = replace(config.resolver, ns_addresses=own_addresses(config.listen_host))
+        self.corefile = corefile
+        #: The bytes of the Corefile the configuration was read from, to tell a change.
+        self.read_bytes = None if corefile is None else corefile_bytes(corefile[0])
+        self.resolver = answering(config)
         self.life = Lifecycle()
         #: What every worker serves, or will once it has applied the last batch.
-        self.current = Snapshot(synced=config.snapshot is not None)
-        self.builder = JournaledBuilder() if config.snapshot is None else None
+        self.current = Snapshot(synced=config.snapshot.path is not None)
+        self.builder = JournaledBuilder() if config.snapshot.path is None else None
         self.source: KubeSource | None = None
         self.batch = 0
-        self.port = config.listen_port
+        self.port = config.bind.port
         self.workers: dict[int, Worker] = {}
         self.started = False
         self.failure: str | None = None
@@ -152,14 +161,17 @@ class Supervisor:
             self.source = await start_source(
                 config, life, self.publish, lambda: self.current.synced, self.builder
             )
-            http = HttpServer(
-                self.not_ready, lambda: (self.current, self.resolver), self.exposition
+            await start_http(
+                config,
+                life.stack,
+                self.not_ready,
+                lambda: (self.current, self.resolver, config.autopath),
+                self.exposition,
             )
-            await start_http(config, http, life.stack)
             life.catch_signals()
-            family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
+            family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
             reserved = bind_pair(
-                family, config.listen_host, config.listen_port, reuse_port=True, listen=False
+                family, config.bind.host, config.bind.port, reuse_port=True, listen=False
             )
             self.port = int(reserved[0].getsockname()[1])
             life.stack.push_async_callback(self.end_workers)
@@ -174,7 +186,7 @@ class Supervisor:
             self.started = True
             log.info(
                 "serving DNS on %s:%d (udp, tcp) for %s (%d workers)",
-                config.listen_host,
+                config.bind.host,
                 self.port,
                 zones(config),
                 config.workers,
@@ -182,11 +194,18 @@ class Supervisor:
             if self.probes:
                 # CoreDNS's `loop`: the probes go out from here; the worker one comes back to
                 # says so (a `Looped` message).
-                server = f"{config.listen_host}:{self.port}"
+                server = f"{config.bind.host}:{self.port}"
                 check = self.loops.send_probes(self.probes, server)
                 life.start(check, "loop check", ending=False)
+            if self.corefile is not None and config.reload.enabled:
+                path, read = self.corefile
+                watch = watch_corefile(
+                    path, self.read_bytes, lambda: self.config.reload, read, self.reconfigure
+                )
+                life.start(watch, "reload", ending=False)
             await life.main_loop()
-            log.info("shutting down: answering for %gs more (lameduck)", config.lameduck)
+            lameduck = self.config.health.lameduck
+            log.info("shutting down: answering for %gs more (lameduck)", lameduck)
             await self.stop_workers()
             log.info("stopped")
 
@@ -209,6 +228,14 @@ class Supervisor:
                 # Forked before the first sync, the workers were sent the rest of the data:
                 # a copy each. Forked again from it, they share it (copy-on-write).
                 self.life.start(self.renew(), "renewal", ending=False)
+
+    def reconfigure(self, config: ServeConfig) -> None:
+        """A reloaded Corefile: every worker answers by it from now on, and every worker
+        forked later starts with it (what says where to serve waits for a restart)."""
+        report_restart([k for k, v in where(config).items() if v != where(self.config)[k]])
+        self.config = kept_where(config, self.config)
+        self.resolver = replace(config.kubernetes, ns_addresses=self.resolver.ns_addresses)
+        self.broadcast(Reconfigure(self.config))
 
     def broadcast(self, message: Message) -> None:
         data = frame(message)
@@ -317,7 +344,7 @@ class Supervisor:
         elif isinstance(message, Looped):
             upstream = self.probes.get(message.question)
             if upstream is not None:
-                server = f"{self.config.listen_host}:{self.port}"
+                server = f"{self.config.bind.host}:{self.port}"
                 self.life.fail(loop_error(upstream, message.question, server))
 
     async def until_serving(self) -> None:
@@ -346,7 +373,7 @@ class Supervisor:
         again = asyncio.create_task(self.life.again.wait())
         await asyncio.wait(
             {gone, again},
-            timeout=self.config.lameduck + EXIT_GRACE,
+            timeout=self.config.health.lameduck + EXIT_GRACE,
             return_when=asyncio.FIRST_COMPLETED,
         )
         if again.done() and not gone.done():

@@ -30,10 +30,8 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import ANSWERING
 from toposdns.resolve.resolver import ResolverConfig
-from toposdns.serve.query_metrics import QueryMetrics
-from toposdns.serve.responder import Responder
 from toposdns.serve.upstream import Upstream
-from toposdns.server import bind_pair, make_forwarder, run, serve_dns
+from toposdns.server import DnsServer, run
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.journal import JournaledBuilder, replay
 from toposdns.store.snapshot import Snapshot
@@ -43,6 +41,7 @@ from toposdns.workers.messages import (
     Families,
     Looped,
     Message,
+    Reconfigure,
     Replace,
     Scrape,
     Serving,
@@ -151,14 +150,12 @@ def _label_log_lines(prefix: str) -> None:
 async def work(start: Start, channel: socket.socket) -> None:
     """Answer DNS on the shared port and follow the supervisor, until told to stop."""
     config = start.config
-    forwarder = make_forwarder(config)
-    metrics = QueryMetrics(f"dns://:{start.port}") if config.serves_metrics else None
-    responder = Responder(
-        start.resolver, start.snapshot, config.ecs_trust, forwarder, metrics, config.loadbalance
-    )
+    dns = DnsServer(config, start.resolver, start.snapshot)
+    responder = dns.responder
     registry = CollectorRegistry()
-    for collector in (metrics, responder.topology_counts, *ANSWERING) if metrics else ():
-        registry.register(collector)
+    if dns.metrics is not None:
+        for collector in (dns.metrics, responder.topology_counts, *ANSWERING):
+            registry.register(collector)
     reader, writer = await asyncio.open_unix_connection(sock=channel)
 
     def send(message: Message) -> None:
@@ -168,28 +165,24 @@ async def work(start: Start, channel: socket.socket) -> None:
         start.builder.journal = None  # it replays the supervisor's journal, and notes nothing
     async with Lifecycle() as life:
         life.stack.callback(writer.close)
-        if forwarder is not None:
-            life.stack.push_async_callback(forwarder.close)
-            forwarder.set_server(f"dns://:{start.port}")
-            forwarder.loops.probes.update(start.probes)
-            forwarder.loops.on_probe = lambda question: send(Looped(question))
-        family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
-        udp_sock, tcp_sock = bind_pair(family, config.listen_host, start.port, reuse_port=True)
-        await serve_dns(config, responder, udp_sock, tcp_sock, life.stack)
+        if dns.forwarder is not None:
+            dns.forwarder.loops.probes.update(start.probes)
+            dns.forwarder.loops.on_probe = lambda question: send(Looped(question))
+        await dns.start(life.stack, start.port, reuse_port=True)
         send(Serving())
-        follow = _follow(reader, send, responder, start.builder, registry, life)
+        follow = _follow(reader, send, dns, start.builder, registry, life)
         following = life.start(follow, "supervisor")
         await life.main_loop()
         if following.done():
             log.warning("the supervisor is gone; stopping")
         else:
-            await life.lameduck(config.lameduck)
+            await life.lameduck(config.health.lameduck)
 
 
 async def _follow(
     reader: asyncio.StreamReader,
     send: Callable[[Message], None],
-    responder: Responder,
+    dns: DnsServer,
     builder: StoreBuilder | None,
     registry: CollectorRegistry,
     life: Lifecycle,
@@ -199,11 +192,13 @@ async def _follow(
         if isinstance(message, Changes):
             assert builder is not None, "changes come only from the cluster's source"
             replay(builder, message.operations)
-            responder.update(builder.snapshot(message.serial, message.synced))
+            dns.responder.update(builder.snapshot(message.serial, message.synced))
             send(Applied(message.batch))
         elif isinstance(message, Replace):
-            responder.update(message.snapshot)
+            dns.responder.update(message.snapshot)
             send(Applied(message.batch))
+        elif isinstance(message, Reconfigure):
+            dns.reconfigure(message.config)
         elif isinstance(message, Scrape):
             send(Families(message.request, list(registry.collect())))
         elif isinstance(message, Stop):

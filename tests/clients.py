@@ -1,0 +1,199 @@
+"""Real DNS clients for the integration tests, built or started from Debian packages: musl's
+resolver (`musl-tools`: a C program calling getaddrinfo, built with musl-gcc), Go's own resolver
+(`golang-go`: a program on the standard library only) and unbound as a forwarding resolver
+(`unbound`). Each helper says why it cannot run here (`*_unavailable`), for a skip reason.
+
+Like glibc (tests/glibc.py), musl reads /etc/resolv.conf and asks port 53 only: it runs in a
+private mount namespace with a resolv.conf of the test's bind-mounted over the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dns.exception
+import dns.message
+import dns.query
+import dns.rdataclass
+
+from tests import glibc
+
+PROGRAMS = Path(__file__).parent / "client_programs"
+BUILD_TIMEOUT = 120.0
+RUN_TIMEOUT = 15.0
+
+
+def musl_unavailable() -> str | None:
+    """Why the musl client cannot run here, or None."""
+    if shutil.which("musl-gcc") is None:
+        return "musl-gcc is not installed (Debian: apt-get install musl-tools)"
+    return glibc.unavailable()  # the same namespace and port 53 as for glibc
+
+
+def musl_version() -> str:
+    """The installed musl's version, e.g. `1.2.3` (its dynamic loader prints it)."""
+    for loader in Path("/lib").glob("ld-musl-*.so.1"):
+        done = subprocess.run([str(loader)], capture_output=True, text=True, timeout=10)
+        found = re.search(r"Version (\S+)", done.stderr)
+        if found:
+            return found.group(1)
+    return "unknown"
+
+
+def build_getaddrinfo(directory: Path) -> Path:
+    """getaddrinfo.c built with musl-gcc, statically: musl's resolver, whatever the host's."""
+    program = directory / "getaddrinfo-musl"
+    subprocess.run(
+        ["musl-gcc", "-O2", "-static", "-o", str(program), str(PROGRAMS / "getaddrinfo.c")],
+        check=True,
+        capture_output=True,
+        timeout=BUILD_TIMEOUT,
+    )
+    return program
+
+
+def musl_getaddrinfo(program: Path, conf: Path, name: str) -> subprocess.CompletedProcess[str]:
+    """`program NAME` with `conf` as /etc/resolv.conf; exit 0 with addresses, 2 with none."""
+    script = 'mount --bind "$1" /etc/resolv.conf && exec "$2" "$3"'
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(conf), str(program), name],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+
+
+def go_unavailable() -> str | None:
+    """Why the Go client cannot run here, or None."""
+    if shutil.which("go") is None:
+        return "go is not installed (Debian: apt-get install golang-go)"
+    return None
+
+
+def build_resolve(directory: Path) -> Path:
+    """resolve.go built without cgo: Go's own resolver, as in a static Go binary."""
+    program = directory / "resolve-go"
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    if "HOME" not in os.environ and "GOCACHE" not in os.environ:
+        env["GOCACHE"] = str(directory / "go-cache")
+    subprocess.run(
+        ["go", "build", "-o", str(program), str(PROGRAMS / "resolve.go")],
+        check=True,
+        capture_output=True,
+        timeout=BUILD_TIMEOUT,
+        env=env,
+    )
+    return program
+
+
+def go_resolve(
+    program: Path, server: tuple[str, int], kind: str, name: str
+) -> subprocess.CompletedProcess[str]:
+    """`resolve HOST:PORT KIND NAME` with GODEBUG=netdns=go; stderr names each dial."""
+    return subprocess.run(
+        [str(program), f"{server[0]}:{server[1]}", kind, name],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env={**os.environ, "GODEBUG": "netdns=go"},
+    )
+
+
+def unbound_unavailable() -> str | None:
+    """Why unbound cannot run here, or None."""
+    if shutil.which("unbound") is None:
+        return "unbound is not installed (Debian: apt-get install unbound)"
+    return None
+
+
+@contextmanager
+def unbound(
+    directory: Path, listen: tuple[str, int], outgoing: str, forward_to: tuple[str, int], zone: str
+) -> Iterator[subprocess.Popen[str]]:
+    """unbound on `listen`, forwarding `zone` to `forward_to` from the address `outgoing`, with
+    EDNS Client Subnet: each client's whole address (/32) goes along, and answers are cached
+    per the scope the server gives them (the subnetcache module)."""
+    conf = directory / "unbound.conf"
+    conf.write_text(
+        f"""server:
+    interface: {listen[0]}
+    port: {listen[1]}
+    outgoing-interface: {outgoing}
+    do-daemonize: no
+    username: ""
+    chroot: ""
+    directory: "{directory}"
+    pidfile: ""
+    use-syslog: no
+    logfile: ""
+    verbosity: 1
+    num-threads: 1
+    access-control: 127.0.0.0/8 allow
+    do-not-query-localhost: no
+    do-ip6: no
+    module-config: "subnetcache iterator"
+    send-client-subnet: 127.0.0.0/8
+    client-subnet-always-forward: yes
+    max-client-subnet-ipv4: 32
+    qname-minimisation: no
+    domain-insecure: "{zone}"
+forward-zone:
+    name: "{zone}."
+    forward-addr: {forward_to[0]}@{forward_to[1]}
+"""
+    )
+    log = directory / "unbound.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            ["unbound", "-d", "-c", str(conf)], stdout=output, stderr=subprocess.STDOUT, text=True
+        )
+    try:
+        _wait_for_answers(process, listen, log)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _wait_for_answers(process: subprocess.Popen[str], listen: tuple[str, int], log: Path) -> None:
+    """Until unbound answers `version.server CH TXT` (from itself), 10 s at most."""
+    query = dns.message.make_query("version.server.", "TXT", rdclass=dns.rdataclass.CH)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"unbound exited with status {process.returncode}: {log.read_text()}"
+            )
+        try:
+            dns.query.udp(query, listen[0], port=listen[1], timeout=0.2)
+            return
+        except (OSError, dns.exception.Timeout):
+            time.sleep(0.1)
+    raise RuntimeError("unbound did not answer within 10 s")
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` for both UDP and TCP now."""
+    for _ in range(20):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind((host, 0))
+            port = int(udp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError(f"no port free on {host} for UDP and TCP")

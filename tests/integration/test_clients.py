@@ -1,0 +1,174 @@
+"""Real clients that no one here wrote, against the real server: musl's getaddrinfo through a
+pod's search path, and a large forwarded answer without TCP (musl up to 1.2.3 never retries
+over TCP); Go's own resolver for A, SRV, PTR and a large answer over TCP; unbound forwarding
+with EDNS Client Subnet, so that clients behind it are placed by their own address."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import dns.flags
+import dns.message
+import dns.query
+import dns.rdatatype
+import pytest
+
+from tests import clients, glibc
+from tests.integration.support import STOP_TIMEOUT, Server, StartServer, copy_snapshot
+from tests.upstream import stub_upstream
+
+pytestmark = pytest.mark.integration
+
+TOPOLOGY = Path(__file__).parents[2] / "examples" / "topology.yaml"
+#: A forwarded name with 80 A records, more than a 512-byte reply holds.
+BIG = "big.example.test"
+BIG_ADDRESSES = [f"198.51.100.{i}" for i in range(1, 81)]
+BIG_UPSTREAM = {(BIG, "A"): [f"{BIG}. 60 IN A {address}" for address in BIG_ADDRESSES]}
+#: A headless service with 100 ready endpoints, added to the fixture cluster.
+MANY_ADDRESSES = [f"10.244.9.{i}" for i in range(1, 101)]
+
+
+@pytest.fixture(scope="session")
+def musl_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """getaddrinfo.c built with musl-gcc, once per session."""
+    reason = clients.musl_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    return clients.build_getaddrinfo(tmp_path_factory.mktemp("musl"))
+
+
+@pytest.fixture(scope="session")
+def go_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """resolve.go built with Go's own resolver, once per session."""
+    reason = clients.go_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    return clients.build_resolve(tmp_path_factory.mktemp("go"))
+
+
+def lines(done: object) -> list[str]:
+    return sorted(str(getattr(done, "stdout", "")).split())
+
+
+# --- musl
+
+
+def test_musl_getaddrinfo_walks_the_search_path(
+    musl_program: Path, start_server: StartServer, tmp_path: Path
+) -> None:
+    address = glibc.free_loopback_53()
+    start_server("--listen", f"{address}:53")
+    search = ["shop.svc.cluster.local", "svc.cluster.local", "cluster.local"]
+    conf = glibc.resolv_conf(tmp_path, address, search, "ndots:5 attempts:1 timeout:2")
+    for name, expected in (
+        ("frontend", ["10.96.10.10"]),  # the first search domain
+        ("workers.data", ["10.244.3.5", "10.244.3.6"]),  # the second
+        ("frontend.shop.svc.cluster.local", ["10.96.10.10"]),  # after NXDOMAIN in all three
+    ):
+        done = clients.musl_getaddrinfo(musl_program, conf, name)
+        assert done.returncode == 0, (name, done.stderr)
+        assert lines(done) == expected, name
+    missing = clients.musl_getaddrinfo(musl_program, conf, "nowhere")
+    assert missing.returncode == 2 and missing.stdout == ""
+
+
+def test_musl_gets_a_large_forwarded_answer_without_tcp(
+    musl_program: Path, start_server: StartServer, tmp_path: Path
+) -> None:
+    address = glibc.free_loopback_53()
+    with stub_upstream(BIG_UPSTREAM, mode="truncate") as upstream:
+        start_server("--listen", f"{address}:53", "--upstream", f"127.0.0.1:{upstream.port}")
+        # What a client without EDNS gets: TC, and as many whole records as 512 bytes hold.
+        query = dns.message.make_query(f"{BIG}.", "A", use_edns=False)
+        reply = dns.query.udp(query, address, port=53, timeout=5)
+        assert reply.flags & dns.flags.TC
+        fitted = sorted(rr.address for rrset in reply.answer for rr in rrset)
+        assert 20 <= len(fitted) < len(BIG_ADDRESSES), fitted
+        assert set(fitted) <= set(BIG_ADDRESSES)
+        # musl takes the truncated reply as it is (up to 1.2.3 it never retries over TCP).
+        conf = glibc.resolv_conf(tmp_path, address, [], "attempts:1 timeout:2")
+        done = clients.musl_getaddrinfo(musl_program, conf, f"{BIG}.")
+        assert done.returncode == 0, f"musl {clients.musl_version()}: {done.stderr}"
+        assert lines(done) == fitted
+
+
+# --- Go
+
+
+@pytest.fixture(scope="module")
+def go_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The fixture cluster plus `many.shop`, a headless service with 100 endpoints."""
+    snapshot = copy_snapshot(tmp_path_factory.mktemp("go-server"))
+    endpoints = "".join(
+        f"  - addresses: [{address}]\n    conditions: {{ready: true}}\n"
+        for address in MANY_ADDRESSES
+    )
+    with open(snapshot, "a", encoding="utf-8") as file:
+        file.write(
+            "- apiVersion: v1\n  kind: Service\n  metadata: {name: many, namespace: shop}\n"
+            "  spec: {clusterIP: None, ports: [{name: http, port: 80, protocol: TCP}]}\n"
+            "- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n"
+            "  metadata:\n    name: many-1\n    namespace: shop\n"
+            "    labels: {kubernetes.io/service-name: many}\n"
+            "  addressType: IPv4\n  ports: [{name: http, port: 80, protocol: TCP}]\n"
+            f"  endpoints:\n{endpoints}"
+        )
+    server = Server(snapshot)
+    server.wait_ready()
+    yield server
+    assert server.stop(STOP_TIMEOUT) == 0, server.log()
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "expected"),
+    [
+        ("ip4", "frontend.shop.svc.cluster.local.", ["10.96.10.10"]),
+        (
+            "srv",
+            "_http._tcp.web.shop.svc.cluster.local.",
+            [
+                "0 50 80 web-0.web.shop.svc.cluster.local.",
+                "0 50 80 web-1.web.shop.svc.cluster.local.",
+            ],
+        ),
+        ("ptr", "10.244.1.10", ["web-0.web.shop.svc.cluster.local."]),
+    ],
+)
+def test_go_resolver(
+    go_program: Path, go_server: Server, kind: str, name: str, expected: list[str]
+) -> None:
+    done = clients.go_resolve(go_program, go_server.address, kind, name)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == expected
+    assert "dial tcp" not in done.stderr, "a small answer needs no TCP"
+
+
+def test_go_resolver_takes_a_large_answer_over_tcp(go_program: Path, go_server: Server) -> None:
+    done = clients.go_resolve(go_program, go_server.address, "ip4", "many.shop.svc.cluster.local.")
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split()) == sorted(MANY_ADDRESSES)
+    assert done.stderr.split("\n")[:2] == ["dial udp", "dial tcp"], done.stderr
+
+
+# --- unbound
+
+
+def test_unbound_with_ecs_places_each_client(start_server: StartServer, tmp_path: Path) -> None:
+    reason = clients.unbound_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    # unbound asks from 127.0.0.9, which only the ECS trust makes a forwarder.
+    server = start_server("--ecs-trust", "127.0.0.9/32", snapshot=copy_snapshot(tmp_path, TOPOLOGY))
+    listen = ("127.0.0.1", clients.free_port("127.0.0.1"))
+    with clients.unbound(tmp_path, listen, "127.0.0.9", server.address, "cluster.local"):
+        for _ in range(2):  # the second round from unbound's cache, kept per client
+            for source, expected in (
+                ("127.0.0.2", ["10.244.1.10"]),  # node-a, zone z1
+                ("127.0.0.4", ["10.244.3.10", "10.244.3.11"]),  # zone z2
+                ("127.0.0.6", ["10.244.1.10", "10.244.3.10", "10.244.3.11"]),  # nobody's
+            ):
+                query = dns.message.make_query("web.shop.svc.cluster.local.", "A")
+                reply = dns.query.udp(query, listen[0], port=listen[1], source=source, timeout=3)
+                found = sorted(rr.address for rrset in reply.answer for rr in rrset)
+                assert found == expected, source

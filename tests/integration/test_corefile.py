@@ -1,0 +1,219 @@
+"""kubeadm's Corefile under `toposdns -conf FILE`, against the stand-in API: the answers CoreDNS
+gives there, health, ready and metrics on their own ports, and `reload` of a ConfigMap update
+(a symlink swap) without losing a query, or refused with its line when broken.
+
+The Corefile is kubeadm's, changed only where a loopback test must: the ports, `bind
+127.0.0.1`, `kubeconfig`, the upstream address and `reload 2s`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dns.exception
+import dns.message
+import pytest
+
+from tests.integration.support import (
+    Server,
+    dig,
+    http_get,
+    metric_total,
+    udp,
+    wait_until,
+)
+from tests.kubeapi import FakeApiServer
+from tests.server_process import ServerProcess, toposdns_command
+from tests.upstream import stub_upstream
+
+pytestmark = pytest.mark.integration
+
+UPSTREAM = {
+    ("8.8.8.8.in-addr.arpa", "PTR"): ["8.8.8.8.in-addr.arpa. 300 IN PTR dns.google."],
+    ("example.org", "A"): ["example.org. 300 IN A 192.0.2.80"],
+}
+#: A headless Service with three ready endpoints, for `loadbalance`.
+LB_SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "lb", "namespace": "shop"},
+    "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
+}
+LB_SLICE = {
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSlice",
+    "metadata": {
+        "name": "lb-1",
+        "namespace": "shop",
+        "labels": {"kubernetes.io/service-name": "lb"},
+    },
+    "addressType": "IPv4",
+    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+    "endpoints": [
+        {"addresses": [f"10.244.0.{i}"], "conditions": {"ready": True}} for i in (1, 2, 3)
+    ],
+}
+
+
+def kubeadm_corefile(ports: dict[str, int], kubeconfig: Path, upstream: int, ttl: int = 30) -> str:
+    return f"""\
+.:{ports["dns"]} {{
+    bind 127.0.0.1
+    errors
+    health 127.0.0.1:{ports["health"]} {{
+       lameduck 5s
+    }}
+    ready 127.0.0.1:{ports["ready"]}
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+       kubeconfig {kubeconfig}
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl {ttl}
+    }}
+    prometheus 127.0.0.1:{ports["metrics"]}
+    forward . 127.0.0.1:{upstream} {{
+       max_concurrent 1000
+    }}
+    cache 30 {{
+       disable success cluster.local
+       disable denial cluster.local
+    }}
+    loop
+    reload 2s
+    loadbalance
+}}
+"""
+
+
+def free_ports(*names: str) -> dict[str, int]:
+    sockets = []
+    for _ in names:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+class ConfigMap:
+    """A directory laid out as the kubelet mounts a ConfigMap: `Corefile` -> `..data/Corefile`,
+    `..data` -> a versioned directory, swapped whole on an update."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.version = 0
+        (directory / "Corefile").symlink_to("..data/Corefile")
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "Corefile"
+
+    def write(self, text: str) -> None:
+        self.version += 1
+        data = self.directory / f"..v{self.version}"
+        data.mkdir()
+        (data / "Corefile").write_text(text)
+        link = self.directory / "..data_tmp"
+        link.symlink_to(data.name)
+        os.replace(link, self.directory / "..data")
+
+
+class CorefileServer(Server):
+    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it."""
+
+    def __init__(self, corefile: Path) -> None:
+        self.snapshot, self.args, self.host, self.port = None, (), "", 0
+        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile)))
+
+
+@pytest.fixture
+def cluster(api: FakeApiServer) -> FakeApiServer:
+    api.add(LB_SERVICE)
+    api.add(LB_SLICE)
+    return api
+
+
+@pytest.fixture
+def running(cluster: FakeApiServer, tmp_path: Path) -> Iterator[tuple[CorefileServer, ConfigMap]]:
+    ports = free_ports("dns", "health", "ready", "metrics")
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    (tmp_path / "coredns").mkdir()
+    configmap = ConfigMap(tmp_path / "coredns")
+    with stub_upstream(UPSTREAM) as upstream:
+        configmap.write(kubeadm_corefile(ports, kubeconfig, upstream.port))
+        server = CorefileServer(configmap.path)
+        try:
+            server.wait_ready(30)
+            server.ports = ports  # type: ignore[attr-defined]
+            server.kubeconfig = kubeconfig  # type: ignore[attr-defined]
+            server.upstream = upstream.port  # type: ignore[attr-defined]
+            yield server, configmap
+        finally:
+            assert server.stop(15) == 0, server.log()  # after the 5 s lameduck
+
+
+def test_kubeadms_corefile_answers_as_coredns_there(
+    running: tuple[CorefileServer, ConfigMap], cluster: FakeApiServer
+) -> None:
+    server, _ = running
+    ports = server.ports  # type: ignore[attr-defined]
+    web = dig(server, "web.shop.svc.cluster.local")
+    assert web.rdata("A") == ["10.96.0.5"] and int(web.answer[0][1]) == 30  # ttl 30
+    pod = dig(server, "10-244-0-9.shop.pod.cluster.local")
+    assert pod.rdata("A") == ["10.244.0.9"]  # pods insecure
+    reverse = dig(server, "-x", "8.8.8.8")  # fallthrough in-addr.arpa to forward
+    assert reverse.rdata("PTR") == ["dns.google."] and "aa" not in reverse.flags
+    outside = dig(server, "example.org")
+    assert outside.rdata("A") == ["192.0.2.80"] and int(outside.answer[0][1]) <= 30  # cache 30
+    # In the cluster's zone nothing is cached: a Service that appears is found at once.
+    assert dig(server, "new.shop.svc.cluster.local").status == "NXDOMAIN"
+    cluster.add(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "new", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.7", "ports": [{"name": "http", "port": 80}]},
+        }
+    )
+    assert wait_until(lambda: dig(server, "new.shop.svc.cluster.local").status == "NOERROR", 5)
+    query = dns.message.make_query("lb.shop.svc.cluster.local", "A")
+    orders = {tuple(str(rr) for rr in udp(server, query).answer[0]) for _ in range(20)}
+    assert len(orders) > 1  # loadbalance
+    # Health, ready and metrics, each on its own port.
+    assert http_get(ports["health"], "/health") == (200, "OK")
+    assert http_get(ports["ready"], "/ready") == (200, "OK")
+    assert metric_total(ports["metrics"], "coredns_dns_requests_total") > 0
+
+
+def test_a_reload_applies_within_the_interval_without_losing_a_query(
+    running: tuple[CorefileServer, ConfigMap],
+) -> None:
+    server, configmap = running
+    ports = server.ports  # type: ignore[attr-defined]
+    kubeconfig, upstream = server.kubeconfig, server.upstream  # type: ignore[attr-defined]
+    query = dns.message.make_query("web.shop.svc.cluster.local", "A")
+    configmap.write(kubeadm_corefile(ports, kubeconfig, upstream, ttl=10))
+    changed_at, sent, lost, ttl = time.monotonic(), 0, 0, 30
+    while ttl != 10 and time.monotonic() < changed_at + 8:  # reload 2s, jitter at most 1s
+        sent += 1
+        try:
+            ttl = udp(server, query, timeout=1.0).answer[0].ttl
+        except dns.exception.Timeout:
+            lost += 1
+        time.sleep(0.01)
+    assert ttl == 10, server.tail()
+    assert time.monotonic() - changed_at < 2 + 1 + 2  # the interval, the jitter, a margin
+    assert lost == 0 and sent > 10
+    assert server.find("reload: applied the changed Corefile") is not None
+    # A broken Corefile is refused with its line; the running configuration keeps serving.
+    broken = kubeadm_corefile(ports, kubeconfig, upstream, ttl=10).replace("ttl 10", "ttl 99999")
+    configmap.write(broken)
+    line = server.wait_for_log("reload: the Corefile is not applied", 8).string
+    assert f"{configmap.path}:12: ttl 99999: must be between 0 and 3600" in line
+    assert metric_total(ports["metrics"], "coredns_reload_failed_total") == 1
+    assert udp(server, query).answer[0].ttl == 10

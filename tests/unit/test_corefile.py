@@ -1,0 +1,219 @@
+"""The Corefile, read as CoreDNS reads it, into the configuration the flags build."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from toposdns.cli import main
+from toposdns.config import Reading, ServeConfig
+from toposdns.corefile import read_corefile
+from toposdns.options import ConfigError
+from toposdns.serve.forward import Upstream
+
+#: kubeadm's Corefile, as `kubeadm init` writes it into the coredns ConfigMap.
+KUBEADM = """\
+.:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30 {
+       disable success cluster.local
+       disable denial cluster.local
+    }
+    loop
+    reload
+    loadbalance
+}
+"""
+
+
+def read(tmp_path: Path, text: str, name: str = "Corefile") -> ServeConfig:
+    path = tmp_path / name
+    path.write_text(text)
+    return read_corefile(path).done()
+
+
+def test_kubeadms_corefile(tmp_path: Path) -> None:
+    config = read(tmp_path, KUBEADM)
+    k8s = config.kubernetes
+    assert k8s.zones == (("cluster", "local"), ("in-addr", "arpa"), ("ip6", "arpa"))
+    assert (k8s.ttl, k8s.pods) == (30, "insecure")
+    assert k8s.fallthrough == (("in-addr", "arpa"), ("ip6", "arpa"))
+    assert (config.bind.host, config.bind.port) == ("0.0.0.0", 53)
+    assert config.health.address == ("0.0.0.0", 8080) and config.health.lameduck == 5
+    assert config.ready.address == ("0.0.0.0", 8181)
+    assert config.prometheus.address == ("0.0.0.0", 9153)
+    assert config.forward.max_concurrent == 1000
+    assert config.upstreams  # /etc/resolv.conf's nameservers
+    for policy in (config.cache.success, config.cache.denial):
+        assert policy.max_ttl == 30 and policy.disabled == (("cluster", "local"),)
+    assert config.loadbalance.round_robin
+    assert config.reload.enabled and config.reload.interval == 30
+    assert not config.autopath.enabled and config.toposdns.http is None
+
+
+def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None:
+    flags = {
+        "--listen": "127.0.0.1:5353",
+        "--zone": ["cluster.local,in-addr.arpa"],
+        "--ttl": "30",
+        "--pods": "verified",
+        "--endpoint-pod-names": True,
+        "--fallthrough": ["in-addr.arpa"],
+        "--upstream": "192.0.2.53:5300",
+        "--max-concurrent": "10",
+        "--cache-max-ttl": "30",
+        "--cache-success": "100,20,2",
+        "--cache-disable": ["denial:cluster.local"],
+        "--loadbalance": True,
+        "--lameduck": "2s",
+        "--ecs-trust": "10.0.0.0/8",
+        "--workers": "1",
+        "--startup-timeout": "3s",
+        "--tcp-idle-timeout": "4s",
+    }
+    corefile = """
+    .:5353 {
+        bind 127.0.0.1
+        kubernetes cluster.local in-addr.arpa {
+            ttl 30
+            pods verified
+            endpoint_pod_names
+            fallthrough in-addr.arpa
+            startup_timeout 3s
+        }
+        forward . 192.0.2.53:5300 {
+            max_concurrent 10
+        }
+        cache 30 {
+            success 100 20 2
+            disable denial cluster.local
+        }
+        loadbalance round_robin
+        health {
+            lameduck 2s
+        }
+        toposdns {
+            ecs_trust 10.0.0.0/8
+            workers 1
+            tcp_idle_timeout 4s
+        }
+    }
+    """
+    from_flags = Reading().read_flags(flags).done()
+    from_file = read(tmp_path, corefile)
+    # What only a Corefile says: health is served at CoreDNS's address.
+    assert from_file.health.address == ("0.0.0.0", 8080)
+    from_file = from_file.__class__(
+        **{
+            name: getattr(from_file, name)
+            for name in ServeConfig.__dataclass_fields__
+            if name != "health"
+        },
+        health=from_flags.health,
+    )
+    assert from_file == from_flags
+    assert from_file.upstreams == (Upstream("192.0.2.53", 5300),)
+
+
+def test_syntax_comments_quotes_environment_snippets_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLUSTER_DOMAIN", "example.internal")
+    monkeypatch.setenv("DNS_TTL", "7")
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "a.conf").write_text("loadbalance\n")
+    config = read(
+        tmp_path,
+        """
+        # a comment
+        (common) {
+            errors   # trailing comment
+            loop
+        }
+        dns://.:1053 {
+            import common
+            import extra/*.conf
+            kubernetes {$CLUSTER_DOMAIN} "in-addr.arpa" {
+                ttl {$DNS_TTL}
+            }
+        }
+        """,
+    )
+    assert config.kubernetes.zones == (("example", "internal"), ("in-addr", "arpa"))
+    assert config.kubernetes.ttl == 7 and config.bind.port == 1053
+    assert config.loadbalance.round_robin
+    # What a Corefile leaves out is off, as in CoreDNS.
+    assert config.upstreams == () and config.health.lameduck == 0
+    assert config.cache.success.disabled == ((),) and not config.reload.enabled
+
+
+def test_one_block_without_braces_and_zones_from_the_key(tmp_path: Path) -> None:
+    config = read(tmp_path, "cluster.local:5300\nkubernetes\n")
+    assert config.kubernetes.zones == (("cluster", "local"),) and config.bind.port == 5300
+
+
+# Each: a Corefile CoreDNS would reject, or one toposdns cannot serve, and the line it gets.
+REFUSED = [
+    (".:53 {\n    kubernetes\n    rewrite name a b\n}\n", "Corefile:3: rewrite: unknown plugin;"),
+    (".:53 {\n    kubernetes {\n        tls a b c\n    }\n}\n", "Corefile:3: tls: not an option"),
+    (".:53 {\n  kubernetes {\n    ttl 3601\n  }\n}\n", "Corefile:3: ttl 3601: must be between"),
+    (".:53 {\n  kubernetes {\n    pods maybe\n  }\n}\n", "Corefile:3: pods maybe: expected one"),
+    (".:53 {\n  kubernetes\n  kubernetes\n}\n", "Corefile:3: kubernetes: given twice"),
+    (".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n", "Corefile:4: .:54: a second server"),
+    (".:53 {\n  kubernetes\n", "Corefile:1: .:53: this block is never closed"),
+    (".:53 {\n  health { lameduck 5s }\n}\n", "Corefile:2: {: a { must end its line"),
+    (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin"),
+    ("tls://.:853 {\n  kubernetes\n}\n", "Corefile:1: tls://.:853: tls:// servers are not"),
+    ("a:53 {\n  kubernetes\n  forward . 1.1.1.1\n}\n", "Corefile:3: forward: forward in a"),
+    (".:53 {\n  kubernetes\n  forward example.org 1.1.1.1\n}\n", "only is not supported"),
+    (".:53 {\n  kubernetes\n  reload 1s\n}\n", "Corefile:3: reload 1s: the interval must be"),
+    (".:53 {\n  kubernetes\n  cache 30 example.org\n}\n", "caching only some zones"),
+    (".:53 {\n  kubernetes\n  health :8080 :8081\n}\n", "expected at most one address"),
+    (".:53 {\n  kubernetes {\n    kubeconfig /k ctx\n  }\n}\n", "Corefile:3: kubeconfig /k ctx"),
+    (".:53 {\n  kubernetes\n  loop 1\n}\n", "Corefile:3: loop: takes no arguments"),
+    (".:53 {\n  kubernetes\n  import missing\n}\n", "Corefile:3: missing: no snippet"),
+    ('.:53 {\n  kubernetes "cluster.local\n}\n', "Corefile:2: a quote that is never closed"),
+    ("(s) {\n  import s\n}\n.:53 {\n  import s\n  kubernetes\n}\n", "nested more than 10"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), REFUSED)
+def test_refused_with_file_line_and_word(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        read(tmp_path, text)
+    shown = str(error.value).replace(str(tmp_path) + "/", "")
+    assert message in shown and "\n" not in shown
+
+
+def test_an_unknown_plugin_lists_what_is_supported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("supported: acl") + "|supported: autopath"):
+        read(tmp_path, ".:53 {\n  kubernetes\n  hosts\n}\n")
+
+
+def test_dash_conf_starts_the_server_from_the_corefile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started: list[object] = []
+    monkeypatch.setattr("toposdns.server.run", started.append)
+    path = tmp_path / "Corefile"
+    path.write_text(".:53 {\n  kubernetes\n  foo\n}\n")
+    assert main(["-conf", str(path)]) == 2
+    assert f"{path}:3: foo: unknown plugin" in capsys.readouterr().err and not started
+    path.write_text(".:0 {\n  kubernetes cluster.local\n  toposdns {\n    workers 1\n  }\n}\n")
+    assert main([f"-conf={path}", "--snapshot", "x.yaml"]) == 0 and len(started) == 1
+    started[0].close()  # type: ignore[attr-defined]

@@ -1,0 +1,24 @@
+"""How a query arrived (UDP or TCP, over IPv4 or IPv6), which decides its reply's size limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toposdns.wire.encode import FRAGMENT_LIMIT_V4, FRAGMENT_LIMIT_V6
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # one object per kind: hashed by identity
+class Transport:
+    """How a query arrived, which decides the reply's size limits."""
+
+    name: str
+    tcp: bool
+    fragment_limit: int
+    family: int  # 1 IPv4, 2 IPv6, as CoreDNS's metrics label it
+
+
+UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4, 1)
+UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6, 2)
+TCP4 = Transport("tcp4", True, 0, 1)
+TCP6 = Transport("tcp6", True, 0, 2)
+TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)
