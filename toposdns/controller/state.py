@@ -34,6 +34,7 @@ from toposdns.controller.cidrs import (
     point_of,
     prefix_of,
     text_of,
+    usable_cidr,
 )
 from toposdns.controller.config import ControllerConfig
 from toposdns.controller.desired import (
@@ -286,7 +287,11 @@ class ClusterState:
             return set()
         node = key[1]
         addresses, cidrs = (
-            (frozenset(state.content[0] or ()), tuple(state.content[1] or ()))
+            (
+                frozenset(state.content[0] or ()),
+                # What an API server without the CRD's checks may hold: only what places.
+                tuple(c for c in state.content[1] or () if usable_cidr(c) == c),
+            )
             if state is not None and state.managed and state.is_node
             else (frozenset(), ())
         )
