@@ -173,13 +173,19 @@ class ClusterState:
 
         A node locator wins over a pod of the same name in the controller's own namespace (the
         controller's namespace holds its own pods, which are not named like nodes)."""
-        self.relearn()
         namespace, name = key
         if namespace == self.config.namespace:
             node = self.nodes.get(name)
             if node is not None:
+                # Its learnt ranges lie where its pods are, or where its ranges were.
+                groups = {group_of((p[0], p[2])) for p in self.learned_of.get(name, ())}
+                for on in self.pods_on.get(name, ()):
+                    groups |= self._groups_of(self.pods[on])
+                self.relearn(groups)
                 return node_locator_of(namespace, node, self.cidrs.get(name, ()))
         pod = self.pods.get(key)
+        if pod is not None:
+            self.relearn(self._groups_of(pod))  # the ranges that may place it
         locator = None
         if pod is not None:
             locator = pod_locator_of(namespace, name, pod, self.nodes.get(pod.node_name))
@@ -189,7 +195,6 @@ class ClusterState:
 
     def keys(self) -> set[Key]:
         """Every key that may need a locator written or deleted."""
-        self.relearn()
         keys = set(self.pods) | set(self.locators)
         keys.update((self.config.namespace, name) for name in self.nodes)
         return keys
@@ -308,13 +313,18 @@ class ClusterState:
 
     # ----- learning -----
 
-    def relearn(self) -> None:
-        """Learn the ranges again in the address groups whose pods or nodes changed, and
-        report the locators that moves."""
+    def relearn(self, groups: Iterable[Prefix] | None = None) -> None:
+        """Learn the ranges again in the address groups whose pods or nodes changed (of
+        `groups` only, if given), and report the locators that moves.
+
+        `want` learns only the groups the key depends on: a pass over every key then spreads
+        the learning of a whole cluster over the keys, between which the event loop runs."""
         if not self._dirty or not self.synced:
             return
         touched = self._seed() if not self._seeded else set()
-        for group in self._dirty:
+        todo = list(self._dirty if groups is None else self._dirty.intersection(groups))
+        for group in todo:
+            self._dirty.discard(group)
             before = self.learned.get(group, {})
             after = learn(group, self._points(group), self._eligible, before)
             if after == before:
@@ -329,7 +339,6 @@ class ClusterState:
                 self.learned[group] = after
             else:
                 self.learned.pop(group, None)
-        self._dirty.clear()
         keys: set[Key] = set()
         for node in touched:
             if not self.learned_of.get(node):
