@@ -28,6 +28,7 @@ from toposdns.options import (
 from toposdns.reload import RELOAD, ReloadOptions
 from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
+from toposdns.serve.acl import ACL, AclOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CACHE, CacheSettings
 from toposdns.serve.http import (
@@ -120,6 +121,7 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     PROMETHEUS,
     TCP,
     RELOAD,
+    ACL,
 )
 #: The plugins `toposdns explain` takes: those that change answers.
 ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
@@ -143,6 +145,7 @@ class ServeConfig:
     prometheus: PrometheusOptions = field(default_factory=PrometheusOptions)
     tcp: TcpOptions = field(default_factory=TcpOptions)
     reload: ReloadOptions = field(default_factory=ReloadOptions)
+    acl: AclOptions = field(default_factory=AclOptions)
 
     @property
     def upstreams(self) -> tuple[Upstream, ...]:

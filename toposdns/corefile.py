@@ -37,14 +37,22 @@ MAX_TOKENS = 100_000
 #: logs errors once per state change (`errors`) and always guards against forwarding loops
 #: when it forwards (`loop`).
 ACCEPTED = {"errors": "errors are logged anyway", "loop": "loops are always detected"}
-#: The directives toposdns reads, by name, with the plugins whose settings they hold.
-DIRECTIVES: dict[str, tuple[Plugin[Any], ...]] = {}
-for _plugin in PLUGINS:
-    DIRECTIVES.setdefault(_plugin.directive or _plugin.name, ())
-    DIRECTIVES[_plugin.directive or _plugin.name] += (_plugin,)
-#: Tables for flags only (`tcp` settings are written in the `toposdns` block).
-for _flags_only in ("snapshot", "tcp"):
-    DIRECTIVES.pop(_flags_only, None)
+
+
+def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
+    """The directives toposdns reads, by name, with the plugins whose settings they hold (a
+    plugin with a `directive` is written in that directive's block)."""
+    found: dict[str, tuple[Plugin[Any], ...]] = {}
+    for plugin in PLUGINS:
+        name = plugin.directive or plugin.name
+        found[name] = (*found.get(name, ()), plugin)
+    return found
+
+
+#: Directives a server block may hold more than once, as CoreDNS allows.
+REPEATABLE = ("acl",)
+#: The directives toposdns reads, by name.
+DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
 _ENV = re.compile(r"\{\$([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -331,7 +339,7 @@ def apply_block(
         word = line[0]
         if word.quoted or word.text not in DIRECTIVES and word.text not in ACCEPTED:
             raise word.error(f"unknown plugin; supported: {', '.join(SUPPORTED)}")
-        if word.text in seen:
+        if word.text in seen and word.text not in REPEATABLE:
             raise word.error(
                 f"given twice in the server block (first at line {seen[word.text].line})"
             )
@@ -340,7 +348,7 @@ def apply_block(
             _accepted(line, body)
             continue
         args = [token.text for token in line[1:]]
-        if word.text == "kubernetes" and not args:
+        if word.text in ("kubernetes", "acl") and not args:
             args = [key.text for key in keys]  # the server block's zones, as CoreDNS
         _directive(reading, DIRECTIVES[word.text], word, args, body)
     if "kubernetes" not in seen:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from toposdns.wire.codes import Name
@@ -279,16 +280,6 @@ def domain_as_written(text: str, origin: Origin) -> Name:
     return labels
 
 
-def domains(words: Sequence[str], origin: Origin) -> tuple[Name, ...]:
-    """Domain names, lower-cased, each once, in order."""
-    found: list[Name] = []
-    for word in words:
-        name = domain(word, origin)
-        if name not in found:
-            found.append(name)
-    return tuple(found)
-
-
 def address(default_port: int = 53) -> Parse:
     """`HOST:PORT`, `[V6]:PORT` or `:PORT` as (host, port); port 0 picks a free one."""
 
@@ -309,6 +300,17 @@ def address_value(text: str, origin: Origin) -> tuple[str, int]:
     except ValueError:
         raise origin.error(f"{host!r} is not an IP address") from None
     return host, int(port_text)
+
+
+def file(example: str) -> Parse:
+    """One file's path."""
+
+    def parse(words: Sequence[str], origin: Origin) -> Path:
+        if len(words) != 1:
+            raise origin.error(f"expected one file, e.g. {example}")
+        return Path(words[0])
+
+    return parse
 
 
 def networks(words: Sequence[str], origin: Origin) -> tuple[Network, ...]:

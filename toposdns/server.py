@@ -30,6 +30,7 @@ from toposdns.metrics import INVALID_POLICIES
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.http import PATHS, HttpServer, Serving
@@ -92,12 +93,16 @@ class DnsServer:
         self.forwarder = make_forwarder(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
+        self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
         self.server = ""
+        #: Forwarders a reload replaced, until their queries are done.
+        self.retiring: set[asyncio.Task[None]] = set()
 
     def respond_by(
         self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot
     ) -> Responder:
+        """A responder by `config`, over this server's forwarder and metrics."""
         return Responder(
             resolver,
             snapshot,
@@ -119,18 +124,35 @@ class DnsServer:
             retired, self.forwarder = self.forwarder, make_forwarder(config)
             if self.forwarder is not None:
                 self.forwarder.set_server(self.server)
-            if retired is not None:
-                asyncio.get_running_loop().call_later(
-                    FORWARD_BUDGET, lambda: asyncio.ensure_future(retired.close())
-                )
+            if retired is not None:  # closed once the queries it has are done
+                task = asyncio.create_task(self.retire(retired))
+                self.retiring.add(task)
+                task.add_done_callback(self.retiring.discard)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
         self.responder.topology_counts = previous.topology_counts  # counts go on
+        self.screen = screen_of(config, self.server)
         for protocol in self.udp:
             protocol.use(self.responder)
+            protocol.screen = self.screen
         self.config = config
         return restart
+
+    async def retire(self, forwarder: Forwarder) -> None:
+        """Close a forwarder a reload replaced, once its queries are done."""
+        try:
+            await asyncio.sleep(FORWARD_BUDGET)
+        finally:
+            await forwarder.close()
+
+    async def close(self) -> None:
+        """Close the forwarders: the current one, and those a reload replaced."""
+        for task in list(self.retiring):
+            task.cancel()
+        await asyncio.gather(*self.retiring, return_exceptions=True)
+        if self.forwarder is not None:
+            await self.forwarder.close()
 
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
@@ -141,13 +163,15 @@ class DnsServer:
     ) -> int:
         """Bind the DNS port (with `reuse_port`, shared with other workers) and answer on it
         until the stack closes; returns the port."""
-        if self.forwarder is not None:
-            stack.push_async_callback(self.forwarder.close)
+        stack.push_async_callback(self.close)
         config = self.config
         family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
         udp_sock, tcp_sock = bind_pair(family, config.bind.host, port, reuse_port=reuse_port)
         port = await serve_dns(config.tcp, self, udp_sock, tcp_sock, stack)
         server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        self.screen = screen_of(config, server)
+        for protocol in self.udp:
+            protocol.screen = self.screen
         if self.metrics is not None:
             self.metrics.server = server
         if self.forwarder is not None:
@@ -254,6 +278,13 @@ def report_restart(plugins: list[str]) -> None:
 def answering(config: ServeConfig) -> ResolverConfig:
     """The answer options, with this server's own addresses for apex NS answers."""
     return replace(config.kubernetes, ns_addresses=own_addresses(config.bind.host))
+
+
+def screen_of(config: ServeConfig, server: str = "") -> Screen | None:
+    """CoreDNS's `acl` for the frontends; None without one."""
+    if not config.acl.policies:
+        return None
+    return Acl(config.acl, server or f"dns://:{config.bind.port}").screen
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:
@@ -370,12 +401,13 @@ async def serve_dns(
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
     protocol = UdpProtocol(dns.responder, kind)
+    protocol.screen = dns.screen
     udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
     dns.udp.append(protocol)
     stack.callback(udp.close)
     limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
     tcp = await loop.create_server(
-        lambda: TcpProtocol(dns.responder, limits, stream), sock=tcp_sock, backlog=1024
+        lambda: TcpProtocol(dns.responder, limits, stream, dns.screen), sock=tcp_sock, backlog=1024
     )
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)

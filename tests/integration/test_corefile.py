@@ -13,12 +13,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import dns.edns
 import dns.exception
 import dns.message
+import dns.query
+import dns.rcode
 import pytest
 
 from tests.integration.support import (
     Server,
+    copy_snapshot,
     dig,
     http_get,
     metric_total,
@@ -217,3 +221,55 @@ def test_a_reload_applies_within_the_interval_without_losing_a_query(
     assert f"{configmap.path}:12: ttl 99999: must be between 0 and 3600" in line
     assert metric_total(ports["metrics"], "coredns_reload_failed_total") == 1
     assert udp(server, query).answer[0].ttl == 10
+
+
+def test_every_worker_applies_a_reload(tmp_path: Path) -> None:
+    (tmp_path / "coredns").mkdir()
+    configmap = ConfigMap(tmp_path / "coredns")
+    snapshot = copy_snapshot(tmp_path)
+    port = free_ports("dns")["dns"]
+
+    def corefile(ttl: int) -> str:
+        return (
+            f".:{port} {{\n  bind 127.0.0.1\n  kubernetes cluster.local {{\n    ttl {ttl}\n  }}\n"
+            f"  reload 2s\n  toposdns {{\n    snapshot {snapshot}\n    workers 2\n  }}\n}}\n"
+        )
+
+    configmap.write(corefile(30))
+    server = CorefileServer(configmap.path)
+    try:
+        server.wait_ready(30)
+        query = dns.message.make_query("frontend.shop.svc.cluster.local", "A")
+        assert {rr.ttl for rr in (udp(server, query).answer[0] for _ in range(8))} == {30}
+        configmap.write(corefile(7))
+
+        def every_worker_has_it() -> bool:  # the kernel spreads the queries over both
+            return {udp(server, query).answer[0].ttl for _ in range(16)} == {7}
+
+        assert wait_until(every_worker_has_it, 8), server.tail()
+    finally:
+        assert server.stop(15) == 0, server.log()
+
+
+def test_acl_screens_udp_and_tcp_by_source(tmp_path: Path) -> None:
+    snapshot = copy_snapshot(tmp_path)
+    port = free_ports("dns")["dns"]
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(
+        f".:{port} {{\n  bind 127.0.0.1\n  kubernetes cluster.local\n"
+        f"  acl {{\n    drop net 127.0.0.3\n    block net 127.0.0.2\n  }}\n"
+        f"  toposdns {{\n    snapshot {snapshot}\n    workers 1\n  }}\n}}\n"
+    )
+    server = CorefileServer(corefile)
+    try:
+        server.wait_ready(30)
+        query = dns.message.make_query("frontend.shop.svc.cluster.local", "A")
+        for ask in (dns.query.udp, dns.query.tcp):
+            assert ask(query, "127.0.0.1", port=port, timeout=2).answer  # allowed
+            blocked = ask(query, "127.0.0.1", port=port, timeout=2, source="127.0.0.2")
+            assert blocked.rcode() == dns.rcode.REFUSED and not blocked.answer
+            assert [o.code for o in blocked.options] == [dns.edns.EDE]
+        with pytest.raises(dns.exception.Timeout):
+            dns.query.udp(query, "127.0.0.1", port=port, timeout=1, source="127.0.0.3")
+    finally:
+        assert server.stop() == 0, server.log()

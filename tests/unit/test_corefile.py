@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import dnslib
 import pytest
 
 from toposdns.cli import main
 from toposdns.config import Reading, ServeConfig
 from toposdns.corefile import read_corefile
 from toposdns.options import ConfigError
+from toposdns.serve.acl import Acl
 from toposdns.serve.forward import Upstream
 
 #: kubeadm's Corefile, as `kubeadm init` writes it into the coredns ConfigMap.
@@ -189,6 +191,13 @@ REFUSED = [
     (".:53 {\n  kubernetes\n  import missing\n}\n", "Corefile:3: missing: no snippet"),
     ('.:53 {\n  kubernetes "cluster.local\n}\n', "Corefile:2: a quote that is never closed"),
     ("(s) {\n  import s\n}\n.:53 {\n  import s\n  kubernetes\n}\n", "nested more than 10"),
+    # plugin/kubernetes/setup_test.go: the options' argument counts
+    (".:53 {\n  kubernetes {\n    namespaces\n  }\n}\n", "Corefile:3: namespaces: expected"),
+    (".:53 {\n  kubernetes {\n    endpoint_pod_names x\n  }\n}\n", "takes no value"),
+    (".:53 {\n  kubernetes {\n    pods giant_seed\n  }\n}\n", "expected one of disabled"),
+    (".:53 {\n  kubernetes {\n    ttl\n  }\n}\n", "Corefile:3: ttl: expected one value"),
+    (".:53 {\n  kubernetes {\n    startup_timeout\n  }\n}\n", "Corefile:3: startup_timeout"),
+    (".:53 {\n  kubernetes in-addr.arpa\n}\n", "at least one zone must be a forward zone"),
 ]
 
 
@@ -217,3 +226,73 @@ def test_dash_conf_starts_the_server_from_the_corefile(
     path.write_text(".:0 {\n  kubernetes cluster.local\n  toposdns {\n    workers 1\n  }\n}\n")
     assert main([f"-conf={path}", "--snapshot", "x.yaml"]) == 0 and len(started) == 1
     started[0].close()  # type: ignore[attr-defined]
+
+
+# plugin/acl's README examples and acl_test.go's cases, through the Corefile: (acl block,
+# query source, type, name) -> what the client gets.
+EXCEPT = "acl {\n    allow net 192.168.1.0/24\n    block net 192.168.0.0/16\n  }"
+ONLY = "acl {\n    allow net 192.168.0.0/24 192.168.1.0/24\n    block\n  }"
+ACL_CASES = [
+    ("acl {\n    block type A net 192.168.0.0/16\n  }", "192.168.1.2", "A", "REFUSED"),
+    ("acl {\n    block type A net 192.168.0.0/16\n  }", "192.168.1.2", "AAAA", "pass"),
+    ("acl {\n    block type A net 192.168.0.0/16\n  }", "10.0.0.1", "A", "pass"),
+    ("acl {\n    filter type A net 192.168.0.0/16\n  }", "192.168.1.2", "A", "NOERROR"),
+    (
+        "acl {\n    allow net 192.168.1.0/24\n    block net 192.168.0.0/16\n  }",
+        "192.168.1.9",
+        "A",
+        "pass",
+    ),
+    (
+        "acl {\n    allow net 192.168.1.0/24\n    block net 192.168.0.0/16\n  }",
+        "192.168.2.9",
+        "A",
+        "REFUSED",
+    ),
+    (
+        "acl {\n    allow net 192.168.0.0/24 192.168.1.0/24\n    block\n  }",
+        "10.1.1.1",
+        "MX",
+        "REFUSED",
+    ),
+    ("acl a.example.org {\n    block net 192.168.1.0/24\n  }", "192.168.1.5", "A", "REFUSED"),
+    ("acl example.com {\n    block net 192.168.1.0/24\n  }", "192.168.1.5", "A", "pass"),
+    ("acl {\n    drop net *\n  }", "::1", "A", "drop"),
+    ("acl {\n    block type * net 2001:db8::/32\n  }", "2001:db8::5", "TXT", "REFUSED"),
+    ("acl {\n    allow net 10.0.0.0/8\n  }\n  acl {\n    block\n  }", "10.2.3.4", "A", "pass"),
+    ("acl {\n    allow net 10.0.0.0/8\n  }\n  acl {\n    block\n  }", "11.2.3.4", "A", "REFUSED"),
+]
+
+
+@pytest.mark.parametrize(("block", "source", "qtype", "expected"), ACL_CASES)
+def test_acl(tmp_path: Path, block: str, source: str, qtype: str, expected: str) -> None:
+    config = read(tmp_path, f".:53 {{\n  kubernetes\n  {block}\n}}\n")
+    query = dnslib.DNSRecord.question("a.example.org", qtype)
+    query.header.id = 4321
+    verdict = Acl(config.acl).screen(bytes(query.pack()), source)
+    if expected in ("pass", "drop"):
+        assert verdict == (None if expected == "pass" else b"")
+        return
+    assert verdict is not None
+    reply = dnslib.DNSRecord.parse(verdict)
+    assert dnslib.RCODE[reply.header.rcode] == expected and reply.header.id == 4321
+    assert reply.header.qr and reply.header.rd and not reply.rr
+    (opt,) = reply.ar
+    assert opt.rtype == dnslib.QTYPE.OPT and opt.rclass == 4096 and opt.ttl == 0x8000
+    info = 15 if expected == "REFUSED" else 17  # Extended DNS Error Blocked, Filtered
+    assert opt.rdata[0].code == 15 and opt.rdata[0].data == info.to_bytes(2, "big")
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ("acl {\n    deny net 10.0.0.0/8\n  }", "Corefile:4: deny: not an option of acl"),
+        ("acl {\n    block net 10.0.0.300/8\n  }", "'10.0.0.300/8' is not an address or CIDR"),
+        ("acl {\n    block type BOGUS\n  }", "'BOGUS' is not a record type"),
+        ("acl {\n    block 10.0.0.0/8\n  }", "expected `type QTYPE...` and `net SOURCE...`"),
+    ],
+)
+def test_acl_refused(tmp_path: Path, block: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        read(tmp_path, f".:53 {{\n  kubernetes\n  {block}\n}}\n")
+    assert message in str(error.value)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from toposdns.options import ConfigError, Origin, Plugin, Setting, domain, sets
+from toposdns.options import ConfigError, Origin, Plugin, Setting, domain, file, sets
 from toposdns.resolve.answer import RR, Answer
 from toposdns.resolve.qname import SVC
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
@@ -64,12 +64,6 @@ def _enabled(words: Sequence[str], origin: Origin) -> bool:
     return True
 
 
-def _path(words: Sequence[str], origin: Origin) -> Path:
-    if len(words) != 1:
-        raise origin.error("expected one file, e.g. /etc/resolv.conf")
-    return Path(words[0])
-
-
 def _check(options: AutopathOptions, origin: Origin) -> AutopathOptions:
     if not options.enabled:
         if options.resolv_conf is not None:
@@ -92,7 +86,7 @@ AUTOPATH: Plugin[AutopathOptions] = Plugin(
         ),
         Setting(
             None,
-            sets("resolv_conf", _path),
+            sets("resolv_conf", file("/etc/resolv.conf")),
             "--autopath-resolv-conf",
             "FILE",
             "with --autopath: the node's search domains come from this file's `search` line "

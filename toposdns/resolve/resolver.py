@@ -108,6 +108,8 @@ def _fallthrough(words: Sequence[str], origin: Origin) -> tuple[Name, ...]:
 
 
 def _namespaces(words: Sequence[str], origin: Origin) -> frozenset[str]:
+    if not words:
+        raise origin.error("expected at least one namespace, e.g. default")
     return frozenset(words)
 
 

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from toposdns.logs import Tally
 from toposdns.options import Plugin, Setting, integer, seconds, sets
+from toposdns.serve.acl import Screen
 from toposdns.serve.responder import Responder
 from toposdns.serve.transport import Transport
 
@@ -102,8 +103,12 @@ class TcpLimits:
 class TcpProtocol(asyncio.Protocol):
     """One TCP connection."""
 
-    def __init__(self, responder: Responder, limits: TcpLimits, kind: Transport) -> None:
+    def __init__(
+        self, responder: Responder, limits: TcpLimits, kind: Transport, screen: Screen | None = None
+    ) -> None:
         self.responder = responder
+        #: CoreDNS's `acl`, checked before anything else: None, or what the client gets.
+        self.screen = screen
         self.limits = limits
         self.kind = kind
         self.buffer = bytearray()
@@ -144,6 +149,10 @@ class TcpProtocol(asyncio.Protocol):
                 break
             message = bytes(buffer[2 : 2 + length])
             del buffer[: 2 + length]
+            if self.screen is not None and (verdict := self.screen(message, source)) is not None:
+                if verdict:
+                    self.transport.write(len(verdict).to_bytes(2, "big") + verdict)
+                continue
             reply = responder.respond(message, self.kind, source, time.perf_counter())
             if reply is None:
                 continue

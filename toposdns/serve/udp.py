@@ -9,6 +9,7 @@ from time import perf_counter
 from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
+from toposdns.serve.acl import Screen
 from toposdns.serve.cache import Orderings, TopologyReplies
 from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
 from toposdns.serve.responder import UDP4, Responder, Transport
@@ -27,6 +28,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.use(responder)
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
+        #: CoreDNS's `acl`, checked before anything else: None, or what the client gets.
+        self.screen: Screen | None = None
 
     def use(self, responder: Responder) -> None:
         """Answer with `responder` from the next datagram on (a reloaded configuration)."""
@@ -42,6 +45,10 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         transport = self.transport
         assert transport is not None
+        if self.screen is not None and (verdict := self.screen(data, addr[0])) is not None:
+            if verdict:
+                transport.sendto(verdict, addr)
+            return
         metrics = self.metrics
         started = perf_counter() if metrics is not None else 0.0
         key = data[2:]

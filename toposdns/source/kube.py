@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from toposdns.kube.client import Apis
 from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import MALFORMED_OBJECTS
-from toposdns.options import Origin, Plugin, Setting, seconds, sets
+from toposdns.options import Plugin, Setting, file, seconds, sets
 from toposdns.source.watch import (
     Object,
     Reflector,
@@ -46,19 +46,13 @@ class ClusterOptions:
     startup_timeout: float = 5.0
 
 
-def _kubeconfig(words: Sequence[str], origin: Origin) -> Path:
-    if len(words) != 1:
-        raise origin.error("expected one file, e.g. /etc/kubernetes/kubeconfig (no context)")
-    return Path(words[0])
-
-
 CLUSTER: Plugin[ClusterOptions] = Plugin(
     "cluster",
     ClusterOptions,
     (
         Setting(
             "kubeconfig",
-            sets("kubeconfig", _kubeconfig),
+            sets("kubeconfig", file("/etc/kubernetes/kubeconfig (no context)")),
             "--kubeconfig",
             "FILE",
             "without --snapshot: this kubeconfig (default: in-cluster, else ~/.kube/config)",

@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,7 +34,7 @@ from yaml.events import AliasEvent
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
-from toposdns.options import Origin, Plugin, Setting, sets, size
+from toposdns.options import Plugin, Setting, file, sets, size
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import ObjectError, convert_object, describe
 from toposdns.store.model import Record
@@ -101,19 +101,13 @@ class SnapshotOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
 
 
-def _path(words: Sequence[str], origin: Origin) -> Path:
-    if len(words) != 1:
-        raise origin.error("expected one file, e.g. cluster.yaml")
-    return Path(words[0])
-
-
 SNAPSHOT: Plugin[SnapshotOptions] = Plugin(
     "snapshot",
     SnapshotOptions,
     (
         Setting(
             "snapshot",
-            sets("path", _path),
+            sets("path", file("cluster.yaml")),
             "--snapshot",
             "FILE",
             "serve the objects in this YAML/JSON file, reloaded when it changes "
