@@ -42,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -287,7 +288,7 @@ class Cluster:
         size = 256 if self.layout == "spec" else BLOCK
         node = self.owner.get(value // size * size)
         if node is not None:
-            self.free[node].append(value)
+            self.free[node].insert(0, value)  # taken last, as IPAMs prefer unused addresses
 
 
 # --------------------------------------------------------------------------- the controller
@@ -295,6 +296,17 @@ class Cluster:
 
 class Controller(ServerProcess):
     """`toposdns controller` against the stand-in, its probes on `http_port`."""
+
+    def queue_depth(self) -> float | None:
+        """toposdns_controller_queue_depth from /metrics (None: no answer)."""
+        try:
+            url = f"http://{HOST}:{self.http_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5.0) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return None
+        found = re.search(r"^toposdns_controller_queue_depth ([\d.e+]+)$", text, re.M)
+        return float(found[1]) if found else None
 
     def __init__(self, kubeconfig: Path, extra: Sequence[str]) -> None:
         self.http_port = free_port()
@@ -526,8 +538,9 @@ def rollout(
     server: FakeApiServer, proc: Controller, cluster: Cluster, args: argparse.Namespace
 ) -> JSON:
     """4. A tenth of the pods replaced by new ones (new names, free addresses in their nodes'
-    ranges, on random nodes): the writes, counted until a marker pod created last (on a
-    borrowed address, so it needs a locator) has its locator, plus a settle period."""
+    ranges, on random nodes; a freed address is taken again last): the writes, counted until a
+    marker pod created last (on a borrowed address, so it needs a locator) has its locator and
+    the controller's queue has stayed empty for a second, plus a settle period."""
     mark = len(server.requests)
     rng = random.Random(args.seed + 1)
     gone = rng.sample(range(len(cluster.pods)), len(cluster.pods) // 10)
@@ -550,6 +563,11 @@ def rollout(
         if time.monotonic() > deadline:
             raise TimeoutError(f"the rollout's marker has no locator:\n{proc.tail()}")
         time.sleep(POLL)
+    # Then until the queue has stayed empty for a second (the writes the events call for).
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        quiet = quiet + 1 if proc.queue_depth() == 0 else 0
+        time.sleep(0.5)
     time.sleep(args.settle)
     writes = count_writes(server, mark)
     writes["POST"] -= 1  # the marker's
