@@ -69,7 +69,8 @@ def reference_reply(
         return encode_bare(query, REFUSED)  # CoreDNS without `forward` refuses other classes
     ecs = query.ecs.address if query.ecs is not None else None
     address, via_ecs = client_address(source, ecs, ecs_trust)
-    labels = identify(snapshot, address, via_ecs).labels
+    length = query.ecs.source_prefix if query.ecs is not None and via_ecs else None
+    labels = identify(snapshot, address, via_ecs, length).labels
     answer = resolve(query.name, query.qtype, snapshot, config, labels)
     tcp, fragment_limit = LIMITS[transport]
     limit = MAX_TCP_SIZE if tcp else udp_limit(query.edns)

@@ -78,3 +78,31 @@ def normal_text(zone_lines: Iterable[str]) -> list[str]:
 def normal_rrs(rrs: Iterable[dnslib.RR]) -> list[str]:
     """Parsed records as comparable text, sorted."""
     return sorted(normal(rr) for rr in rrs)
+
+
+def forwarder_service(*ready: str, not_ready: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Service kube-system/coredns (the forwarders `--ecs-trust-service` may trust) and its
+    EndpointSlice, with these endpoint addresses."""
+    endpoints = [{"addresses": [address]} for address in ready] + [
+        {"addresses": [address], "conditions": {"ready": False}} for address in not_ready
+    ]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "coredns", "namespace": "kube-system"},
+            "spec": {"clusterIP": "10.96.0.20", "ports": [{"name": "dns", "port": 53}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "coredns-1",
+                "namespace": "kube-system",
+                "labels": {"kubernetes.io/service-name": "coredns"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": 53}],
+            "endpoints": endpoints,
+        },
+    ]

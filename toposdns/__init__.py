@@ -1,3 +1,3 @@
 """toposdns: cluster DNS that answers like CoreDNS, with topology-aware headless services."""
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from toposdns.kube.names import is_dns_label
 from toposdns.options import (
     ConfigError,
     Network,
@@ -27,6 +28,7 @@ from toposdns.options import (
 )
 from toposdns.reload import RELOAD, ReloadOptions
 from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
+from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
 from toposdns.serve.acl import ACL, AclOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
@@ -52,12 +54,25 @@ __all__ = ["ConfigError", "PLUGINS", "Reading", "ServeConfig", "ToposdnsOptions"
 MAX_WORKERS = 1024
 
 
+def services(words: Sequence[str], origin: Origin) -> tuple[TrustedService, ...]:
+    """Services as NAMESPACE/NAME."""
+    found = []
+    for word in words:
+        namespace, _, name = word.partition("/")
+        if not (is_dns_label(namespace) and is_dns_label(name)):
+            raise origin.error(f"{word!r} is not NAMESPACE/NAME, e.g. kube-system/coredns")
+        found.append(TrustedService(namespace, name))
+    return tuple(found)
+
+
 @dataclass(frozen=True, slots=True)
 class ToposdnsOptions:
     """toposdns's own settings, the Corefile's `toposdns` block."""
 
     #: Forwarders whose EDNS Client Subnet is believed (none by default).
     ecs_trust: tuple[Network, ...] = ()
+    #: Services whose ready endpoints are believed too, as they change.
+    ecs_trust_services: tuple[TrustedService, ...] = ()
     #: Processes answering DNS; above 1, a supervisor runs the source and forks them.
     #: None: one per CPU this process may use.
     workers: int | None = None
@@ -78,6 +93,14 @@ TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
             "CIDR[,CIDR]",
             "take the client address from EDNS Client Subnet when the query comes from these "
             "networks, e.g. the CoreDNS pods that forward to toposdns (default: none)",
+        ),
+        Setting(
+            "ecs_trust_service",
+            sets("ecs_trust_services", services),
+            "--ecs-trust-service",
+            "NS/NAME[,NS/NAME]",
+            "also take it from the ready endpoints of these Services, as they change, e.g. "
+            "kube-system/coredns: only those pods' addresses are trusted (default: none)",
         ),
         Setting(
             "workers",

@@ -11,6 +11,16 @@ INVALID_POLICIES = Counter(
     "toposdns_invalid_topology_policies",
     "Topology policies ignored because they are invalid, counted once per change.",
 )
+LOCATOR_CONFLICTS = Counter(
+    "toposdns_locator_conflicts",
+    "Prefixes claimed by two or more PodLocators (nobody inside them is placed), counted once "
+    "per change of their claimants.",
+)
+UNPLACED_SUBNETS = Counter(
+    "toposdns_unplaced_client_subnets",
+    "Client Subnet prefix lengths shorter than a host that no PodLocator CIDR held whole, "
+    "counted once per forwarder and prefix length.",
+)
 WATCH_RESTARTS = Counter(
     "toposdns_watch_restarts",
     "Watches of the Kubernetes API started again, by resource and reason "

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import INVALID_POLICIES
+from toposdns.metrics import INVALID_POLICIES, LOCATOR_CONFLICTS
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
@@ -43,6 +43,7 @@ from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.builder import StoreBuilder
+from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -84,6 +85,20 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
         )
 
 
+def report_conflicts(old: Snapshot, new: Snapshot) -> None:
+    """Log and count each prefix that two or more PodLocators claim, once, when its claimants
+    change."""
+    changed = [w[1] for w in new.changes if w[0] == "cidr"] if new.follows(old) else None
+    for cidr, holders in prefix_conflicts(old.prefixes, new.prefixes, changed):
+        LOCATOR_CONFLICTS.inc()
+        log.warning(
+            "PodLocators %s all claim %s: no client inside it is placed by it; keep the prefix "
+            "on one locator",
+            " and ".join(f"{held.namespace}/{held.name}" for held in holders),
+            cidr,
+        )
+
+
 class DnsServer:
     """One process's DNS server, as the single process and each worker of `--workers N` run
     it: the responder over the data, the forwarder, the query metrics, UDP and TCP."""
@@ -106,7 +121,7 @@ class DnsServer:
         return Responder(
             resolver,
             snapshot,
-            config.toposdns.ecs_trust,
+            config.toposdns.ecs_trust + config.toposdns.ecs_trust_services,
             self.forwarder,
             self.metrics,
             config.loadbalance.round_robin,
@@ -199,6 +214,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
 
         def publish(snapshot: Snapshot) -> None:
             report_invalid_policies(dns.responder.snapshot, snapshot)
+            report_conflicts(dns.responder.snapshot, snapshot)
             dns.responder.update(snapshot)
 
         def not_ready() -> str | None:

@@ -14,6 +14,7 @@ import pytest
 
 from tests.integration.support import REPO, http_get, wait_until
 from tests.kubeapi import FakeApiServer
+from toposdns import __version__
 
 pytestmark = pytest.mark.integration
 
@@ -85,4 +86,4 @@ def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
     assert "released Lease toposdns/toposdns-controller" in messages
     assert messages[-1] == "stopped"
     user_agents = {r.headers.get("User-Agent") for r in api.requests if r.method == "POST"}
-    assert user_agents == {"toposdns/0.1.0.dev0 controller (cli-1)"}
+    assert user_agents == {f"toposdns/{__version__} controller (cli-1)"}

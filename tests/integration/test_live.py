@@ -46,12 +46,15 @@ def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path, wor
         assert time.monotonic() - changed < 1.0
 
         api.stop()  # the API server goes away: keep answering from the last data
-        server.wait_for_log(r"still serving the last data", timeout=5)
+        # One line for the outage, not one per watch and retry.
+        server.wait_for_log(r"API unreachable since \d\d:\d\d:\d\d: .*retrying", timeout=5)
         assert dig(server, "web.shop.svc.cluster.local", "+short").text.split() == ["10.96.0.6"]
         assert http_get(http, "/ready") == (200, "OK")
         status, metrics = http_get(http, "/metrics")
         assert status == 200
         assert 'toposdns_watch_restarts_total{reason="error",resource="services"}' in metrics
         assert 'toposdns_kubernetes_api_errors_total{resource="services"}' in metrics
+        assert server.log().count("API unreachable") == 1
+        assert "still serving the last data" not in server.log()
     finally:
         assert server.stop(STOP_TIMEOUT) == 0, server.log()

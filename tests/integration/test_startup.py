@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,23 @@ def test_sigint_exits_0_and_logs_shutdown(start_server: StartServer) -> None:
     server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(5.0) == 0
     server.wait_for_log(r"INFO shutting down", timeout=2.0)
+
+
+@pytest.mark.parametrize(
+    ("flag", "what"),
+    [("--metrics", " (/metrics)"), ("--health", " (/health)"), ("--listen", "")],
+    ids=["metrics", "health", "dns"],
+)
+def test_a_busy_port_is_one_line_naming_its_address(flag: str, what: str, tmp_path: Path) -> None:
+    # The error names the address that is taken (and what it was for), not the DNS one.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_serve(REPO / "examples" / "cluster.yaml", flag, f"127.0.0.1:{port}")
+    assert done.returncode == 1, done.stderr
+    assert re.fullmatch(
+        rf"\S+ \S+ ERROR cannot listen on 127\.0\.0\.1:{port}{re.escape(what)}: "
+        r"Address already in use\n",
+        done.stderr,
+    ), done.stderr

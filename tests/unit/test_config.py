@@ -15,6 +15,7 @@ from toposdns.cli import main
 from toposdns.config import PLUGINS, Reading, ServeConfig
 from toposdns.options import ConfigError, Origin, address_value, field_default
 from toposdns.resolve.autopath import parse_search_domains, read_search_domains
+from toposdns.resolve.client import TrustedService
 from toposdns.serve.forward_cache import CacheSettings
 
 
@@ -217,3 +218,56 @@ def test_numeric_options_are_checked(
 ) -> None:
     assert main(["serve", "--snapshot", "examples/cluster.yaml", option, value]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "listeners"),
+    [
+        ([], []),
+        (["--http", ":9153"], [(("0.0.0.0", 9153), {"/health", "/ready", "/explain", "/metrics"})]),
+        (
+            ["--health", ":8080", "--ready", ":8181", "--metrics", ":9153"],
+            [
+                (("0.0.0.0", 8080), {"/health"}),
+                (("0.0.0.0", 8181), {"/ready"}),
+                (("0.0.0.0", 9153), {"/metrics"}),
+            ],
+        ),
+        # One address named twice is one listener; port 0 picks a new port each time.
+        (
+            ["--health", "127.0.0.1:8080", "--ready", "127.0.0.1:8080", "--explain", "[::1]:0"],
+            [(("127.0.0.1", 8080), {"/health", "/ready"}), (("::1", 0), {"/explain"})],
+        ),
+        (
+            ["--metrics", "127.0.0.1:0", "--explain", "127.0.0.1:0"],
+            [(("127.0.0.1", 0), {"/explain"}), (("127.0.0.1", 0), {"/metrics"})],
+        ),
+    ],
+)
+def test_http_listeners(args: list[str], listeners: list[tuple[tuple[str, int], set[str]]]) -> None:
+    settings = serve(dict(zip(args[::2], args[1::2], strict=True)))
+    assert settings.http_listeners() == listeners
+    assert settings.serves_metrics == any("/metrics" in paths for _, paths in listeners)
+
+
+def test_http_addresses_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--snapshot", "x.yaml", "--explain", "localhost:9154"]) == 2
+    assert "--explain localhost:9154: 'localhost' is not an IP address" in capsys.readouterr().err
+
+
+def test_ecs_trust_service() -> None:
+    config = serve({"--ecs-trust-service": "kube-system/coredns,other/dns"})
+    assert config.toposdns.ecs_trust_services == (
+        TrustedService("kube-system", "coredns"),
+        TrustedService("other", "dns"),
+    )
+    assert serve({}).toposdns.ecs_trust_services == ()
+
+
+@pytest.mark.parametrize("value", ["coredns", "kube-system/", "/coredns", "a/b/c", "Kube/dns"])
+def test_bad_ecs_trust_service(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--snapshot=x.yaml", f"--ecs-trust-service={value}"]) == 2
+    assert capsys.readouterr().err == (
+        f"toposdns serve: --ecs-trust-service {value}: {value!r} is not NAMESPACE/NAME, "
+        "e.g. kube-system/coredns\n"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -398,13 +399,28 @@ def test_bad_flags_are_refused_with_the_flag_named(
     assert err.startswith("toposdns controller: ") and message in err
 
 
-def test_no_cluster_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["controller", "--namespace=toposdns", "--http=127.0.0.1:0"],
+        ["serve", "--listen=127.0.0.1:0", "--workers=1"],
+    ],
+    ids=["controller", "serve"],
+)
+def test_a_missing_kubeconfig_is_one_line(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One line naming the file, and nothing from the client before it ("Config not found").
     missing = tmp_path / "missing"
-    code = main(
-        ["controller", f"--kubeconfig={missing}", "--namespace=toposdns", "--http=127.0.0.1:0"]
-    )
-    assert code == 1
-    assert f"cannot use the kubeconfig {missing}" in capsys.readouterr().err
+    assert main([*command, f"--kubeconfig={missing}", "--log-format=json"]) == 1
+    # Every line is the server's own (the client's stray line was plain text), and one says it.
+    entries = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    problems = [entry["msg"] for entry in entries if entry["level"] != "info"]
+    suffix = "; or serve from a file with --snapshot FILE" if command[0] == "serve" else ""
+    assert problems == [
+        f"cannot start: not in a cluster, and the kubeconfig {missing} does not exist; "
+        f"pass --kubeconfig FILE{suffix}"
+    ]
 
 
 # ----- queue and bucket -----

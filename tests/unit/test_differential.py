@@ -120,6 +120,18 @@ ECS_TRUST: tuple[Network, ...] = (
     ipaddress.ip_network("fd00::53/128"),
 )
 ECS_ADDRESSES = ("127.0.0.2", "127.0.0.4", "10.1.0.1", "192.168.0.3", "203.0.113.9", "fd00::10")
+#: Prefixes node locators may carry: nested, overlapping, and now and then on two nodes at once.
+NODE_CIDRS = (
+    "127.0.0.0/24",
+    "127.0.0.8/30",
+    "127.0.0.0/29",
+    "127.0.0.0/16",
+    "10.1.0.0/29",
+    "10.1.0.0/24",
+    "fd00::/64",
+    "fd00::10/127",
+    "fd00:1::/120",
+)
 
 CONFIGS = {
     "defaults": (
@@ -209,8 +221,15 @@ class Cluster:
         return dict(labels) if self.rng.random() < 0.3 else labels
 
     def node_locator(self, node: str) -> PodLocator:
+        cidrs = tuple(dict.fromkeys(self.rng.choices(NODE_CIDRS, k=self.rng.randint(0, 2))))
         return PodLocator(
-            "toposdns-system", node, NODE_IPS[node], node, self.labels_of(node), is_node=True
+            "toposdns-system",
+            node,
+            NODE_IPS[node],
+            node,
+            self.labels_of(node),
+            is_node=True,
+            cidrs=cidrs,
         )
 
     def pod_locator(self, address: str) -> PodLocator:
@@ -289,6 +308,7 @@ class Cluster:
             (1, lambda: self.remove_one(PodLocator)),
             (2, self.move_locator),
             (2, self.relabel_node),
+            (1, lambda: self.put(self.node_locator(self.rng.choice(NODES)))),  # new CIDRs
         ]
         while True:
             (action,) = self.rng.choices([c for _, c in changes], [w for w, _ in changes])

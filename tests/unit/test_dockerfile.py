@@ -1,8 +1,11 @@
-"""Static checks of the `Dockerfile` and `.dockerignore` (no container engine is needed).
+"""Static checks of the `Dockerfile`, `requirements.lock` and `.dockerignore` (no container engine
+runs here).
 
-The image must be a two-stage build on python:3.11-slim: the builder turns the project into a
-wheel and installs it, compiled, into a virtual environment; the runtime stage copies only that
-venv, runs as a numeric non-root user, writes nothing at run time, and starts `toposdns`.
+The image must be a two-stage build on Debian 12's Python 3.11, both bases pinned by digest: the
+builder installs every dependency from the hashed lock file into a virtual environment, then the
+project's own wheel, compiled, and gives the venv's interpreter the file capability to bind port
+53 (as CoreDNS's image does); the runtime stage is distroless (no shell, pip or apt), copies only
+that venv, runs as a numeric non-root user, writes nothing at run time, and starts `toposdns`.
 """
 
 from __future__ import annotations
@@ -15,12 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tests.unit.test_manifests import images, kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
-BASE = "python:3.11-slim"
+BUILDER_BASE = "debian:12-slim"
+RUNTIME_BASE = "gcr.io/distroless/python3-debian12:nonroot"
 VENV = "/opt/venv"
+LOCK = ROOT / "requirements.lock"
+#: The venv's interpreter that carries cap_net_bind_service (the ENTRYPOINT's).
+CAPABLE = f"{VENV}/bin/python3.11"
 
 
 @dataclass
@@ -110,12 +122,12 @@ def test_parser_joins_continuations() -> None:
     ]
 
 
-def test_multi_stage_on_pinned_slim_python() -> None:
-    assert len(STAGES) >= 2
+def test_two_stages_on_bases_pinned_by_digest() -> None:
     assert [stage.name for stage in STAGES] == ["builder", "runtime"]
-    for stage in STAGES:
-        # A tag always, optionally a digest on top; never an implicit or explicit `latest`.
-        assert re.fullmatch(re.escape(BASE) + r"(@sha256:[0-9a-f]{64})?", stage.image), stage.image
+    # A tag to read, and the digest that decides; never `latest`. Both Debian 12: the venv built
+    # with Debian 12's python3 runs on the distroless image's (the same Python 3.11).
+    for stage, base in ((BUILDER, BUILDER_BASE), (RUNTIME, RUNTIME_BASE)):
+        assert re.fullmatch(re.escape(base) + r"@sha256:[0-9a-f]{64}", stage.image), stage.image
     assert "latest" not in DOCKERFILE.read_text().lower()
 
 
@@ -124,28 +136,99 @@ def test_no_add() -> None:
     assert not [i for i in INSTRUCTIONS if i.keyword == "ADD"]
 
 
-def test_builder_installs_the_wheel_into_a_venv() -> None:
+def builder_steps() -> list[str]:
     commands = " && ".join(i.args for i in BUILDER.all("RUN"))
-    steps = [step.strip() for step in commands.split("&&")]
-    wheel = [s for s in steps if re.match(r"pip wheel\b", s) or "-m pip wheel" in s]
+    return [step.strip() for step in commands.split("&&")]
+
+
+def test_builder_installs_the_locked_dependencies_then_the_wheel_into_a_venv() -> None:
+    steps = builder_steps()
+    # A copy of the interpreter, not a link to the base's: the capability goes on this file.
+    venv = [s for s in steps if s == f"python3 -m venv --copies {VENV}"]
+    assert venv, f"create the venv at {VENV} with --copies"
+    pip = f"{VENV}/bin/pip"
+    locked = [shlex.split(s) for s in steps if s.startswith(f"{pip} install") and "-r" in s]
+    assert len(locked) == 1, "the dependencies from the lock file, in one install"
+    (lock_install,) = locked
+    assert lock_install[lock_install.index("-r") + 1] == LOCK.name
+    # Every file checked against the lock's hashes; nothing pip would add unpinned; no sdist
+    # built from source in the image.
+    assert {"--require-hashes", "--no-deps"} <= set(lock_install)
+    assert lock_install[lock_install.index("--only-binary") + 1] == ":all:"
+    wheel = [s for s in steps if s.startswith(f"{pip} wheel")]
     assert len(wheel) == 1, "build the project's wheel with pip wheel"
-    wheel_dir = re.search(r"--wheel-dir[ =](\S+)", wheel[0])
-    assert wheel_dir, "pip wheel --wheel-dir DIR"
-    venv = [s for s in steps if re.fullmatch(r"python3? -m venv " + re.escape(VENV), s)]
-    assert venv, f"create the venv at {VENV}"
-    installs = [s for s in steps if s.startswith(f"{VENV}/bin/pip install")]
+    wheel_args = shlex.split(wheel[0])
+    # Offline, with the build tools the lock installed (no unpinned build environment).
+    assert {"--no-deps", "--no-build-isolation", "--no-index"} <= set(wheel_args)
+    wheel_dir = wheel_args[wheel_args.index("--wheel-dir") + 1]
+    installs = [s for s in steps if s.startswith(f"{pip} install") and "-r" not in s]
     assert len(installs) == 1
     install = shlex.split(installs[0])
     assert "--compile" in install, "compile bytecode at build time"
     assert "--no-compile" not in install
-    # From the wheels just built, not from the index or the source tree.
-    assert "--no-index" in install
-    find_links = [install[i + 1] for i, w in enumerate(install) if w == "--find-links"]
-    find_links += [w.partition("=")[2] for w in install if w.startswith("--find-links=")]
-    assert find_links == [wheel_dir[1]]
+    # From the wheel just built, not from the index or the source tree.
+    assert {"--no-index", "--no-deps"} <= set(install)
+    assert install[install.index("--find-links") + 1] == wheel_dir
     assert "toposdns" in install
     assert "." not in install and "-e" not in install
-    assert steps.index(wheel[0]) < steps.index(venv[0]) < steps.index(installs[0])
+    # Then pip and the build tools leave the venv: the runtime gets no installer.
+    (uninstall,) = [shlex.split(s) for s in steps if s.startswith(f"{pip} uninstall")]
+    assert {"pip", "setuptools", "wheel", "--yes"} <= set(uninstall)
+    order = [venv[0], " ".join(lock_install), wheel[0], installs[0], " ".join(uninstall)]
+    assert [steps.index(s) if s in steps else -1 for s in order] == sorted(
+        steps.index(s) if s in steps else -1 for s in order
+    )
+
+
+def test_interpreter_binds_port_53_with_a_file_capability() -> None:
+    # As CoreDNS's image: `setcap cap_net_bind_service=+ep` on what the ENTRYPOINT runs, so a
+    # non-root user binds :53 where the pod adds NET_BIND_SERVICE (kubeadm) and sets no sysctl.
+    steps = builder_steps()
+    (setcap,) = [shlex.split(s) for s in steps if s.startswith("setcap ")]
+    assert setcap == ["setcap", "cap_net_bind_service=+ep", CAPABLE]
+    assert steps.index(" ".join(setcap)) == len(steps) - 1, "after the last change to the venv"
+    assert "libcap2-bin" in " ".join(steps), "setcap comes from Debian's libcap2-bin"
+    (entrypoint,) = RUNTIME.all("ENTRYPOINT")
+    assert exec_form(entrypoint) == [CAPABLE, "-m", "toposdns"]
+
+
+def locked_requirements() -> dict[str, tuple[str, list[str]]]:
+    """requirements.lock: name -> (the line as pip reads it, its hashes)."""
+    entries: list[list[str]] = []
+    for line in LOCK.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line[0].isspace():
+            entries[-1].append(line.strip())
+        else:
+            entries.append([line.strip()])
+    locked = {}
+    for first, *rest in entries:
+        requirement = first.rstrip(" \\")
+        hashes = [word for line in rest for word in line.split() if word.startswith("--hash=")]
+        locked[canonicalize_name(Requirement(requirement).name)] = (requirement, hashes)
+    return locked
+
+
+def test_lock_file_pins_every_dependency_with_hashes() -> None:
+    locked = locked_requirements()
+    for requirement, hashes in locked.values():
+        (specifier,) = Requirement(requirement).specifier
+        assert specifier.operator == "==", f"pin with ==: {requirement}"
+        assert hashes and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes)
+    pinned = {
+        name: Version(next(iter(Requirement(r).specifier)).version)
+        for name, (r, _) in locked.items()
+    }
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = pyproject["project"]["dependencies"] + pyproject["build-system"]["requires"]
+    for line in wanted:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        assert name in pinned, f"{line}: not in {LOCK.name}; run the command in its header"
+        assert pinned[name] in requirement.specifier, f"{line}: locked {pinned[name]}"
+    text = LOCK.read_text()
+    assert "file://" not in text and "--index-url" not in text and "--find-links" not in text
 
 
 def test_builder_copies_what_the_build_needs() -> None:
@@ -155,7 +238,7 @@ def test_builder_copies_what_the_build_needs() -> None:
         assert not [w for w in words if w.startswith("--from")]
         sources += words[:-1]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", pyproject["project"]["readme"], "toposdns"}
+    needed = {"pyproject.toml", pyproject["project"]["readme"], "toposdns", LOCK.name}
     assert needed <= set(sources)
     for source in sources:
         assert (ROOT / source).exists(), source
@@ -164,13 +247,14 @@ def test_builder_copies_what_the_build_needs() -> None:
 def test_runtime_copies_only_the_venv() -> None:
     copies = [shlex.split(i.args) for i in RUNTIME.all("COPY")]
     assert copies == [["--from=builder", VENV, VENV]]
-    runs = " ".join(i.args for i in RUNTIME.all("RUN"))
-    assert not re.search(r"\bpip\b|apt-get|curl|wget", runs), "no installs in the runtime stage"
+    # Distroless: no shell to RUN anything with, and nothing to install with.
+    assert not RUNTIME.all("RUN")
 
 
 def test_runtime_environment() -> None:
     env = env_values(RUNTIME)
     assert env["PATH"].split(":")[0] == f"{VENV}/bin"
+    assert CAPABLE.startswith(env["PATH"].split(":")[0] + "/")
     assert env["PYTHONUNBUFFERED"] == "1"
     # Bytecode comes from the build; nothing is written next to the modules at run time.
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
@@ -190,14 +274,23 @@ def test_exposed_ports() -> None:
         for port in instruction.args.split():
             number, _, protocol = port.partition("/")
             exposed.add((int(number), protocol or "tcp"))
-    assert exposed == {(53, "tcp"), (53, "udp"), (9153, "tcp")}
+    # DNS; health, ready and metrics where CoreDNS serves them.
+    assert exposed == {(53, "tcp"), (53, "udp"), (8080, "tcp"), (8181, "tcp"), (9153, "tcp")}
 
 
 def test_entrypoint_exec_form() -> None:
     (entrypoint,) = RUNTIME.all("ENTRYPOINT")
-    assert exec_form(entrypoint) == ["toposdns"]
+    assert exec_form(entrypoint)[1:] == ["-m", "toposdns"]
     for cmd in RUNTIME.all("CMD"):
         exec_form(cmd)
+
+
+def test_manifests_run_the_interpreter_without_the_capability() -> None:
+    # Their pods drop every capability (port 53 comes from a pod sysctl): a +ep binary would not
+    # even start there, so they run the venv's other interpreter.
+    for _, item in images(kustomize(ROOT / "manifests")):
+        assert item["command"] == [f"{VENV}/bin/python3", "-m", "toposdns"]
+        assert item["command"][0] != CAPABLE
 
 
 def ignore_rules() -> list[tuple[bool, str]]:
@@ -270,6 +363,7 @@ def test_dockerignore_keeps_the_build_inputs(path: str) -> None:
         "toposdns/__pycache__/cli.cpython-311.pyc",
         ".venv/bin/python",
         "Dockerfile",
+        "requirements.in",
     ],
 )
 def test_dockerignore_drops_the_rest(path: str) -> None:

@@ -4,15 +4,26 @@ the real client: any status comes back with its decoded body and Retry-After; no
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.kubeapi import FakeApiServer
-from toposdns.kube.client import NETWORK_ERRORS, Reply, apis_of, connect, decode, request
+from toposdns.kube.client import (
+    NETWORK_ERRORS,
+    Reachability,
+    Reply,
+    apis_of,
+    connect,
+    decode,
+    request,
+)
 from toposdns.kube.resources import POD_LOCATOR
 
 LOCATOR = {
@@ -105,3 +116,30 @@ def test_a_silent_server_times_out(api: FakeApiServer, tmp_path: Path) -> None:
 def test_bodies_and_messages(data: bytes, body: Any, message: str) -> None:
     assert decode(data) == body
     assert Reply(500, decode(data), None).message == message
+
+
+def test_an_outage_is_one_line_down_and_one_line_back(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    reachability = Reachability(
+        clock=lambda: now[0], wall=lambda: datetime(2026, 11, 25, 10, 0, 5, tzinfo=UTC)
+    )
+    caplog.set_level(logging.DEBUG, logger="toposdns")
+    reachability.answered()  # answered all along: nothing to say
+    for _ in range(36):  # every watch and the lease retrying, for 25 s
+        reachability.failed(aiohttp.ClientConnectionError("Cannot connect to host 10.96.0.1:443"))
+        now[0] += 0.7
+    reachability.answered()
+    reachability.answered()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "WARNING",
+            "API unreachable since 10:00:05: Cannot connect to host 10.96.0.1:443; "
+            "keeping the last data and retrying",
+        ),
+        ("INFO", "API back after 25.2s"),
+    ]
+    caplog.clear()
+    reachability.failed(TimeoutError())  # the next outage is news again
+    assert [r.getMessage() for r in caplog.records] == [
+        "API unreachable since 10:00:05: TimeoutError; keeping the last data and retrying"
+    ]

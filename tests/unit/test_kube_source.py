@@ -4,6 +4,8 @@ initial sync in pages, events of each kind, 410 and relist, restarts, stalls, ba
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -156,7 +158,7 @@ def test_events_of_each_kind_change_answers_within_a_second(
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             api.modify(service("svc0", "10.96.1.1"))
             assert (
                 await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.1.1"])
@@ -193,7 +195,7 @@ def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_pat
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             synced_at = len(run.published)
             api.compact()  # open watches get ERROR 410; their versions are now too old
             api.modify(service("svc2", "10.96.3.3"))
@@ -208,11 +210,13 @@ def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_pat
     assert len(relists) >= 6  # two full paged lists
 
 
-def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_path: Path) -> None:
+def test_api_server_restart_keeps_data_and_catches_up(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async def scenario() -> None:
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             await asyncio.to_thread(api.stop)
             await asyncio.sleep(0.3)  # reflectors fail and back off meanwhile
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
@@ -221,6 +225,42 @@ def test_api_server_restart_keeps_data_and_catches_up(api: FakeApiServer, tmp_pa
             await run.until(lambda: run.answer("late.shop.svc.cluster.local") == ["10.96.9.9"])
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
 
+    caplog.set_level(logging.INFO, logger="toposdns")
+    asyncio.run(scenario())
+    # One line when the API went away and one when it came back, whatever the four watches and
+    # their retries did in between.
+    problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1 and problems[0].startswith("API unreachable since "), problems
+    back = [r.getMessage() for r in caplog.records if r.getMessage().startswith("API back")]
+    assert len(back) == 1 and re.fullmatch(r"API back after \d+\.\ds", back[0]), back
+
+
+def test_a_dropped_watch_resumes_from_the_last_event(api: FakeApiServer, tmp_path: Path) -> None:
+    """A watch that breaks off resumes after the last event it delivered: starting again from
+    an older version would replay changes already served, and answers would go back in time."""
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+            for i in range(1, 6):
+                last = api.modify(service("svc0", f"10.96.5.{i}"))
+                await run.until(lambda: run.answer(svc0) == [f"10.96.5.{i}"])  # noqa: B023
+            seen = len(run.published)
+            api.requests.clear()
+            await asyncio.to_thread(api.restart)  # every watch dropped mid-stream
+            await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+            await asyncio.sleep(0.3)  # what a replay would publish, published by now
+            watch = [r for r in api.requests if r.resource == "services" and r.is_watch]
+            assert watch and watch[0].query["resourceVersion"] == last
+            answers = {
+                str(rr.rdata)
+                for snapshot in run.published[seen:]
+                for rr in resolve(tuple(svc0.split(".")), A, snapshot, CONFIG).answer
+            }
+            assert answers <= {"10.96.5.5"}, "an older state was published again"
+
+    svc0 = "svc0.shop.svc.cluster.local"
     asyncio.run(scenario())
 
 
@@ -254,7 +294,7 @@ def test_malformed_objects_are_skipped_and_the_rest_served(
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
             assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
-            api.wait_for_watches(4)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             api.modify(eps("bad", "db", ["10.1.0.7"]))  # fixed: now served
             await run.until(lambda: "10.1.0.7" in run.answer("db.shop.svc.cluster.local"), 1)
             broken = service("svc3", "10.96.0.4")
@@ -301,3 +341,34 @@ def test_a_wrong_token_never_syncs(api: FakeApiServer, tmp_path: Path) -> None:
         api_wrong.stop()
     refused = [r for r in api.requests if r.headers.get("authorization") == "Bearer other"]
     assert len(refused) > 4  # every resource asked, and asked again after backing off
+
+
+def test_a_malformed_cidr_keeps_the_locator_it_replaces(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = {**locator("node-a", "192.168.0.1", "z1", ns="toposdns"), "cidrs": ["10.244.3.0/24"]}
+    api.add(namespace("toposdns"))
+    api.add(good)
+    before = MALFORMED_OBJECTS.labels("PodLocator")._value.get()
+
+    def zone_of(snapshot: Snapshot, address: str) -> str | None:
+        placed = snapshot.place(address).locator
+        return None if placed is None else placed.node_labels["topology.kubernetes.io/zone"]
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
+            assert zone_of(run.snapshot, "10.244.3.7") == "z1"
+            api.modify({**good, "cidrs": ["10.244.3.0/24", "10.244.4.7/24"]})  # host bits set
+            api.modify(locator("client", "10.1.9.9", "z2"))  # the rest goes on
+            await run.until(lambda: zone_of(run.snapshot, "10.1.9.9") == "z2", 1)
+            assert zone_of(run.snapshot, "10.244.3.7") == "z1"  # the last good version
+            assert zone_of(run.snapshot, "10.244.4.7") is None
+
+    with caplog.at_level(logging.WARNING, logger="toposdns"):
+        asyncio.run(scenario())
+    assert MALFORMED_OBJECTS.labels("PodLocator")._value.get() == before + 1
+    messages = [record.getMessage() for record in caplog.records]
+    bad = "PodLocator toposdns/node-a: cidrs[1]: '10.244.4.7/24' has host bits set"
+    assert any(bad in message for message in messages), messages

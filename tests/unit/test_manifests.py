@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import ipaddress
+import json
 import re
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from celpy import celtypes
 
 from toposdns.cli import build_parser, given_flags
 from toposdns.config import PLUGINS, Reading
+from toposdns.controller.config import LeaseSettings
 from toposdns.corefile import expand, lex, read_corefile, server_blocks
 from toposdns.kube.resources import POD_LOCATOR
 
@@ -158,6 +160,21 @@ def rendered(directory: Path) -> tuple[Doc, ...]:
     return tuple(render(directory))
 
 
+KUSTOMIZE_DIRECTORIES = sorted(path.parent for path in KUSTOMIZATION_FILES)
+
+
+@functools.cache
+def kustomize(directory: Path) -> tuple[Doc, ...]:
+    """What `kubectl kustomize DIRECTORY` prints (the real Kustomize, built into kubectl)."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (it carries Kustomize)")
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, f"kubectl kustomize {rel(directory)}: {done.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc is not None)
+
+
 def find(docs: tuple[Doc, ...], kind: str, name: str) -> Doc:
     found = [doc for doc in docs if doc["kind"] == kind and doc["metadata"]["name"] == name]
     assert len(found) == 1, f"{kind} {name}: {len(found)} found"
@@ -224,6 +241,23 @@ def test_rendered_objects_validate(directory: Path) -> None:
         check_schema(doc)
 
 
+@pytest.mark.parametrize("directory", KUSTOMIZE_DIRECTORIES, ids=lambda path: rel(path) or "root")
+def test_kubectl_kustomize_renders(directory: Path) -> None:
+    docs = kustomize(directory)
+    assert docs
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            pass  # a custom resource (the Prometheus operator's); its own test checks it
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{rel(directory)}: {doc['kind']} {doc['metadata']['name']}: {error}")
+    # The small Kustomize above, which the other tests read, renders the same objects.
+    features = set(load(directory / "kustomization.yaml")[0])
+    if features <= {"apiVersion", "kind", "resources", "patches"}:
+        assert sorted(docs, key=object_id) == sorted(render(directory), key=object_id)
+
+
 def test_validation_is_strict() -> None:
     # The check above must catch what the API server's strict field validation rejects.
     service = copy.deepcopy(find(full(), "Service", "kube-dns"))
@@ -259,6 +293,7 @@ def test_root_kustomization_installs_everything() -> None:
     kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in full()}
     assert kinds == {
         ("CustomResourceDefinition", "podlocators.toposdns.io"),
+        ("ClusterRole", "toposdns-podlocators-view"),
         ("ServiceAccount", "toposdns"),
         ("ClusterRole", "toposdns"),
         ("ClusterRoleBinding", "toposdns"),
@@ -272,6 +307,7 @@ def test_root_kustomization_installs_everything() -> None:
         ("Role", "toposdns-controller-leader-election"),
         ("RoleBinding", "toposdns-controller-leader-election"),
         ("Deployment", "toposdns-controller"),
+        ("PodDisruptionBudget", "toposdns-controller"),
     }
 
 
@@ -346,12 +382,14 @@ def test_crd_fields_are_top_level() -> None:
         "kind",
         "metadata",
         "addresses",
+        "cidrs",
         "nodeName",
         "nodeLabels",
     }
     assert properties["addresses"]["type"] == "array"
     assert properties["addresses"]["items"]["type"] == "string"
     assert 2 <= properties["addresses"]["maxItems"] <= 16
+    assert properties["cidrs"]["items"]["type"] == "string"
     assert properties["nodeName"]["type"] == "string"
     assert properties["nodeLabels"]["additionalProperties"]["type"] == "string"
 
@@ -417,9 +455,12 @@ GOOD_LOCATOR: Doc = {
 }
 
 
+NODE_WITH_CIDRS: Doc = {**GOOD_LOCATOR, "cidrs": ["10.244.1.0/24", "fd00:10:244:1::/64"]}
+
+
 def test_printer_columns() -> None:
     columns = {column["name"]: column for column in crd_version()["additionalPrinterColumns"]}
-    assert set(columns) == {"Node", "Zone", "Addresses", "Age"}
+    assert set(columns) == {"Node", "Zone", "Addresses", "CIDRs", "Age"}
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",
@@ -427,13 +468,14 @@ def test_printer_columns() -> None:
     }
     shown = {}
     for name, column in columns.items():
-        value: Any = GOOD_LOCATOR
+        value: Any = NODE_WITH_CIDRS
         for field in jsonpath_fields(column["jsonPath"]):
             value = value[field]
         shown[name] = value
     assert shown["Node"] == "node-a"
     assert shown["Zone"] == "z1"
-    assert shown["Addresses"] == GOOD_LOCATOR["addresses"]
+    assert shown["Addresses"] == NODE_WITH_CIDRS["addresses"]
+    assert shown["CIDRs"] == NODE_WITH_CIDRS["cidrs"]
 
 
 # The OpenAPI keywords validate() below implements; the schema must use no other.
@@ -519,15 +561,74 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return address
 
 
+class CIDR:
+    """A value of the Kubernetes CEL type net.CIDR: the address as written (host bits kept,
+    as Go's netip.Prefix keeps them) and its prefix."""
+
+    def __init__(self, interface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
+        self.address = interface.ip
+        self.network = interface.network
+
+
+def parse_cidr(text: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface | None:
+    # Kubernetes' isCIDR()/cidr() parse with Go's netip.ParsePrefix: an address (as parse_ip
+    # takes it), '/', and a length in decimal without leading zeros; host bits are kept.
+    address, slash, length = text.partition("/")
+    if not slash or parse_ip(address) is None or not re.fullmatch(r"0|[1-9][0-9]{0,2}", length):
+        return None
+    try:
+        return ipaddress.ip_interface(text)
+    except ValueError:
+        return None
+
+
+def cel_is_cidr(text: celtypes.StringType) -> celtypes.BoolType:
+    return celtypes.BoolType(parse_cidr(str(text)) is not None)
+
+
+def cel_cidr(text: celtypes.StringType) -> CIDR:
+    interface = parse_cidr(str(text))
+    if interface is None:
+        raise ValueError(f"network address parse error during conversion from string: {text!r}")
+    return CIDR(interface)
+
+
+def cel_masked(cidr: CIDR) -> CIDR:
+    return CIDR(ipaddress.ip_interface(cidr.network))
+
+
+def cel_ip(value: Any) -> IP:
+    # ip(string) parses; cidr.ip() (a member call, the same name to celpy) is its address.
+    if isinstance(value, CIDR):
+        return IP(value.address)
+    address = parse_ip(str(value))
+    if address is None:
+        raise ValueError(f"IP Address {value!r} parse error")
+    return IP(address)
+
+
+def cel_prefix_length(cidr: CIDR) -> celtypes.IntType:
+    return celtypes.IntType(cidr.network.prefixlen)
+
+
+def cel_family(ip: IP) -> celtypes.IntType:
+    return celtypes.IntType(ip.address.version)
+
+
+def cel_contains_ip(cidr: CIDR, ip: Any) -> celtypes.BoolType:
+    address = ip.address if isinstance(ip, IP) else cel_ip(ip).address
+    return celtypes.BoolType(address in cidr.network)
+
+
+def cel_string(value: Any) -> celtypes.StringType:
+    # string() of a net.CIDR is Go's netip.Prefix.String(): the address as written, '/', length.
+    if isinstance(value, CIDR):
+        return celtypes.StringType(f"{value.address}/{value.network.prefixlen}")
+    return celtypes.StringType(value)
+
+
 def cel_is_ip(text: celtypes.StringType) -> celtypes.BoolType:
     return celtypes.BoolType(parse_ip(str(text)) is not None)
-
-
-def cel_ip(text: celtypes.StringType) -> IP:
-    address = parse_ip(str(text))
-    if address is None:
-        raise ValueError(f"IP Address {text!r} parse error")
-    return IP(address)
 
 
 def cel_is_global_unicast(ip: IP) -> celtypes.BoolType:
@@ -549,6 +650,13 @@ CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "isIP": cel_is_ip,
     "ip": cel_ip,
     "isGlobalUnicast": cel_is_global_unicast,
+    "isCIDR": cel_is_cidr,
+    "cidr": cel_cidr,
+    "masked": cel_masked,
+    "prefixLength": cel_prefix_length,
+    "family": cel_family,
+    "containsIP": cel_contains_ip,
+    "string": cel_string,
 }
 
 
@@ -573,11 +681,19 @@ def test_cel_functions_follow_kubernetes() -> None:
     for bad in ("010.0.0.1", "10.0.0.1/8", "fe80::1%eth0", "::ffff:10.0.0.1", "", "node-a"):
         assert not evaluate_rule("isIP(self)", bad), bad
     assert not evaluate_rule("ip(self).isGlobalUnicast()", "nonsense")  # an error fails
+    assert evaluate_rule("isCIDR(self)", "10.244.3.7/24")
+    for bad in ("10.244.3.0", "10.244.3.0/024", "10.244.3.0/33", "fd00::%eth0/64", "x/8", ""):
+        assert not evaluate_rule("isCIDR(self)", bad), bad
+    assert evaluate_rule("string(cidr(self).masked()) == '10.244.3.0/24'", "10.244.3.7/24")
+    assert evaluate_rule("string(cidr(self)) == self", "10.244.3.7/24")
+    assert evaluate_rule("cidr(self).ip().family() == 6", "fd00::/64")
+    assert evaluate_rule("cidr(self).containsIP('10.1.2.3')", "10.0.0.0/8")
 
 
-def with_change(change: Callable[[Doc], None]) -> Doc:
+def with_change(*changes: Callable[[Doc], None]) -> Doc:
     locator = copy.deepcopy(GOOD_LOCATOR)
-    change(locator)
+    for change in changes:
+        change(locator)
     return locator
 
 
@@ -618,6 +734,11 @@ GOOD_CASES = {
     "empty label value": with_change(set_label("example.com/spot", "")),
     "63-character name": with_change(set_label("a" * 63, "x")),
     "253-character prefix": with_change(set_label(LONG_PREFIX[:253].rstrip(".") + "/x", "y")),
+    "node with pod ranges": NODE_WITH_CIDRS,
+    "cidrs only": with_change(drop("addresses"), set_field("cidrs", ["10.244.3.0/24"])),
+    "nested prefixes": with_change(set_field("cidrs", ["10.0.0.0/8", "10.244.3.0/26"])),
+    "IPv6 /32": with_change(set_field("cidrs", ["2001:db8::/32"])),
+    "host route": with_change(set_field("cidrs", ["10.244.3.7/32", "fd00::7/128"])),
 }
 
 BAD_CASES = {
@@ -662,6 +783,29 @@ BAD_CASES = {
         set_field("nodeLabels", {f"example.com/k{i}": "v" for i in range(64)})
     ),
     "unknown field": with_change(set_field("spec", {"addresses": ["10.0.0.1"]})),
+    "neither addresses nor cidrs": with_change(drop("addresses")),
+    "empty cidrs": with_change(set_field("cidrs", [])),
+    "CIDR host bits set": with_change(set_field("cidrs", ["10.244.3.7/24"])),
+    "CIDR IPv6 host bits set": with_change(set_field("cidrs", ["fd00:10:244:3::1/64"])),
+    "CIDR not canonical": with_change(set_field("cidrs", ["FD00:10:244:3:0::/64"])),
+    "CIDR without length": with_change(set_field("cidrs", ["10.244.3.0"])),
+    "CIDR length too long": with_change(set_field("cidrs", ["10.244.3.0/33"])),
+    "CIDR length leading zero": with_change(set_field("cidrs", ["10.244.3.0/024"])),
+    "CIDR not an address": with_change(set_field("cidrs", ["node-a/24"])),
+    "CIDR shorter than /8": with_change(set_field("cidrs", ["8.0.0.0/7"])),
+    "CIDR IPv6 shorter than /32": with_change(set_field("cidrs", ["fd00::/16"])),
+    "CIDR loopback": with_change(set_field("cidrs", ["127.0.0.0/8"])),
+    "CIDR link-local": with_change(set_field("cidrs", ["169.254.0.0/16"])),
+    "CIDR holding link-local": with_change(set_field("cidrs", ["169.0.0.0/8"])),
+    "CIDR IPv6 link-local": with_change(set_field("cidrs", ["fe80::/64"])),
+    "CIDR multicast": with_change(set_field("cidrs", ["224.0.0.0/24"])),
+    "CIDR IPv6 multicast": with_change(set_field("cidrs", ["ff02::/64"])),
+    "CIDR unspecified": with_change(set_field("cidrs", ["0.0.0.0/8"])),
+    "CIDR IPv6 unspecified": with_change(set_field("cidrs", ["::/32"])),
+    "CIDR IPv4-mapped": with_change(set_field("cidrs", ["::ffff:10.0.0.0/104"])),
+    "duplicate CIDR": with_change(set_field("cidrs", ["10.244.3.0/24", "10.244.3.0/24"])),
+    "too many CIDRs": with_change(set_field("cidrs", [f"10.{i}.0.0/16" for i in range(65)])),
+    "CIDRs not a list": with_change(set_field("cidrs", "10.244.3.0/24")),
 }
 
 
@@ -678,10 +822,15 @@ def test_schema_rejects(locator: Doc) -> None:
 # --- RBAC ---------------------------------------------------------------------------------------
 
 
-def grants(role: Doc) -> set[tuple[str, str, str]]:
+def grants(role: Doc, named: str | None = None) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the role grants: on every object, or with `named`, on that one."""
     result = set()
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames or URLs"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no URLs"
+        if named is None and "resourceNames" in rule:
+            continue
+        if named is not None and named not in rule.get("resourceNames", [named]):
+            continue
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
@@ -709,12 +858,52 @@ def test_controller_rights() -> None:
     assert grants(find(full(), "ClusterRole", "toposdns-controller")) == every(
         [("", "pods"), ("", "nodes")], ["list", "watch"]
     ) | every(
+        # The calls the controller makes, no more (no patch: updates are whole PUTs).
         [("toposdns.io", "podlocators")],
-        ["get", "list", "watch", "create", "update", "patch", "delete"],
+        ["get", "list", "watch", "create", "update", "delete"],
     )
     role = find(full(), "Role", "toposdns-controller-leader-election")
     assert role["metadata"]["namespace"] == "toposdns"
-    assert grants(role) == every([("coordination.k8s.io", "leases")], ["get", "create", "update"])
+    # Its own Lease only; `create` cannot be limited by name.
+    leases = [("coordination.k8s.io", "leases")]
+    assert grants(role) == every(leases, ["create"])
+    args = build_parser().parse_args(container(controller_deployment())["args"])
+    lease_name = args.lease_name
+    assert lease_name == LeaseSettings().name, "the manifest runs the default --lease-name"
+    assert grants(role, lease_name) == every(leases, ["get", "create", "update"])
+    assert grants(role, "someone-elses-lease") == every(leases, ["create"])
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
+AGGREGATE_TO = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZE_DIRECTORIES, ids=lambda path: rel(path) or "root")
+def test_only_the_controller_writes_podlocators(directory: Path) -> None:
+    # Whoever writes a PodLocator places any client: no namespace admin or editor may.
+    writers = []
+    for doc in kustomize(directory):
+        if doc["kind"] not in ("ClusterRole", "Role"):
+            continue
+        labels = doc["metadata"].get("labels", {})
+        aggregated = {key for key, value in labels.items() if key.startswith(AGGREGATE_TO)}
+        writes = {
+            verb
+            for rule in doc.get("rules", [])
+            if {"toposdns.io", "*"} & set(rule["apiGroups"])
+            for verb in rule["verbs"]
+        } & WRITE_VERBS
+        if writes:
+            writers.append(doc["metadata"]["name"])
+            assert not aggregated, f"{doc['metadata']['name']} writes locators and aggregates"
+        assert not {AGGREGATE_TO + "admin", AGGREGATE_TO + "edit"} & aggregated, doc["metadata"]
+    assert set(writers) <= {"toposdns-controller"}
+
+
+def test_podlocators_view_role_reads_only() -> None:
+    role = find(full(), "ClusterRole", "toposdns-podlocators-view")
+    assert grants(role) == every([("toposdns.io", "podlocators")], ["get", "list", "watch"])
+    assert role["metadata"]["labels"][AGGREGATE_TO + "view"] == "true"
 
 
 def test_no_wildcards_or_secrets() -> None:
@@ -884,7 +1073,8 @@ def test_dns_container() -> None:
         ("liveness-probe", 8080, "TCP"),
         ("readiness-probe", 8181, "TCP"),
     }
-    assert "command" not in item, "the image's ENTRYPOINT is toposdns"
+    # toposdns on the image's interpreter without file capabilities (tests/unit/test_dockerfile.py).
+    assert item["command"] == ["/opt/venv/bin/python3", "-m", "toposdns"]
     assert item["args"][0] == "serve"
     options = flags(item["args"])
     assert options["--listen"].rpartition(":")[2] == "53"
@@ -950,6 +1140,13 @@ def test_controller() -> None:
     for probe in (item["livenessProbe"], item["readinessProbe"]):
         assert port_number(spec, probe["httpGet"]["port"]) == http_port
     assert spec["terminationGracePeriodSeconds"] > 0
+    # While no controller runs, new pods get no locator: keep one through drains and pressure.
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    budget = find(full(), "PodDisruptionBudget", "toposdns-controller")
+    assert budget["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+    assert selects(budget["spec"]["selector"]["matchLabels"], spec_labels(deployment))
+    assert not selects(budget["spec"]["selector"]["matchLabels"], spec_labels(dns_deployment()))
 
 
 def images(docs: tuple[Doc, ...]) -> Iterator[tuple[str, Doc]]:
@@ -1058,11 +1255,22 @@ def test_forward_overlay_leaves_kube_dns_to_coredns() -> None:
     }
 
 
-def test_forward_overlay_trusts_ecs() -> None:
-    options = flags(container(dns_deployment(rendered(FORWARD)))["args"])
-    networks = [ipaddress.ip_network(cidr) for cidr in options["--ecs-trust"].split(",")]
-    assert networks and all(network.is_private for network in networks)
-    assert "--ecs-trust" not in flags(container(dns_deployment())["args"])
+def test_forward_overlay_trusts_ecs_from_corednss_pods_only() -> None:
+    docs = rendered(FORWARD)
+    options = flags(container(dns_deployment(docs))["args"])
+    # Not a pod CIDR, from which any pod could pick where it is placed.
+    assert "--ecs-trust" not in options
+    config = Reading().read_flags({"--ecs-trust-service": options["--ecs-trust-service"]}).done()
+    (trusted,) = config.toposdns.ecs_trust_services
+    # CoreDNS's Service, which the overlay leaves to CoreDNS and does not ship.
+    assert trusted == ("kube-system", "kube-dns")
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kube-dns"]
+    # The DNS pods read EndpointSlices anyway: the trusted set needs no new right.
+    assert ("discovery.k8s.io", "endpointslices", "watch") in grants(
+        find(docs, "ClusterRole", "toposdns")
+    )
+    for flag in ("--ecs-trust", "--ecs-trust-service"):
+        assert flag not in flags(container(dns_deployment())["args"])
 
 
 def test_corefile_block_forwards_the_cluster_zone_with_ecs() -> None:
@@ -1086,6 +1294,139 @@ def test_corefile_block_parser() -> None:
     text = "a:53 {\n  errors\n  forward . 1.2.3.4 {\n    max_fails 2\n  }\n}\nb:53 {\n  cache\n}\n"
     assert corefile_block(text, "a:53") == ["errors", "forward . 1.2.3.4"]
     assert corefile_block(text, "b:53") == ["cache"]
+
+
+# --- autoscaling ----------------------------------------------------------------------------------
+
+AUTOSCALING = MANIFESTS / "autoscaling"
+AUTOSCALING_HPA = MANIFESTS / "autoscaling-hpa"
+
+
+def linear_ladder(params: Doc, cores: int, nodes: int) -> int:
+    """The cluster-proportional-autoscaler's linear mode, as its README defines it."""
+    replicas = max(-(-cores // params["coresPerReplica"]), -(-nodes // params["nodesPerReplica"]))
+    if params.get("preventSinglePointFailure") and nodes > 1:
+        replicas = max(replicas, 2)
+    return int(max(replicas, params.get("min", 0)))
+
+
+def test_autoscaler_targets_the_dns_deployment() -> None:
+    # Applied next to the install: the autoscaler's own objects, none of the install's (the
+    # DNS Deployment, its budget) changed.
+    docs = kustomize(AUTOSCALING)
+    assert not {object_id(doc) for doc in full()} & {object_id(doc) for doc in docs}
+    scaler = find(docs, "Deployment", "toposdns-autoscaler")
+    item = container(scaler)
+    assert item["image"].startswith("registry.k8s.io/cpa/cluster-proportional-autoscaler:v")
+    options = flags(item["command"])  # the first word is the binary
+    dns = dns_deployment()
+    namespace = dns["metadata"]["namespace"]
+    assert options["--target"] == f"Deployment/{dns['metadata']['name']}"
+    assert options["--namespace"] == namespace == scaler["metadata"]["namespace"]
+    config = find(docs, "ConfigMap", options["--configmap"])
+    assert config["metadata"]["namespace"] == namespace
+    params = json.loads(config["data"]["linear"])
+    # kube-dns-autoscaler's ladder, never below the Deployment's own two replicas.
+    assert (params["coresPerReplica"], params["nodesPerReplica"]) == (256, 16)
+    assert params["min"] == dns["spec"]["replicas"] == 2
+    assert [
+        linear_ladder(params, cores, nodes)
+        for cores, nodes in [(4, 1), (64, 16), (400, 50), (4096, 100)]
+    ] == [2, 2, 4, 16]
+    # Least privilege: its own ladder, its one target's scale, and the nodes to count.
+    role = find(docs, "Role", "toposdns-autoscaler")
+    assert grants(role) == set()
+    assert grants(role, "toposdns") == every([("apps", "deployments/scale")], ["get", "update"])
+    assert grants(role, options["--configmap"]) == every([("", "configmaps")], ["get"])
+    assert grants(find(docs, "ClusterRole", "toposdns-autoscaler")) == every(
+        [("", "nodes")], ["list", "watch"]
+    )
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        binding = find(docs, kind, "toposdns-autoscaler")
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": pod_spec(scaler)["serviceAccountName"],
+                "namespace": namespace,
+            }
+        ]
+
+
+def test_hpa_targets_the_dns_deployment() -> None:
+    docs = kustomize(AUTOSCALING_HPA)
+    assert not {object_id(doc) for doc in full()} & {object_id(doc) for doc in docs}
+    hpa = find(docs, "HorizontalPodAutoscaler", "toposdns")
+    dns = dns_deployment()
+    assert hpa["metadata"]["namespace"] == dns["metadata"]["namespace"]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": dns["metadata"]["name"],
+    }
+    assert hpa["spec"]["minReplicas"] == dns["spec"]["replicas"] == 2
+    assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    # Utilization is of the request, which the DNS container must have.
+    assert "cpu" in container(dns)["resources"]["requests"]
+    # Not both autoscalers at once.
+    assert not [d for d in docs if d["metadata"]["name"] == "toposdns-autoscaler"]
+
+
+# --- network policies -----------------------------------------------------------------------------
+
+NETWORK_POLICY = MANIFESTS / "network-policy"
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+API_SERVER = {("TCP", 443), ("TCP", 6443)}
+
+
+def rule_ports(rule: Doc) -> set[tuple[str, int]]:
+    return {(port["protocol"], port["port"]) for port in rule["ports"]}
+
+
+def policy_for(deployment: Doc) -> Doc:
+    (policy,) = [
+        doc
+        for doc in kustomize(NETWORK_POLICY)
+        if doc["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+        and selects(doc["spec"]["podSelector"]["matchLabels"], spec_labels(deployment))
+    ]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    return policy
+
+
+def test_dns_network_policy() -> None:
+    deployment = dns_deployment()
+    policy = policy_for(deployment)
+    assert not selects(
+        policy["spec"]["podSelector"]["matchLabels"], spec_labels(controller_deployment())
+    )
+    options = flags(container(deployment)["args"])
+    metrics_port = int(options["--metrics"].rpartition(":")[2])
+    dns, metrics = policy["spec"]["ingress"]
+    # DNS from anywhere: pods of every namespace, and nodes (NodeLocal DNSCache).
+    assert "from" not in dns and rule_ports(dns) == {("UDP", 53), ("TCP", 53)}
+    assert metrics["from"] == [MONITORING] and rule_ports(metrics) == {("TCP", metrics_port)}
+    # /explain: on the pod's loopback only, and no rule admits its port from elsewhere.
+    explain_host, _, explain_port = options["--explain"].rpartition(":")
+    assert ipaddress.ip_address(explain_host).is_loopback
+    admitted = {port for rule in policy["spec"]["ingress"] for _, port in rule_ports(rule)}
+    assert int(explain_port) not in admitted
+    # The probes' ports come from the node, which policies always admit; none is opened wider.
+    assert admitted == {53, metrics_port}
+    upstreams, api = policy["spec"]["egress"]
+    assert "to" not in upstreams and rule_ports(upstreams) == {("UDP", 53), ("TCP", 53)}
+    assert rule_ports(api) == API_SERVER
+
+
+def test_controller_network_policy() -> None:
+    deployment = controller_deployment()
+    policy = policy_for(deployment)
+    http_port = int(flags(container(deployment)["args"])["--http"].rpartition(":")[2])
+    (metrics,) = policy["spec"]["ingress"]
+    assert metrics["from"] == [MONITORING] and rule_ports(metrics) == {("TCP", http_port)}
+    (api,) = policy["spec"]["egress"]
+    assert rule_ports(api) == API_SERVER
 
 
 # --- kubeadm's objects, with only the image swapped ---------------------------------------

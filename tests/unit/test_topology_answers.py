@@ -8,7 +8,8 @@ from typing import Any
 import dnslib
 import pytest
 
-from tests.helpers import config_of, snapshot_of
+from tests.helpers import config_of, forwarder_service, snapshot_of
+from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
@@ -274,3 +275,65 @@ def test_ecs_scope_is_zero_when_the_answer_does_not_depend_on_the_client() -> No
     responder = Responder(CONFIG, SNAPSHOT, (ipaddress.ip_network("127.0.0.0/8"),))
     reply = ask(responder, "web-0.web.shop.svc.cluster.local", "127.0.0.1", ecs="127.0.0.4/32")
     assert addresses(reply) == ["10.1.0.1"] and reply.ar[0].rdata[0].data[3] == 0
+
+
+# --- ECS trusted from a Service's endpoints (--ecs-trust-service) -------------------------------
+
+FORWARDERS = TrustedService("kube-system", "coredns")
+
+
+def forwarder_objects(*endpoints: str) -> list[dict[str, Any]]:
+    """OBJECTS plus a `kube-system/coredns` Service whose ready endpoints are `endpoints` (and a
+    not-ready one, which is no forwarder to trust)."""
+    return [
+        *OBJECTS,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
+        *forwarder_service(*endpoints, not_ready=["127.0.0.102"]),
+    ]
+
+
+WEB = "web.shop.svc.cluster.local"
+EVERY_WEB = ["10.1.0.1", "10.3.0.1", "10.3.0.2"]  # an unplaced client under a list ending in *
+NODE_C_WEB = ["10.3.0.1", "10.3.0.2"]  # 127.0.0.4's answer: node-c's endpoints
+
+
+def scope(reply: dnslib.DNSRecord) -> int:
+    (option,) = reply.ar[0].rdata
+    return int(option.data[3])
+
+
+def test_ecs_from_outside_the_trusted_service_changes_nothing() -> None:
+    responder = Responder(CONFIG, snapshot_of(forwarder_objects("127.0.0.100")), (FORWARDERS,))
+    # Placed by its own address (node-a), the ECS option ignored: scope 0.
+    reply = ask(responder, WEB, "127.0.0.2", ecs="127.0.0.4/32")
+    assert addresses(reply) == ["10.1.0.1"] and scope(reply) == 0
+    # Nobody's address: unplaced, whatever it claims.
+    for outsider in ("127.0.0.101", "127.0.0.102", "10.96.0.20"):
+        reply = ask(responder, WEB, outsider, ecs="127.0.0.4/32")
+        assert addresses(reply) == EVERY_WEB and scope(reply) == 0, outsider
+
+
+def test_ecs_from_an_endpoint_of_the_trusted_service_places_the_client() -> None:
+    trust = (ipaddress.ip_network("127.0.0.200/32"), FORWARDERS)  # both flags together
+    objects = forwarder_objects("127.0.0.100", "127.0.0.103")
+    responder = Responder(CONFIG, snapshot_of(objects), trust)
+    for forwarder in ("127.0.0.100", "127.0.0.103", "127.0.0.200"):
+        reply = ask(responder, WEB, forwarder, ecs="127.0.0.4/32")
+        assert addresses(reply) == NODE_C_WEB and scope(reply) == 32, forwarder
+        # Without ECS, the forwarder is placed by its own address, like any client.
+        assert addresses(ask(responder, WEB, forwarder)) == EVERY_WEB
+
+
+def test_the_trusted_set_follows_the_endpoints() -> None:
+    responder = Responder(CONFIG, snapshot_of(forwarder_objects("127.0.0.100")), (FORWARDERS,))
+    assert addresses(ask(responder, WEB, "127.0.0.100", ecs="127.0.0.4/32")) == NODE_C_WEB
+    assert addresses(ask(responder, WEB, "127.0.0.101", ecs="127.0.0.4/32")) == EVERY_WEB
+    # The forwarder pod is replaced: the old address is trusted no longer, the new one is.
+    responder.update(snapshot_of(forwarder_objects("127.0.0.101")))
+    assert addresses(ask(responder, WEB, "127.0.0.100", ecs="127.0.0.4/32")) == EVERY_WEB
+    assert addresses(ask(responder, WEB, "127.0.0.101", ecs="127.0.0.4/32")) == NODE_C_WEB
+    # The Service loses its endpoints (or goes): nothing is trusted.
+    responder.update(snapshot_of(forwarder_objects()))
+    assert addresses(ask(responder, WEB, "127.0.0.101", ecs="127.0.0.4/32")) == EVERY_WEB
+    responder.update(snapshot_of(OBJECTS))
+    assert addresses(ask(responder, WEB, "127.0.0.101", ecs="127.0.0.4/32")) == EVERY_WEB

@@ -73,6 +73,7 @@ class LeaseElector:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.api = apis.coordination
+        self.reachability = apis.reachability
         self.namespace = namespace
         self.settings = settings
         self.identity = identity
@@ -263,8 +264,11 @@ class LeaseElector:
         try:
             reply = await request(call, *args, timeout=limit)
         except NETWORK_ERRORS as exc:
-            log.warning("Lease %s: %s", self.where, str(exc) or type(exc).__name__)
+            # Logged once for the whole outage, with the watches (kube/client.py Reachability).
+            self.reachability.failed(exc)
+            log.debug("Lease %s: %s", self.where, str(exc) or type(exc).__name__)
             return 0, None
+        self.reachability.answered()
         status = reply.status
         if status >= 400 and status not in (404, 409):
             hint = "; grant the Role in manifests/controller/rbac.yaml" if status == 403 else ""

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
+
+log = logging.getLogger("toposdns")
 
 #: What a request that got no answer raises: the API server is down, unreachable or too slow.
 NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
@@ -21,6 +27,38 @@ NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 class ConnectError(Exception):
     """No way to reach the cluster: neither in-cluster credentials nor a usable kubeconfig."""
+
+
+class Reachability:
+    """Whether the API server answers, for every caller of one process together: one line when
+    requests stop getting answers, one when one is answered again, however many callers retry
+    in between (each of them logs its own failures at debug level only)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.clock = clock
+        self.wall = wall
+        #: When the first unanswered request of this outage failed (clock); None while answered.
+        self.down_since: float | None = None
+
+    def failed(self, error: BaseException) -> None:
+        """A request got no answer (one of NETWORK_ERRORS)."""
+        if self.down_since is None:
+            self.down_since = self.clock()
+            log.warning(
+                "API unreachable since %s: %s; keeping the last data and retrying",
+                self.wall().strftime("%H:%M:%S"),
+                str(error) or type(error).__name__,
+            )
+
+    def answered(self) -> None:
+        """A request got an answer, whatever its status."""
+        if self.down_since is not None:
+            log.info("API back after %.1fs", self.clock() - self.down_since)
+            self.down_since = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +70,8 @@ class Apis:
     discovery: Any
     custom: Any
     coordination: Any
+    #: Shared by every caller of these APIs: one log line per outage, not one per retry.
+    reachability: Reachability = field(default_factory=Reachability)
 
 
 async def connect(kubeconfig: Path | None) -> Any:
@@ -46,12 +86,16 @@ async def connect(kubeconfig: Path | None) -> Any:
             return client.ApiClient(configuration)
         except config.ConfigException:
             pass
-    try:
-        await config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
+    # The files the client would read: --kubeconfig, else $KUBECONFIG (a list), else the default.
+    where = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if not [path for path in where.split(os.pathsep) if path and Path(path).expanduser().exists()]:
+        # Checked here: the client would log a line of its own, then fail on an empty config.
+        raise ConnectError(
+            f"not in a cluster, and the kubeconfig {where} does not exist; pass --kubeconfig FILE"
         )
+    try:
+        await config.load_kube_config(config_file=where, client_configuration=configuration)
     except (config.ConfigException, OSError) as exc:
-        where = kubeconfig or "~/.kube/config"
         raise ConnectError(
             f"not in a cluster, and cannot use the kubeconfig {where}: {exc}; "
             "pass --kubeconfig FILE"

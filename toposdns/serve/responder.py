@@ -28,7 +28,7 @@ from typing import Any
 from toposdns.metrics import AUTOPATH_SUCCESS
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
-from toposdns.resolve.client import NO_LABELS, Network
+from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import Orderings, ReplyCache, SerialReply, TopologyReplies
@@ -85,7 +85,7 @@ class Responder:
         self,
         config: ResolverConfig,
         snapshot: Snapshot,
-        ecs_trust: tuple[Network, ...] = (),
+        ecs_trust: tuple[Trust, ...] = (),
         forwarder: Forwarder | None = None,
         metrics: QueryMetrics | None = None,
         loadbalance: bool = False,
@@ -93,7 +93,7 @@ class Responder:
     ) -> None:
         self.config = config
         self.snapshot = snapshot
-        self.placer = Placer(ecs_trust)
+        self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
@@ -121,6 +121,7 @@ class Responder:
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
+        self.placer.update(snapshot)
         if snapshot.follows(previous) and snapshot.synced == previous.synced:
             for cache in self.caches.values():
                 cache.invalidate(snapshot.changes)
@@ -172,8 +173,7 @@ class Responder:
         elif not isinstance(entry, TopologyReplies):
             reply = entry.current(self.snapshot.serial)  # type: ignore[union-attr]
         else:
-            subnet = echo.subnet[0] if echo.subnet is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            labels, via_ecs = self.placer.place(source, echo.subnet)
             found = entry.get(labels, self.snapshot.serial)
             if found is None:
                 return None
@@ -236,8 +236,7 @@ class Responder:
         if not self.zones_answer(query):
             return None
         try:
-            subnet = echo.subnet[0] if echo.subnet is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            labels, via_ecs = self.placer.place(source, echo.subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
@@ -285,8 +284,8 @@ class Responder:
                 completion = self.autopath.complete(data, query, transport, source)
                 if completion is not None:
                     return self.completed(completion, data, transport, started, qtype)
-            subnet = query.ecs.address if query.ecs is not None else None
-            labels, via_ecs = self.placer.place(self.snapshot.locators, source, subnet)
+            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
+            labels, via_ecs = self.placer.place(source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
                 forwarded = self.forwarded(data, query, transport)

@@ -72,9 +72,10 @@ class UdpProtocol(asyncio.DatagramProtocol):
         responder = self.responder
         if hit.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
-            locator = responder.snapshot.locators.get(addr[0])
-            labels = NO_LABELS if locator is None else locator.node_labels
-            cached = hit.get(labels, responder.snapshot.serial)
+            placed = responder.placer.placed.get(addr[0])
+            locator = None if placed is None else placed.locator
+            labels = NO_LABELS if locator is None else locator.labels
+            cached = None if placed is None else hit.get(labels, responder.snapshot.serial)
             if cached is not None:
                 reply, counts = cached
                 transport.sendto(data[:2] + reply, addr)

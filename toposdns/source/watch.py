@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from toposdns.kube.client import Apis, decode, message_of, request
+from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, message_of, request
 from toposdns.kube.resources import CustomResource
 from toposdns.metrics import API_ERRORS, WATCH_RESTARTS
 
@@ -39,6 +39,10 @@ LIST_TIMEOUT = 60.0
 
 class Gone(Exception):
     """The resourceVersion asked for is no longer in the API server's history."""
+
+
+class Stalled(TimeoutError):
+    """A watch got no event or bookmark within the inactivity timeout: answered, then silent."""
 
 
 class ApiError(Exception):
@@ -123,29 +127,33 @@ class Reflector:
     ) -> None:
         self.resource = resource
         self.call = resource.call(apis)
+        self.reachability = apis.reachability
         self.sink = sink
         self.settings = settings
         self.on_page = on_page
         self.prepare: Callable[[Resource, Object], Any] = getattr(
             sink, "prepare", lambda _resource, obj: obj
         )
+        #: Where the next watch starts: the last event delivered, even when a watch broke off
+        #: (resuming from an older one would replay changes already served, and answers would
+        #: go back in time until the replay caught up). None: list first.
+        self.version: str | None = None
 
     async def run(self) -> None:
         """Forever: list when needed, watch, back off on failures."""
         name = self.resource.name
-        version: str | None = None
         delay = self.settings.backoff_initial
         while True:
             try:
-                if version is None:
-                    version = await self.list()
-                version = await self.watch(version)
+                if self.version is None:
+                    self.version = await self.list()
+                await self.watch(self.version)
                 delay = self.settings.backoff_initial
                 WATCH_RESTARTS.labels(name, "expired").inc()
             except Gone:
-                log.info("%s: resourceVersion %s is too old, listing again", name, version)
+                log.info("%s: resourceVersion %s is too old, listing again", name, self.version)
                 WATCH_RESTARTS.labels(name, "gone").inc()
-                version = None
+                self.version = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server is down, slow, or talking nonsense
@@ -153,8 +161,13 @@ class Reflector:
                 WATCH_RESTARTS.labels(name, reason).inc()
                 API_ERRORS.labels(name).inc()
                 pause = delay * random.uniform(1.0, 1.5)
-                log.warning("%s: %s; still serving the last data, retrying in %.1fs",
-                            name, _describe_error(exc), pause)  # fmt: skip
+                # No answer at all: the outage is logged once, for every resource together.
+                unanswered = isinstance(exc, NETWORK_ERRORS) and not isinstance(exc, Stalled)
+                if unanswered:
+                    self.reachability.failed(exc)
+                log.log(logging.DEBUG if unanswered else logging.WARNING,
+                        "%s: %s; still serving the last data, retrying in %.1fs",
+                        name, _describe_error(exc), pause)  # fmt: skip
                 await asyncio.sleep(pause)
                 delay = min(delay * 2, self.settings.backoff_max)
 
@@ -181,6 +194,7 @@ class Reflector:
     async def request(self, **params: Any) -> Object:
         """One LIST page, decoded."""
         reply = await request(self.call, timeout=LIST_TIMEOUT, **params)
+        self.reachability.answered()
         if reply.status == 410:
             raise Gone()
         if reply.status != 200:
@@ -190,8 +204,9 @@ class Reflector:
         return reply.body
 
     async def watch(self, version: str) -> str:
-        """Watch from `version`, delivering events; return the last version when the server
-        ends the watch. Raises Gone, ApiError, TimeoutError (inactivity) or a network error."""
+        """Watch from `version`, delivering events and keeping `self.version` at the last;
+        return it when the server ends the watch. Raises Gone, ApiError, TimeoutError
+        (inactivity) or a network error."""
         seconds = int(self.settings.watch_seconds * random.uniform(1.0, 2.0))
         response = await self.call(
             watch=True,
@@ -200,6 +215,7 @@ class Reflector:
             timeout_seconds=seconds,
             _request_timeout=seconds + self.settings.inactivity,
         )
+        self.reachability.answered()
         try:
             if response.status == 410:
                 raise Gone()
@@ -208,8 +224,11 @@ class Reflector:
                 raise ApiError(self.resource.name, response.status, message_of(decode(data)))
             pending = b""
             while True:
-                async with asyncio.timeout(self.settings.inactivity):
-                    chunk = await response.content.readany()
+                try:
+                    async with asyncio.timeout(self.settings.inactivity):
+                        chunk = await response.content.readany()
+                except TimeoutError:
+                    raise Stalled() from None
                 if not chunk:
                     return version
                 # Lines can be longer than aiohttp's line limit (large EndpointSlices).
@@ -217,7 +236,7 @@ class Reflector:
                 pending = lines.pop()
                 for line in lines:
                     if line.strip():
-                        version = self.apply(json.loads(line), version)
+                        version = self.version = self.apply(json.loads(line), version)
         finally:
             response.release()
 
@@ -252,6 +271,6 @@ def object_key(obj: Any) -> tuple[str, str]:
 
 
 def _describe_error(exc: Exception) -> str:
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, Stalled):
         return "no event or bookmark within the inactivity timeout"
     return str(exc) or type(exc).__name__

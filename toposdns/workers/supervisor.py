@@ -40,6 +40,7 @@ from toposdns.server import (
     answering,
     kept_where,
     raise_open_files_limit,
+    report_conflicts,
     report_invalid_policies,
     report_restart,
     start_http,
@@ -214,6 +215,7 @@ class Supervisor:
     def publish(self, snapshot: Snapshot) -> None:
         """The source's new snapshot: served by the supervisor, and sent to every worker."""
         report_invalid_policies(self.current, snapshot)
+        report_conflicts(self.current, snapshot)
         previous, self.current = self.current, snapshot
         self.batch += 1
         message: Message
