@@ -58,6 +58,8 @@ from bench.harness import (
     toposdns_command,
 )
 from bench.live_server import ready
+from toposdns.store.builder import build_snapshot
+from toposdns.store.convert import convert_object
 
 NAMESPACE = "toposdns"
 ZONE = "topology.kubernetes.io/zone"
@@ -337,34 +339,15 @@ def count_writes(server: FakeApiServer, since: int = 0) -> dict[str, int]:
 
 
 def placer(locators: Iterable[JSON]) -> Callable[[str], str | None]:
-    """Where the DNS server places addresses given these locators: an exact `addresses` match
-    first, else the longest `cidrs` prefix that holds the address, claimed by one node only.
-    Returns a function from an address to its node name (None: unplaced)."""
-    exact: dict[str, set[str]] = {}
-    prefixes: dict[tuple[int, int], set[str]] = {}  # (length, network) -> node names
-    for loc in locators:
-        for address in loc.get("addresses", ()):
-            exact.setdefault(address, set()).add(loc["nodeName"])
-        for cidr in loc.get("cidrs", ()):
-            net = ipaddress.IPv4Network(cidr)
-            prefixes.setdefault((net.prefixlen, int(net.network_address)), set()).add(
-                loc["nodeName"]
-            )
-    lengths = sorted({length for length, _ in prefixes}, reverse=True)
+    """Where the DNS server places addresses given these locators: the server's own placement
+    (`Snapshot.place`: an exact `addresses` match first, else the longest `cidrs` prefix that
+    holds the address, claimed by one locator only) over a snapshot of them. Returns a function
+    from an address to its node name (None: unplaced)."""
+    snapshot = build_snapshot([convert_object(loc) for loc in locators], serial=1)
 
     def place(address: str) -> str | None:
-        nodes = exact.get(address)
-        if nodes is None:
-            value = int(ipaddress.IPv4Address(address))
-            nodes = next(
-                (
-                    found
-                    for length in lengths
-                    if (found := prefixes.get((length, value >> (32 - length) << (32 - length))))
-                ),
-                set(),
-            )
-        return next(iter(nodes)) if len(nodes) == 1 else None
+        locator = snapshot.place(address).locator
+        return locator.node_name if locator is not None else None
 
     return place
 
