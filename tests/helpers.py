@@ -37,6 +37,9 @@ def config_of(
     endpoint_pod_names: bool = False,
     namespaces: Iterable[str] = (),
     ns_addresses: Iterable[str] = (),
+    zonal: bool = False,
+    ignore_empty_service: bool = False,
+    noendpoints: bool = False,
 ) -> ResolverConfig:
     """A resolver config from CLI-style values."""
     parsed = kubernetes({"--zone": zones or ["cluster.local"]})
@@ -48,6 +51,9 @@ def config_of(
         namespaces=frozenset(namespaces),
         ns_addresses=tuple(ns_addresses),
         primary_zone=parsed.primary_zone,
+        zonal=zonal,
+        ignore_empty_service=ignore_empty_service,
+        noendpoints=noendpoints,
     )
 
 

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import ipaddress
 import logging
+import platform
 import resource
 import socket
 import time
@@ -23,10 +24,17 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
+from toposdns import __version__
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import INVALID_POLICIES, LOCATOR_CONFLICTS
+from toposdns.metrics import (
+    BUILD_INFO,
+    INVALID_POLICIES,
+    LOCATOR_CONFLICTS,
+    PLUGIN_ENABLED,
+    SOURCE_SYNCED,
+)
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
@@ -68,6 +76,32 @@ def own_addresses(host: str) -> tuple[str, ...]:
             if not address.is_loopback and str(address) not in found:
                 found.append(str(address))
     return tuple(found)
+
+
+def plugins(config: ServeConfig) -> list[str]:
+    """The CoreDNS plugins in the query path this configuration stands for (health, ready and
+    reload are not in it, as CoreDNS's handler chain does not hold them)."""
+    names = ["errors", "kubernetes"]
+    if config.acl.policies:
+        names.append("acl")
+    if config.serves_metrics:
+        names.append("prometheus")
+    if config.upstreams:
+        names += ["forward", "cache", "loop"]
+    if config.loadbalance.round_robin:
+        names.append("loadbalance")
+    if config.autopath.enabled:
+        names.append("autopath")
+    return names
+
+
+def report_server(config: ServeConfig, port: int) -> None:
+    """coredns_build_info, and coredns_plugin_enabled for the server block `.:PORT`, as
+    CoreDNS's prometheus plugin sets them at startup."""
+    BUILD_INFO.labels(__version__, "", f"python{platform.python_version()}").set(1)
+    PLUGIN_ENABLED.clear()
+    for name in plugins(config):
+        PLUGIN_ENABLED.labels(f"dns://:{port}", ".", "", name).set(1)
 
 
 def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
@@ -214,6 +248,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
 
         def publish(snapshot: Snapshot) -> None:
             report_invalid_policies(dns.responder.snapshot, snapshot)
+            SOURCE_SYNCED.set(snapshot.synced)
             report_conflicts(dns.responder.snapshot, snapshot)
             dns.responder.update(snapshot)
 
@@ -224,6 +259,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
 
         def reconfigure(new: ServeConfig) -> None:
             report_restart(dns.reconfigure(new))
+            report_server(new, port)
 
         await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
         await start_http(config, life.stack, not_ready, dns.serving)
@@ -232,6 +268,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         life.catch_signals()
         port = await dns.start(life.stack, config.bind.port)
         log.info("serving DNS on %s:%d (udp, tcp) for %s", config.bind.host, port, zones(config))
+        report_server(config, port)
         if dns.forwarder is not None:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
             check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
@@ -340,7 +377,13 @@ async def start_source(
     life.stack.push_async_callback(api_client.close)
     # Listed objects live as long as the data: freeze what survives each page, so the
     # cyclic collector does not scan it again and again in a big sync.
-    source = KubeSource(apis_of(api_client), publish, on_page=gc.freeze, builder=builder)
+    source = KubeSource(
+        apis_of(api_client),
+        publish,
+        on_page=gc.freeze,
+        builder=builder,
+        endpoints=not config.kubernetes.noendpoints,
+    )
     task = life.start(source.run(), "source")
     await _wait_for_sync(synced, task, config.cluster.startup_timeout)
     return source

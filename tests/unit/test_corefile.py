@@ -76,6 +76,8 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
         "--pods": "verified",
         "--endpoint-pod-names": True,
         "--fallthrough": ["in-addr.arpa"],
+        "--zonal": True,
+        "--ignore-empty-service": True,
         "--upstream": "192.0.2.53:5300",
         "--max-concurrent": "10",
         "--cache-max-ttl": "30",
@@ -96,6 +98,8 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
             pods verified
             endpoint_pod_names
             fallthrough in-addr.arpa
+            zonal
+            ignore empty_service
             startup_timeout 3s
         }
         forward . 192.0.2.53:5300 {
@@ -198,6 +202,13 @@ REFUSED = [
     (".:53 {\n  kubernetes {\n    ttl\n  }\n}\n", "Corefile:3: ttl: expected one value"),
     (".:53 {\n  kubernetes {\n    startup_timeout\n  }\n}\n", "Corefile:3: startup_timeout"),
     (".:53 {\n  kubernetes in-addr.arpa\n}\n", "at least one zone must be a forward zone"),
+    (".:53 {\n  kubernetes {\n    zonal yes\n  }\n}\n", "Corefile:3: zonal yes: takes no value"),
+    (".:53 {\n  kubernetes {\n    noendpoints 1\n  }\n}\n", "noendpoints 1: takes no value"),
+    (".:53 {\n  kubernetes {\n    ignore x\n  }\n}\n", "ignore x: unable to parse ignore"),
+    (
+        ".:53 {\n  kubernetes {\n    zonal\n    noendpoints\n  }\n}\n",
+        "zonal requires the endpoint cache; remove noendpoints",
+    ),
 ]
 
 

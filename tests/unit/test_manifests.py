@@ -52,7 +52,12 @@ def load(path: Path) -> list[Doc]:
 
 YAML_FILES = sorted(MANIFESTS.rglob("*.yaml"))
 KUSTOMIZATION_FILES = [path for path in YAML_FILES if path.name == "kustomization.yaml"]
-RESOURCE_FILES = [path for path in YAML_FILES if path.name != "kustomization.yaml"]
+#: The Prometheus Operator's kinds have no schema in kubernetes-validate;
+#: tests/integration/test_alerts.py checks them (promtool, and the ServiceMonitor's selector).
+MONITORING = MANIFESTS / "monitoring"
+RESOURCE_FILES = [
+    path for path in YAML_FILES if path.name != "kustomization.yaml" and path.parent != MONITORING
+]
 
 
 def rel(path: Path) -> str:

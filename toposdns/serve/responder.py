@@ -25,7 +25,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from toposdns.metrics import AUTOPATH_SUCCESS
+from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
@@ -400,6 +400,7 @@ class Responder:
 
     def failed(self, query: Query) -> bytes:
         """SERVFAIL for a bug, with the traceback in the log."""
+        PANICS.inc()
         log.exception(
             "internal error answering %s %s; replied SERVFAIL",
             name_text(query.name),

@@ -80,6 +80,10 @@ class StoreBuilder:
             return set(self._locators)
         return {("", name) for name in self._namespaces}
 
+    def service(self, namespace: str, name: str) -> Service | None:
+        """The Service of that name, if the builder holds it."""
+        return self._services.get((namespace, name))
+
     def put(self, record: Record) -> bool:
         """Add or replace an object; False if it equals what is stored."""
         if isinstance(record, Service):
