@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,12 @@ class Sizes:
     #: None: exactly one per endpoint pod
     locators: int | None = None
     headless_every: int = 2  # service i is headless when i % headless_every == headless_every - 1
+    #: Pods take addresses from their node's /24 (node i: POD_BASE's /24 plus i), as CNIs that
+    #: allocate per node do; otherwise one after the other, whatever their node.
+    node_ranges: bool = False
+    #: Node locators carry their node's /24 and no pod has a locator of its own (node_ranges
+    #: implied); `locators` still counts the pods.
+    cidr_locators: bool = False
 
 
 @dataclass
@@ -47,6 +54,8 @@ class Cluster:
     endpoint_pods: int = 0
     pod_locators: int = 0
     node_locators: int = 0
+    #: (address, node name) of every pod, for checking where clients are placed.
+    pods: list[tuple[str, str]] = field(default_factory=list)
 
     def by_resource(self) -> dict[str, list[JSON]]:
         return {
@@ -100,22 +109,40 @@ def generate(sizes: Sizes, seed: int) -> Cluster:
         for i in range(sizes.services)
     ]
     wanted = sizes.locators
+    index = {node[0]: i for i, node in enumerate(nodes)}
+    on_node = [0] * sizes.nodes
+
+    def address(node: NodeInfo) -> str:
+        i = index[node[0]]
+        if sizes.node_ranges or sizes.cidr_locators:
+            on_node[i] += 1
+            if on_node[i] > 254:
+                raise ValueError(f"more than 254 pods on {node[0]}: its /24 is full")
+            ip = str(ipaddress.IPv4Address(node_range(i) + on_node[i]))
+        else:
+            ip = str(ipaddress.IPv4Address(POD_BASE + len(cluster.pods)))
+        cluster.pods.append((ip, node[0]))
+        return ip
+
     for i in range(sizes.slices):
         svc = cluster.services[i % sizes.services]
-        room = None if wanted is None else wanted - len(cluster.locators)
-        eps, locators = slice_object(svc, nodes, cluster.endpoint_pods, room, rng)
+        room = None if wanted is None else wanted - len(cluster.pods)
+        eps, locators = slice_object(svc, nodes, address, room, rng)
         cluster.slices.append(eps)
         cluster.locators += locators
         cluster.endpoint_pods += len(eps["endpoints"])
-    pods = cluster.endpoint_pods
-    while wanted is not None and len(cluster.locators) < wanted:
+    while wanted is not None and len(cluster.pods) < wanted:
         node = nodes[rng.randrange(sizes.nodes)]
         ns = namespaces[rng.randrange(sizes.namespaces)]
-        pods += 1
-        ip = str(ipaddress.IPv4Address(POD_BASE + pods - 1))
-        cluster.locators.append(pod_locator(f"job-{pods:06d}-{_suffix(rng)}", ns, ip, node, rng))
+        name = f"job-{len(cluster.pods) + 1:06d}-{_suffix(rng)}"
+        cluster.locators.append(pod_locator(name, ns, address(node), node, rng))
+    if sizes.cidr_locators:
+        cluster.locators = []
     cluster.pod_locators = len(cluster.locators)
-    cluster.locators += [node_locator(node) for node in nodes]
+    cluster.locators += [
+        node_locator(node, node_range(i) if sizes.cidr_locators else None)
+        for i, node in enumerate(nodes)
+    ]
     cluster.node_locators = sizes.nodes
     return cluster
 
@@ -183,18 +210,27 @@ def service_object(i: int, ns: str, headless_every: int) -> JSON:
     }
 
 
+def node_range(i: int) -> int:
+    """The first address of node i's /24."""
+    return (POD_BASE & ~0xFF) + (i << 8)
+
+
 def slice_object(
-    svc: JSON, nodes: list[NodeInfo], first_pod: int, room: int | None, rng: random.Random
+    svc: JSON,
+    nodes: list[NodeInfo],
+    address: Callable[[NodeInfo], str],
+    room: int | None,
+    rng: random.Random,
 ) -> tuple[JSON, list[JSON]]:
-    """A slice of 3-10 ready endpoints of `svc`, pods numbered from `first_pod`, and a
+    """A slice of 3-10 ready endpoints of `svc`, pods addressed by `address`, and a
     PodLocator for each of its pods while `room` (None: no limit) allows."""
     ns, name = namespace(svc), svc["metadata"]["name"]
     endpoints: list[JSON] = []
     locators: list[JSON] = []
-    for k in range(rng.randint(3, 10)):
+    for _ in range(rng.randint(3, 10)):
         node = nodes[rng.randrange(len(nodes))]
         pod = f"{name}-{_suffix(rng, 10)}-{_suffix(rng)}"
-        ip = str(ipaddress.IPv4Address(POD_BASE + first_pod + k))
+        ip = address(node)
         endpoints.append(
             {
                 "addresses": [ip],
@@ -249,8 +285,10 @@ def pod_locator(name: str, ns: str, ip: str, node: NodeInfo, rng: random.Random)
     }
 
 
-def node_locator(node: NodeInfo) -> JSON:
+def node_locator(node: NodeInfo, pod_range: int | None = None) -> JSON:
+    """A node's locator, carrying the /24 starting at `pod_range` when given."""
     name, labels, ip = node
+    cidrs = {} if pod_range is None else {"cidrs": [f"{ipaddress.IPv4Address(pod_range)}/24"]}
     return {
         "apiVersion": "toposdns.io/v1alpha1",
         "kind": "PodLocator",
@@ -260,6 +298,7 @@ def node_locator(node: NodeInfo) -> JSON:
             "labels": {"toposdns.io/locator": "node"},
         },
         "addresses": [ip],
+        **cidrs,
         "nodeName": name,
         "nodeLabels": dict(labels),
     }

@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--snapshot", type=Path, metavar="FILE", required=True)
     explain.add_argument(
-        "--client", required=True, metavar="IP", help="the client's address (a pod or node IP)"
+        "--client",
+        required=True,
+        metavar="IP[/LENGTH]",
+        help="the client's address (a pod or node IP), or a Client Subnet prefix as a forwarder "
+        "would send it",
     )
     explain.add_argument("--json", action="store_true", help="print JSON for tools")
     explain.add_argument("name", help="the query name, e.g. web.shop.svc.cluster.local")

@@ -26,8 +26,9 @@ from toposdns.resolve.autopath import (
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
+from toposdns.store.model import NODE_NAME
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Policy
+from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import RCODE_NAMES, Name
 
 # A label as typed: printable ASCII but a backslash (escapes are not read); spaces are not.
@@ -67,9 +68,11 @@ def explain(
     qtype: int,
     autopath: AutopathOptions = NO_AUTOPATH,
 ) -> Explanation:
-    """Resolve `name` for a client at `address`, keeping the topology decisions (and with
+    """Resolve `name` for a client at `address` (or in the prefix `address/length`, as a
+    forwarder's Client Subnet would give it), keeping the topology decisions (and with
     `autopath` on, the search-path walk the server would take)."""
-    client = identify(snapshot, address)
+    host, _, length = address.partition("/")
+    client = identify(snapshot, host, bool(length), int(length) if length else None)
     decisions: list[Decision] = []
     answer = resolve(name, qtype, snapshot, config, client.labels, decisions)
     steps = None
@@ -109,12 +112,20 @@ def _walk(
 
 def parse_question(address: str, name: str, qtype: str) -> tuple[str, Name, int]:
     """The client address, name and type of an explain request (the command line's arguments,
-    or the parameters of /explain), checked; ValueError says what is wrong."""
+    or the parameters of /explain), checked; ValueError says what is wrong. The client may be
+    a prefix, `ADDRESS/LENGTH`, as a forwarder's Client Subnet gives it (the bits past LENGTH
+    are cleared, as the forwarder clears them)."""
     try:
-        ipaddress.ip_address(address)
+        if "/" in address:
+            address = str(ipaddress.ip_network(address, strict=False))
+        else:
+            ipaddress.ip_address(address)
     except ValueError:
         shown = _shown(address)
-        raise ValueError(f"client {shown} does not appear to be an IPv4 or IPv6 address") from None
+        raise ValueError(
+            f"client {shown} does not appear to be an IPv4 or IPv6 address, or a prefix "
+            "ADDRESS/LENGTH"
+        ) from None
     try:
         code = type_code(qtype)
     except ValueError:
@@ -164,22 +175,44 @@ def _service_policy(
 
 
 def _labels_text(labels: Any) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(none)"
+    return ", ".join(f"{k}={v}" for k, v in sorted(_node_labels(labels).items())) or "(none)"
+
+
+def _node_labels(labels: Labels) -> dict[str, str]:
+    """The labels as the locator or slice gives them, without the node name that topology
+    compares too (NODE_NAME), which the client line and `node` fields show."""
+    return {key: value for key, value in labels.items() if key != NODE_NAME}
 
 
 def _placement(client: Client) -> str:
     locator = client.locator
+    placement = client.placement
+    if placement.conflict:
+        names = " and ".join(f"{held.namespace}/{held.name}" for held in placement.conflict)
+        return (
+            f"PodLocators {names} all claim {placement.via}, the longest prefix holding it: "
+            "nobody inside it is placed, the client has no labels"
+        )
     if locator is None:
-        return "no PodLocator holds this address: the client has no labels"
+        if client.length is not None:
+            return "no PodLocator CIDR holds all of this prefix: the client has no labels"
+        return "no PodLocator holds this address or a prefix of it: the client has no labels"
     kind = "node locator" if locator.is_node else "PodLocator"
-    return f"{kind} {locator.namespace}/{locator.name} on node {locator.node_name or '?'}"
+    found = f"{kind} {locator.namespace}/{locator.name} on node {locator.node_name or '?'}"
+    if placement.via != client.address:
+        return f"{found}, through its CIDR {placement.via}"
+    return f"{found}, through its address {placement.via}"
+
+
+def _client_text(client: Client) -> str:
+    return client.address if client.length is None else f"{client.address}/{client.length}"
 
 
 def render_text(result: Explanation) -> str:
     """The explanation for a person."""
     client = result.client
     lines = [
-        f"client {client.address}: {_placement(client)}",
+        f"client {_client_text(client)}: {_placement(client)}",
         f"  labels: {_labels_text(client.labels)}",
         f"question: {name_text(result.name)} {type_name(result.qtype)}",
     ]
@@ -244,7 +277,7 @@ def render_json(result: Explanation) -> dict[str, Any]:
     answer = result.answer
     return {
         "client": {
-            "address": client.address,
+            "address": _client_text(client),
             "locator": None
             if locator is None
             else {
@@ -252,8 +285,11 @@ def render_json(result: Explanation) -> dict[str, Any]:
                 "name": locator.name,
                 "node": locator.node_name,
                 "kind": "node" if locator.is_node else "pod",
+                "via": "address" if client.placement.via == client.address else "cidr",
+                "matched": client.placement.via,
             },
-            "labels": dict(client.labels),
+            "conflict": [f"{held.namespace}/{held.name}" for held in client.placement.conflict],
+            "labels": _node_labels(client.labels),
         },
         "question": {"name": name_text(result.name), "type": type_name(result.qtype)},
         "topology": [
@@ -263,13 +299,14 @@ def render_json(result: Explanation) -> dict[str, Any]:
                     "source": d.policy.source,
                     "keys": list(d.policy.keys),
                     "hints": d.policy.hints,
+                    "node_hints": d.policy.node_hints,
                     "valid": not d.policy.errors,
                     "errors": list(d.policy.errors),
                 },
                 "candidates": [
                     {
                         "addresses": list(ep.addresses),
-                        "labels": dict(labels),
+                        "labels": _node_labels(labels),
                         "chosen": i in d.selection.chosen,
                     }
                     for i, (ep, labels) in enumerate(d.candidates)

@@ -7,9 +7,49 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+# The server itself, as CoreDNS's `prometheus` and `reload` plugins export it.
+BUILD_INFO = Gauge(
+    "coredns_build_info",
+    "A metric with a constant '1' value labeled by version, revision, and goversion from which "
+    "the server was built (goversion: the Python runtime here).",
+    ["version", "revision", "goversion"],
+)
+PLUGIN_ENABLED = Gauge(
+    "coredns_plugin_enabled",
+    "A metric that indicates whether a plugin is enabled on per server and zone basis.",
+    ["server", "zone", "view", "name"],
+)
+PANICS = Counter(
+    "coredns_panics",
+    "Internal errors while answering a query (each answered SERVFAIL, its traceback logged).",
+)
+RELOAD_FAILED = Counter("coredns_reload_failed", "Counter of the number of failed reload attempts.")
+RELOAD_VERSION = Gauge(
+    "coredns_reload_version_info",
+    "A metric with a constant '1' value labeled by hash, and value which type of hash generated.",
+    ["hash", "value"],
+)
+DNS_PROGRAMMING_DURATION = Histogram(
+    "coredns_kubernetes_dns_programming_duration_seconds",
+    "Histogram of the time (in seconds) it took to program a dns instance: from an "
+    "EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time to its arrival here.",
+    ["service_kind"],
+    buckets=[0.001 * 2**k for k in range(20)],  # 1 ms to about 17 minutes, as CoreDNS's
+)
+
 INVALID_POLICIES = Counter(
     "toposdns_invalid_topology_policies",
     "Topology policies ignored because they are invalid, counted once per change.",
+)
+LOCATOR_CONFLICTS = Counter(
+    "toposdns_locator_conflicts",
+    "Prefixes claimed by two or more PodLocators (nobody inside them is placed), counted once "
+    "per change of their claimants.",
+)
+UNPLACED_SUBNETS = Counter(
+    "toposdns_unplaced_client_subnets",
+    "Client Subnet prefix lengths shorter than a host that no PodLocator CIDR held whole, "
+    "counted once per forwarder and prefix length.",
 )
 WATCH_RESTARTS = Counter(
     "toposdns_watch_restarts",
@@ -21,6 +61,11 @@ API_ERRORS = Counter(
     "toposdns_kubernetes_api_errors",
     "Failed list or watch requests to the Kubernetes API, by resource.",
     ["resource"],
+)
+SOURCE_SYNCED = Gauge(
+    "toposdns_source_synced",
+    "1 once the data served has synced (every watched resource listed, or the snapshot file "
+    "loaded); until then names not found get SERVFAIL and /ready fails.",
 )
 MALFORMED_OBJECTS = Counter(
     "toposdns_malformed_objects",
@@ -59,9 +104,23 @@ FORWARD_LOOPS = Counter(
     "Queries this server sent upstream that came back to it, by upstream.",
     ["to"],
 )
-CACHE_ENTRIES = Gauge("coredns_cache_entries", "Entries in the forward cache.", ["server", "type"])
-CACHE_HITS = Counter("coredns_cache_hits", "Forward cache hits.", ["server", "type"])
-CACHE_MISSES = Counter("coredns_cache_misses", "Forward cache misses.", ["server"])
+# The forward cache, as CoreDNS's `cache` plugin in the server block `.` (labels `zones`, `view`).
+CACHE_ENTRIES = Gauge(
+    "coredns_cache_entries",
+    "The number of elements in the cache.",
+    ["server", "type", "zones", "view"],
+)
+CACHE_REQUESTS = Counter(
+    "coredns_cache_requests", "The count of cache requests.", ["server", "zones", "view"]
+)
+CACHE_HITS = Counter(
+    "coredns_cache_hits", "The count of cache hits.", ["server", "type", "zones", "view"]
+)
+CACHE_MISSES = Counter(
+    "coredns_cache_misses",
+    "The count of cache misses. Deprecated, derive misses from cache hits/requests counters.",
+    ["server", "zones", "view"],
+)
 AUTOPATH_SUCCESS = Counter(
     "coredns_autopath_success",
     "Queries answered by walking the client's search path (--autopath); unlike CoreDNS's, "
@@ -72,6 +131,7 @@ AUTOPATH_SUCCESS = Counter(
 #: (with its per-query metrics) and /metrics sums them. The supervisor never forwards, so its
 #: own copies (and those a worker inherits) stay empty.
 ANSWERING = (
+    PANICS,
     PROXY_DURATION,
     PROXY_HEALTHCHECK_FAILURES,
     FORWARD_HEALTHCHECK_BROKEN,
@@ -79,18 +139,13 @@ ANSWERING = (
     UPSTREAM_ERRORS,
     FORWARD_LOOPS,
     CACHE_ENTRIES,
+    CACHE_REQUESTS,
     CACHE_HITS,
     CACHE_MISSES,
     AUTOPATH_SUCCESS,
 )
 
 # `--workers N`: the supervisor's view of its workers.
-RELOAD_FAILED = Counter("coredns_reload_failed", "Counter of the number of failed reload attempts.")
-RELOAD_VERSION = Gauge(
-    "coredns_reload_version_info",
-    "A metric with a constant '1' value labeled by hash, and value which type of hash generated.",
-    ["hash", "value"],
-)
 WORKER_RESTARTS = Counter(
     "toposdns_worker_restarts", "Worker processes that ended and were started again."
 )

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import ipaddress
 import logging
+import platform
 import resource
 import socket
 import time
@@ -23,16 +24,25 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
+from toposdns import __version__
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import INVALID_POLICIES
+from toposdns.metrics import (
+    BUILD_INFO,
+    INVALID_POLICIES,
+    LOCATOR_CONFLICTS,
+    PLUGIN_ENABLED,
+    SOURCE_SYNCED,
+)
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.acl import Acl, Screen
+from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_metrics import QueryMetrics
@@ -43,6 +53,7 @@ from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.builder import StoreBuilder
+from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
 
@@ -69,6 +80,32 @@ def own_addresses(host: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def plugins(config: ServeConfig) -> list[str]:
+    """The CoreDNS plugins in the query path this configuration stands for (health, ready and
+    reload are not in it, as CoreDNS's handler chain does not hold them)."""
+    names = ["errors", "kubernetes"]
+    if config.acl.policies:
+        names.append("acl")
+    if config.serves_metrics:
+        names.append("prometheus")
+    if config.upstreams:
+        names += ["forward", "cache", "loop"]
+    if config.loadbalance.round_robin:
+        names.append("loadbalance")
+    if config.autopath.enabled:
+        names.append("autopath")
+    return names
+
+
+def report_server(config: ServeConfig, port: int) -> None:
+    """coredns_build_info, and coredns_plugin_enabled for the server block `.:PORT`, as
+    CoreDNS's prometheus plugin sets them at startup."""
+    BUILD_INFO.labels(__version__, "", f"python{platform.python_version()}").set(1)
+    PLUGIN_ENABLED.clear()
+    for name in plugins(config):
+        PLUGIN_ENABLED.labels(f"dns://:{port}", ".", "", name).set(1)
+
+
 def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
     """Log and count each invalid topology policy once, when it appears or changes."""
     # A snapshot that follows the last one can only differ in the services it changed.
@@ -81,6 +118,20 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
             name,
             policy.source,
             "; ".join(policy.errors),
+        )
+
+
+def report_conflicts(old: Snapshot, new: Snapshot) -> None:
+    """Log and count each prefix that two or more PodLocators claim, once, when its claimants
+    change."""
+    changed = [w[1] for w in new.changes if w[0] == "cidr"] if new.follows(old) else None
+    for cidr, holders in prefix_conflicts(old.prefixes, new.prefixes, changed):
+        LOCATOR_CONFLICTS.inc()
+        log.warning(
+            "PodLocators %s all claim %s: no client inside it is placed by it; keep the prefix "
+            "on one locator",
+            " and ".join(f"{held.namespace}/{held.name}" for held in holders),
+            cidr,
         )
 
 
@@ -111,6 +162,9 @@ class DnsServer:
             self.metrics,
             config.loadbalance.round_robin,
             config.autopath,
+            cache_bounds(config)[0],
+            config.bufsize.size,
+            not config.any.minimal,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -199,6 +253,8 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
 
         def publish(snapshot: Snapshot) -> None:
             report_invalid_policies(dns.responder.snapshot, snapshot)
+            SOURCE_SYNCED.set(snapshot.synced)
+            report_conflicts(dns.responder.snapshot, snapshot)
             dns.responder.update(snapshot)
 
         def not_ready() -> str | None:
@@ -208,6 +264,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
 
         def reconfigure(new: ServeConfig) -> None:
             report_restart(dns.reconfigure(new))
+            report_server(new, port)
 
         await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
         await start_http(config, life.stack, not_ready, dns.serving)
@@ -216,6 +273,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         life.catch_signals()
         port = await dns.start(life.stack, config.bind.port)
         log.info("serving DNS on %s:%d (udp, tcp) for %s", config.bind.host, port, zones(config))
+        report_server(config, port)
         if dns.forwarder is not None:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
             check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
@@ -291,8 +349,20 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     """The forwarder to the upstreams, if there are any."""
     if not config.upstreams:
         return None
+    cache = replace(config.cache, max_bytes=cache_bounds(config)[1])
     return Forwarder(
-        list(config.upstreams), max_concurrent=config.forward.max_concurrent, cache=config.cache
+        list(config.upstreams), max_concurrent=config.forward.max_concurrent, cache=cache
+    )
+
+
+def cache_bounds(config: ServeConfig) -> tuple[int, int]:
+    """The bytes each DNS process's reply cache and forward cache may hold: as set, else their
+    shares of the container's memory limit, split between the workers (serve/cache.py)."""
+    bounds = config.cache_bounds
+    workers = config.workers
+    return (
+        bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
+        bounds.forward_max_bytes or default_max_bytes(FORWARD_SHARE, workers, FORWARD_MAX_BYTES),
     )
 
 
@@ -324,7 +394,13 @@ async def start_source(
     life.stack.push_async_callback(api_client.close)
     # Listed objects live as long as the data: freeze what survives each page, so the
     # cyclic collector does not scan it again and again in a big sync.
-    source = KubeSource(apis_of(api_client), publish, on_page=gc.freeze, builder=builder)
+    source = KubeSource(
+        apis_of(api_client),
+        publish,
+        on_page=gc.freeze,
+        builder=builder,
+        endpoints=not config.kubernetes.noendpoints,
+    )
     task = life.start(source.run(), "source")
     await _wait_for_sync(synced, task, config.cluster.startup_timeout)
     return source

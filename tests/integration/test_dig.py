@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.integration.support import Dig, Server, dig
+from tests.integration.support import Dig, Server, StartServer, dig
 
 pytestmark = pytest.mark.integration
 
@@ -263,3 +263,16 @@ def test_apex_soa_and_dns_version(shared_server: Server) -> None:
     txt = dig(shared_server, "dns-version.cluster.local", "TXT")
     assert_positive(txt)
     assert txt.answer == [["dns-version.cluster.local.", "28800", "IN", "TXT", '"1.1.0"']]
+
+
+def test_zonal_names_need_the_option(shared_server: Server, start_server: StartServer) -> None:
+    pinned = "zone-a.pin._zone.web.shop.svc.cluster.local"
+    assert dig(shared_server, pinned, "A").status == "NXDOMAIN"
+    zonal = start_server("--zonal")
+    reply = dig(zonal, pinned, "A")
+    assert_positive(reply)
+    assert reply.rdata("A") == ["10.244.1.10"]
+    empty = dig(zonal, "zone-c.pin._zone.web.shop.svc.cluster.local", "A")
+    assert empty.status == "NOERROR" and empty.answer == []
+    preferred = dig(zonal, "zone-c.prefer._zone.web.shop.svc.cluster.local", "A")
+    assert sorted(preferred.rdata("A")) == ["10.244.1.10", "10.244.2.11"]

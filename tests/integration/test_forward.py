@@ -154,5 +154,6 @@ def test_metrics_count_queries_by_type_rcode_and_plugin(start_server: StartServe
         proxy = {"proxy_name": "forward", "to": f"127.0.0.1:{upstream.port}", "rcode": "NOERROR"}
         key = ("coredns_proxy_request_duration_seconds_count", tuple(sorted(proxy.items())))
         assert samples[key] == 1
-        misses = ("coredns_cache_misses_total", (("server", f"dns://:{server.port}"),))
-        assert samples[misses] == 1
+        labels = (("server", f"dns://:{server.port}"), ("view", ""), ("zones", "."))
+        assert samples[("coredns_cache_misses_total", labels)] == 1
+        assert samples[("coredns_cache_requests_total", labels)] == 1

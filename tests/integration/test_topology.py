@@ -1,5 +1,7 @@
-"""Topology-aware answers through the real server: clients on 127.0.0.2-5 (examples/topology.yaml)
-get different answers, over UDP and TCP, and EDNS Client Subnet counts only from trusted peers."""
+"""Topology-aware answers through the real server: clients on 127.0.0.2-5 get different answers,
+over UDP and TCP, and EDNS Client Subnet counts only from trusted peers. Every test runs twice:
+with clients placed by their own PodLocators (examples/topology.yaml), and by the CIDRs of their
+nodes' locators (examples/topology-cidrs.yaml), which must answer alike."""
 
 from __future__ import annotations
 
@@ -24,15 +26,17 @@ from tests.integration.support import (
 
 pytestmark = pytest.mark.integration
 
-TOPOLOGY = Path(__file__).parents[2] / "examples" / "topology.yaml"
+EXAMPLES = Path(__file__).parents[2] / "examples"
+TOPOLOGY = EXAMPLES / "topology.yaml"
 WEB = "web.shop.svc.cluster.local"
 ALL_WEB = ["10.244.1.10", "10.244.3.10", "10.244.3.11"]
 
 
-@pytest.fixture
-def server(start_server: StartServer, tmp_path: Path) -> Server:
+@pytest.fixture(params=["topology.yaml", "topology-cidrs.yaml"])
+def server(start_server: StartServer, tmp_path: Path, request: pytest.FixtureRequest) -> Server:
     # 127.0.0.100 plays a CoreDNS that forwards with `rewrite edns0 subnet append 32 128`.
-    return start_server("--ecs-trust", "127.0.0.100/32", snapshot=copy_snapshot(tmp_path, TOPOLOGY))
+    snapshot = copy_snapshot(tmp_path, EXAMPLES / request.param)
+    return start_server("--ecs-trust", "127.0.0.100/32", snapshot=snapshot)
 
 
 def dig_from(server: Server, source: str, *args: str) -> list[str]:
@@ -103,6 +107,30 @@ def test_ecs_from_anyone_else_is_not_believed(server: Server) -> None:
     assert addresses(reply) == {"10.244.1.10"}  # placed by its own address: node-a
     (option,) = [o for o in reply.options if isinstance(o, dns.edns.ECSOption)]
     assert option.scopelen == 0
+
+
+@pytest.fixture
+def cidr_server(start_server: StartServer, tmp_path: Path) -> Server:
+    snapshot = copy_snapshot(tmp_path, EXAMPLES / "topology-cidrs.yaml")
+    return start_server("--ecs-trust", "127.0.0.100/32", snapshot=snapshot)
+
+
+def test_a_subnet_inside_a_node_cidr_places_the_client(cidr_server: Server) -> None:
+    # unbound sends a /24 of its client's address by default: node-c's pod range holds it all.
+    for _ in range(2):  # the second from the cache
+        reply = ask_with_ecs(cidr_server, "127.0.0.100", "10.244.3.0/24")
+        assert addresses(reply) == {"10.244.3.10", "10.244.3.11"}
+        (option,) = [o for o in reply.options if isinstance(o, dns.edns.ECSOption)]
+        assert (option.address, option.srclen, option.scopelen) == ("10.244.3.0", 24, 24)
+
+
+def test_a_subnet_spanning_nodes_is_unplaced_and_logged_once(cidr_server: Server) -> None:
+    for _ in range(3):
+        reply = ask_with_ecs(cidr_server, "127.0.0.100", "10.244.0.0/16")
+        assert addresses(reply) == set(ALL_WEB)  # unknown client, last key "*"
+    lines = [line for line in cidr_server.log().splitlines() if "Client Subnets" in line]
+    assert len(lines) == 1, lines
+    assert "forwarder 127.0.0.100 sends /16 Client Subnets that no PodLocator" in lines[0]
 
 
 def with_forwarders(*endpoints: str) -> str:

@@ -3,7 +3,9 @@ toposdns_unplaced_client_queries_total move by exactly the queries of each kind 
 and cached ones, UDP and TCP, source addresses and trusted ECS), and /explain on the --http port
 says what DNS answers, follows a snapshot change, and refuses bad input with a 400.
 
-The data is examples/topology.yaml (clients on 127.0.0.2-5) plus a service with zone hints.
+The data is examples/topology.yaml (clients on 127.0.0.2-5) plus a service with zone hints; the
+tests that only ask run again with the clients placed by their nodes' CIDRs
+(examples/topology-cidrs.yaml).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tests.integration.support import (
 
 pytestmark = pytest.mark.integration
 
-TOPOLOGY = Path(__file__).parents[2] / "examples" / "topology.yaml"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 WEB = "web.shop.svc.cluster.local."
@@ -102,19 +104,22 @@ QUERIES = [
 SERVER_ARGS = ("--http", "127.0.0.1:0", "--ecs-trust", f"{TRUSTED}/32")
 
 
-def write_snapshot(directory: Path) -> Path:
-    data = yaml.safe_load(TOPOLOGY.read_text())
+def write_snapshot(directory: Path, example: str = "topology.yaml") -> Path:
+    data = yaml.safe_load((EXAMPLES / example).read_text())
     data["items"] += FEED_OBJECTS
     path = directory / "snapshot.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["topology.yaml", "topology-cidrs.yaml"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Server]:
     """One server for the tests that do not change its data (they compare counts before and
     after their own queries)."""
-    server = Server(write_snapshot(tmp_path_factory.mktemp("topology")), SERVER_ARGS)
+    snapshot = write_snapshot(tmp_path_factory.mktemp("topology"), request.param)
+    server = Server(snapshot, SERVER_ARGS)
     server.wait_ready()
     yield server
     assert server.stop() == 0, server.log()
@@ -234,7 +239,10 @@ def test_explain_names_the_tier_the_metrics_count(server: Server) -> None:
 def test_explain_refuses_bad_input(server: Server, params: dict[str, str], message: str) -> None:
     status, data = explain(http_port(server), **params)
     assert status == 400
-    assert message in data["error"] and "usage: GET /explain?client=IP&name=NAME" in data["error"]
+    assert (
+        message in data["error"]
+        and "usage: GET /explain?client=IP[/LENGTH]&name=NAME" in data["error"]
+    )
 
 
 def test_explain_follows_a_snapshot_change(start_server: StartServer, tmp_path: Path) -> None:
@@ -274,7 +282,8 @@ def test_the_readmes_explain_sample_is_what_the_server_says(
     question = "/explain?client=127.0.0.5&name=ledger.shop.svc.cluster.local"
     block = readme.split(f"$ curl -s '127.0.0.1:9153{question}'\n", 1)[1].split("\n$ ", 1)[0]
     documented = json.loads(block)
-    server = start_server("--http", "127.0.0.1:0", snapshot=copy_snapshot(tmp_path, TOPOLOGY))
+    snapshot = copy_snapshot(tmp_path, EXAMPLES / "topology.yaml")
+    server = start_server("--http", "127.0.0.1:0", snapshot=snapshot)
     status, body = http_get(http_port(server), question)
     assert status == 200
     served = json.loads(body)

@@ -220,6 +220,24 @@ def test_numeric_options_are_checked(
     assert message in capsys.readouterr().err
 
 
+def test_kubernetes_option_flags() -> None:
+    resolver = serve({"--zonal": True, "--ignore-empty-service": True}).kubernetes
+    assert (resolver.zonal, resolver.ignore_empty_service, resolver.noendpoints) == (
+        True,
+        True,
+        False,
+    )
+    assert serve({"--noendpoints": True}).kubernetes.noendpoints
+
+
+def test_zonal_needs_the_endpoints(capsys: pytest.CaptureFixture[str]) -> None:
+    # CoreDNS's setup.go refuses `zonal` with `noendpoints` too.
+    assert main(["serve", "--snapshot", "x.yaml", "--zonal", "--noendpoints"]) == 2
+    assert "--zonal: requires the EndpointSlice watch; remove --noendpoints" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "listeners"),
     [

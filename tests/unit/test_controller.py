@@ -8,6 +8,8 @@ shows which writes were made, and by which replica (its user agent names it).
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -545,3 +547,29 @@ def test_a_leader_that_sees_another_holder_stops_at_once(
             assert not controller.active
 
     asyncio.run(scenario())
+
+
+def test_an_unreachable_api_is_one_line_down_and_one_back(
+    api: FakeApiServer, kubeconfig: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        async with running(kubeconfig) as controller:
+            await until(lambda: controller.active)
+            await asyncio.to_thread(api.stop)
+            # Three watches and the Lease retry meanwhile, each several times.
+            await until(lambda: not controller.elector.leading, timeout=10.0)
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(api.restart)
+            await until(lambda: controller.active, timeout=10.0)
+
+    caplog.set_level(logging.INFO, logger="toposdns")
+    asyncio.run(scenario())
+    messages = [r.getMessage() for r in caplog.records]
+    down = [m for m in messages if m.startswith("API unreachable since ")]
+    assert len(down) == 1, messages
+    assert len([m for m in messages if re.fullmatch(r"API back after \d+\.\ds", m)]) == 1
+    # Nothing else about the outage above info, but the end of leadership (a change of state)
+    # and the writes left to retry (a summary, at most every few seconds).
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    others = [m for m in warnings if m not in down and not m.startswith("stopped leading")]
+    assert [m for m in others if not re.match(r"\d+ locator writes? to retry", m)] == []

@@ -73,7 +73,7 @@ def test_endpoint_slice_keeps_only_ready_endpoints() -> None:
                     "nodeName": "n1",
                     "zone": "z1",
                     "targetRef": {"kind": "Pod", "name": "web-0"},
-                    "hints": {"forZones": [{"name": "z1"}]},
+                    "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "n1"}]},
                 },
                 {"addresses": ["10.1.0.2"], "conditions": {"ready": False}},
                 {"addresses": ["10.1.0.3"], "conditions": {"ready": None}},
@@ -90,6 +90,7 @@ def test_endpoint_slice_keeps_only_ready_endpoints() -> None:
         "z1",
         ("z1",),
     )
+    assert first.hint_nodes == ("n1",) and eps.endpoints[1].hint_nodes is None
     assert eps.ports[0].protocol == "TCP"
 
 
@@ -112,9 +113,69 @@ def test_pod_locator() -> None:
     assert locator.node_labels == {"topology.kubernetes.io/zone": "z1"}
 
 
+def node_locator(cidrs: list[Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": {"name": "node-a", "namespace": "toposdns"},
+        "nodeName": "node-a",
+        "cidrs": cidrs,
+    }
+
+
+def test_locator_cidrs_in_canonical_form() -> None:
+    locator = convert_object(node_locator(["10.244.3.0/24", "FD00:10:244:3:0::/64", "10.0.0.0/8"]))
+    assert isinstance(locator, PodLocator) and locator.addresses == ()
+    assert locator.cidrs == ("10.244.3.0/24", "fd00:10:244:3::/64", "10.0.0.0/8")
+    # Loopback is allowed outside the CRD, as for addresses: one machine plays the clients.
+    assert convert_object(node_locator(["127.3.0.0/24"])).cidrs == ("127.3.0.0/24",)
+
+
+CIDR_ERRORS = {
+    "host bits": (
+        "10.244.3.7/24",
+        "'10.244.3.7/24' has host bits set; the network is 10.244.3.0/24",
+    ),
+    "IPv6 host bits": (
+        "fd00:10:244:3::1/64",
+        "'fd00:10:244:3::1/64' has host bits set; the network is fd00:10:244:3::/64",
+    ),
+    "no length": ("10.244.3.0", "not a CIDR: '10.244.3.0'; write a network and its prefix length"),
+    "bad length": ("10.244.3.0/33", "not a CIDR: '10.244.3.0/33'"),
+    "leading zero": ("10.244.3.0/024", "not a CIDR: '10.244.3.0/024'"),
+    "zone": ("fd00::%eth0/64", "not a CIDR: 'fd00::%eth0/64'"),
+    "not an address": ("node-a/24", "not a CIDR: 'node-a/24'"),
+    "too short": ("8.0.0.0/7", "'8.0.0.0/7' is shorter than /8: give the node's own pod range"),
+    "IPv6 too short": ("fd00::/16", "'fd00::/16' is shorter than /32"),
+    "multicast": ("224.0.0.0/24", "'224.0.0.0/24' is not a unicast range: it is multicast"),
+    "IPv6 multicast": ("ff02::/64", "'ff02::/64' is not a unicast range: it is multicast"),
+    "unspecified": ("0.0.0.0/8", "'0.0.0.0/8' is not a unicast range: it is unspecified"),
+    "IPv6 unspecified": ("::/32", "'::/32' is not a unicast range: it is unspecified"),
+    "link-local": ("169.254.0.0/16", "'169.254.0.0/16' is not a unicast range: it is link-local"),
+    "holding link-local": ("169.0.0.0/8", "'169.0.0.0/8' is not a unicast range: it is link-local"),
+    "IPv6 link-local": ("fe80::/64", "'fe80::/64' is not a unicast range: it is link-local"),
+    "IPv4-mapped": (
+        "::ffff:10.0.0.0/104",
+        "'::ffff:10.0.0.0/104' is not a unicast range: it is IPv4-mapped",
+    ),
+    "not a string": (167772160, "must be a string, got int"),
+}
+
+
+@pytest.mark.parametrize(("cidr", "message"), CIDR_ERRORS.values(), ids=CIDR_ERRORS.keys())
+def test_locator_cidr_errors(cidr: Any, message: str) -> None:
+    with pytest.raises(ObjectError) as info:
+        convert_object(node_locator(["10.244.1.0/24", cidr]))
+    assert str(info.value).startswith(f"PodLocator toposdns/node-a: cidrs[1]: {message}")
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
+        (
+            {**node_locator([]), "cidrs": "10.244.3.0/24"},
+            "PodLocator toposdns/node-a: cidrs: must be a list, got str",
+        ),
         (
             slice_([{"addresses": ["not-an-ip"]}]),
             "EndpointSlice shop/web-abc: endpoints[0].addresses[0]: not an IP address: 'not-an-ip'",
@@ -134,6 +195,10 @@ def test_pod_locator() -> None:
         (
             slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]),
             "EndpointSlice shop/web-abc: endpoints[0].hints.forZones[1]: must be a mapping",
+        ),
+        (
+            slice_([{"addresses": ["10.1.0.1"], "hints": {"forNodes": [{"name": 1}]}}]),
+            "EndpointSlice shop/web-abc: endpoints[0].hints.forNodes[0].name: must be a string",
         ),
         (
             slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]),

@@ -45,6 +45,9 @@ def test_case(case: dict[str, Any]) -> None:
         endpoint_pod_names=options["endpoint_pod_names"],
         namespaces=options["namespaces"],
         ns_addresses=options["ns_addresses"],
+        zonal=options["zonal"],
+        ignore_empty_service=options["ignore_empty_service"],
+        noendpoints=options["noendpoints"],
     )
     snapshot = fixture(case["fixture"], options["synced"])
     name = labels(case["qname"])

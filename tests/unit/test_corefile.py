@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import dnslib
@@ -76,6 +75,8 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
         "--pods": "verified",
         "--endpoint-pod-names": True,
         "--fallthrough": ["in-addr.arpa"],
+        "--zonal": True,
+        "--ignore-empty-service": True,
         "--upstream": "192.0.2.53:5300",
         "--max-concurrent": "10",
         "--cache-max-ttl": "30",
@@ -96,6 +97,8 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
             pods verified
             endpoint_pod_names
             fallthrough in-addr.arpa
+            zonal
+            ignore empty_service
             startup_timeout 3s
         }
         forward . 192.0.2.53:5300 {
@@ -198,6 +201,13 @@ REFUSED = [
     (".:53 {\n  kubernetes {\n    ttl\n  }\n}\n", "Corefile:3: ttl: expected one value"),
     (".:53 {\n  kubernetes {\n    startup_timeout\n  }\n}\n", "Corefile:3: startup_timeout"),
     (".:53 {\n  kubernetes in-addr.arpa\n}\n", "at least one zone must be a forward zone"),
+    (".:53 {\n  kubernetes {\n    zonal yes\n  }\n}\n", "Corefile:3: zonal yes: takes no value"),
+    (".:53 {\n  kubernetes {\n    noendpoints 1\n  }\n}\n", "noendpoints 1: takes no value"),
+    (".:53 {\n  kubernetes {\n    ignore x\n  }\n}\n", "ignore x: unable to parse ignore"),
+    (
+        ".:53 {\n  kubernetes {\n    zonal\n    noendpoints\n  }\n}\n",
+        "zonal requires the endpoint cache; remove noendpoints",
+    ),
 ]
 
 
@@ -210,7 +220,7 @@ def test_refused_with_file_line_and_word(tmp_path: Path, text: str, message: str
 
 
 def test_an_unknown_plugin_lists_what_is_supported(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=re.escape("supported: acl") + "|supported: autopath"):
+    with pytest.raises(ConfigError, match="supported: (acl|any|autopath), "):
         read(tmp_path, ".:53 {\n  kubernetes\n  hosts\n}\n")
 
 
@@ -226,6 +236,19 @@ def test_dash_conf_starts_the_server_from_the_corefile(
     path.write_text(".:0 {\n  kubernetes cluster.local\n  toposdns {\n    workers 1\n  }\n}\n")
     assert main([f"-conf={path}", "--snapshot", "x.yaml"]) == 0 and len(started) == 1
     started[0].close()  # type: ignore[attr-defined]
+
+
+def test_the_bounds_on_what_a_query_costs_are_read_as_flags_are(tmp_path: Path) -> None:
+    corefile = ".:53 {\n  kubernetes\n  bufsize 1400\n  any\n"
+    corefile += "  toposdns {\n    cache_max_bytes 8Mi\n    forward_cache_max_bytes 2Mi\n  }\n}\n"
+    config = read(tmp_path, corefile)
+    assert (config.bufsize.size, config.any.minimal) == (1400, True)
+    assert (config.cache_bounds.max_bytes, config.cache_bounds.forward_max_bytes) == (
+        8 << 20,
+        2 << 20,
+    )
+    with pytest.raises(ConfigError, match=r"Corefile:3: bufsize 100: must be between 512"):
+        read(tmp_path, ".:53 {\n  kubernetes\n  bufsize 100\n}\n")
 
 
 # plugin/acl's README examples and acl_test.go's cases, through the Corefile: (acl block,

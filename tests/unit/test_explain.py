@@ -11,6 +11,7 @@ from toposdns.cli import main
 from toposdns.explain import parse_name
 
 TOPOLOGY = str(Path(__file__).parents[2] / "examples" / "topology.yaml")
+CIDRS = str(Path(__file__).parents[2] / "examples" / "topology-cidrs.yaml")
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -39,12 +40,49 @@ def test_json_for_tools(capsys: pytest.CaptureFixture[str]) -> None:
         "name": "node-d",
         "node": "node-d",
         "kind": "node",
+        "via": "address",
+        "matched": "127.0.0.5",
     }
+    assert data["client"]["conflict"] == []
     (decision,) = data["topology"]
     assert decision["policy"]["source"] == "annotation" and decision["policy"]["valid"]
     assert decision["rule"] == "no tier matched: no endpoint"
     assert not any(c["chosen"] for c in decision["candidates"])
     assert data["rcode"] == "NOERROR" and data["answer"] == [] and len(data["authority"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("client", "placed"),
+    [
+        ("127.0.0.2", "node locator toposdns/node-a on node node-a, through its CIDR 127.0.0.2/31"),
+        ("127.0.0.3", "node locator toposdns/node-b on node node-b, through its CIDR 127.0.0.3/32"),
+        ("127.0.0.5", "node locator toposdns/node-d on node node-d, through its address 127.0.0.5"),
+        ("10.244.3.0/24", "toposdns/node-c on node node-c, through its CIDR 10.244.3.0/24"),
+        ("10.244.3.77/25", "toposdns/node-c on node node-c, through its CIDR 10.244.3.0/24"),
+        (
+            "fd00:10:244:4::/64",
+            "toposdns/node-d on node node-d, through its CIDR fd00:10:244:4::/64",
+        ),
+        ("10.244.0.0/16", "no PodLocator CIDR holds all of this prefix: the client has no labels"),
+    ],
+)
+def test_placement_through_cidrs(
+    capsys: pytest.CaptureFixture[str], client: str, placed: str
+) -> None:
+    code = main(["explain", "--snapshot", CIDRS, "--client", client, "web.shop.svc.cluster.local"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert code == 0 and first.endswith(placed), first
+    assert first.startswith(f"client {client.replace('.77/25', '.0/25')}: ")
+
+
+def test_json_says_through_what(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["explain", "--snapshot", CIDRS, "--json", "--client", "127.0.0.4", "cache.shop.svc"])
+    locator = json.loads(capsys.readouterr().out)["client"]["locator"]
+    assert (locator["name"], locator["via"], locator["matched"]) == (
+        "node-c",
+        "cidr",
+        "127.0.0.4/31",
+    )
 
 
 def test_unknown_client_and_srv(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,18 +9,21 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.helpers import config_of
 from tests.kubeapi import FakeApiServer
 from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
 from toposdns.resolve.resolver import resolve
-from toposdns.source.kube import KubeSource
+from toposdns.source.kube import ENDPOINT_SLICES, KubeSource
 from toposdns.source.watch import WatchSettings
+from toposdns.store.convert import convert_object
 from toposdns.store.snapshot import Snapshot
 from toposdns.wire.codes import A
 
@@ -106,11 +109,18 @@ class Run:
 
 @asynccontextmanager
 async def running(
-    kubeconfig: Path, settings: WatchSettings = FAST, on_page: Callable[[], None] | None = None
+    kubeconfig: Path,
+    settings: WatchSettings = FAST,
+    on_page: Callable[[], None] | None = None,
+    endpoints: bool = True,
 ) -> AsyncIterator[Run]:
     client = await connect(kubeconfig)
     source = KubeSource(
-        apis_of(client), lambda s: run.published.append(s), settings, on_page=on_page
+        apis_of(client),
+        lambda s: run.published.append(s),
+        settings,
+        on_page=on_page,
+        endpoints=endpoints,
     )
     run = Run(source)
     task = asyncio.create_task(run.source.run())
@@ -150,6 +160,19 @@ def test_initial_sync_lists_in_pages_with_the_token(api: FakeApiServer, tmp_path
     }
     assert all(r.query.get("allowWatchBookmarks") == "true" for r in watches)
     assert all(r.headers["authorization"] == "Bearer test-token" for r in api.requests)
+
+
+def test_noendpoints_watches_no_endpointslices(api: FakeApiServer, tmp_path: Path) -> None:
+    # CoreDNS's `noendpoints` starts no EndpointSlice informer; sync needs the other three.
+    async def scenario() -> None:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        async with running(kubeconfig, endpoints=False) as run:
+            await run.until(lambda: run.snapshot.synced)
+            assert not run.snapshot.slices
+            assert run.answer("svc3.shop.svc.cluster.local") == ["10.96.0.4"]
+
+    asyncio.run(scenario())
+    assert "endpointslices" not in {r.resource for r in api.requests}
 
 
 def test_events_of_each_kind_change_answers_within_a_second(
@@ -363,3 +386,80 @@ def test_a_wrong_token_never_syncs(api: FakeApiServer, tmp_path: Path) -> None:
         api_wrong.stop()
     refused = [r for r in api.requests if r.headers.get("authorization") == "Bearer other"]
     assert len(refused) > 4  # every resource asked, and asked again after backing off
+
+
+TRIGGERED = "2024-05-01T10:00:00.250000000Z"  # RFC 3339 with nanoseconds, as client-go writes
+
+
+@pytest.mark.parametrize(
+    ("slice_service", "annotation", "kind"),
+    [
+        ("svc0", TRIGGERED, "cluster_ip"),
+        ("db", TRIGGERED, "headless_with_selector"),
+        ("ghost", TRIGGERED, None),  # the Service is not known (yet): not measured
+        ("db", None, None),  # no annotation: not made by the endpoint controllers
+        ("db", "yesterday", None),  # unreadable: logged once, not measured
+    ],
+)
+def test_dns_programming_latency_as_coredns_measures_it(
+    slice_service: str, annotation: str | None, kind: str | None
+) -> None:
+    # CoreDNS's EndpointLatencyRecorder: now minus the slice's last-change-trigger-time, for a
+    # slice whose one Service is known, by that Service's kind.
+    triggered = datetime.fromisoformat(TRIGGERED).timestamp()
+    source = KubeSource(None, lambda _: None, clock=lambda: triggered + 1.5)  # type: ignore[arg-type]
+    source.builder.put(convert_object(service("svc0", "10.96.0.1")))
+    source.builder.put(convert_object(service("db", "None")))
+    obj = eps("db-1", slice_service, ["10.1.0.1"])
+    if annotation is not None:
+        obj["metadata"]["annotations"] = {
+            "endpoints.kubernetes.io/last-change-trigger-time": annotation
+        }
+    name = "coredns_kubernetes_dns_programming_duration_seconds"
+
+    def observed() -> dict[str, tuple[float, float]]:
+        return {
+            k: (
+                REGISTRY.get_sample_value(f"{name}_count", {"service_kind": k}) or 0.0,
+                REGISTRY.get_sample_value(f"{name}_sum", {"service_kind": k}) or 0.0,
+            )
+            for k in ("cluster_ip", "headless_with_selector")
+        }
+
+    before = observed()
+    source.prepare(ENDPOINT_SLICES, obj)  # listed
+    after = observed()
+    for k in before:
+        count, total = (a - b for a, b in zip(after[k], before[k], strict=True))
+        assert (count, round(total, 6)) == ((1.0, 1.5) if k == kind else (0.0, 0.0))
+
+
+def test_a_malformed_cidr_keeps_the_locator_it_replaces(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = {**locator("node-a", "192.168.0.1", "z1", ns="toposdns"), "cidrs": ["10.244.3.0/24"]}
+    api.add(namespace("toposdns"))
+    api.add(good)
+    before = MALFORMED_OBJECTS.labels("PodLocator")._value.get()
+
+    def zone_of(snapshot: Snapshot, address: str) -> str | None:
+        placed = snapshot.place(address).locator
+        return None if placed is None else placed.node_labels["topology.kubernetes.io/zone"]
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
+            await run.until(lambda: run.snapshot.synced)
+            await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
+            assert zone_of(run.snapshot, "10.244.3.7") == "z1"
+            api.modify({**good, "cidrs": ["10.244.3.0/24", "10.244.4.7/24"]})  # host bits set
+            api.modify(locator("client", "10.1.9.9", "z2"))  # the rest goes on
+            await run.until(lambda: zone_of(run.snapshot, "10.1.9.9") == "z2", 1)
+            assert zone_of(run.snapshot, "10.244.3.7") == "z1"  # the last good version
+            assert zone_of(run.snapshot, "10.244.4.7") is None
+
+    with caplog.at_level(logging.WARNING, logger="toposdns"):
+        asyncio.run(scenario())
+    assert MALFORMED_OBJECTS.labels("PodLocator")._value.get() == before + 1
+    messages = [record.getMessage() for record in caplog.records]
+    bad = "PodLocator toposdns/node-a: cidrs[1]: '10.244.4.7/24' has host bits set"
+    assert any(bad in message for message in messages), messages

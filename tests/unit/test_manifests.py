@@ -52,7 +52,12 @@ def load(path: Path) -> list[Doc]:
 
 YAML_FILES = sorted(MANIFESTS.rglob("*.yaml"))
 KUSTOMIZATION_FILES = [path for path in YAML_FILES if path.name == "kustomization.yaml"]
-RESOURCE_FILES = [path for path in YAML_FILES if path.name != "kustomization.yaml"]
+#: The Prometheus Operator's kinds have no schema in kubernetes-validate;
+#: tests/integration/test_alerts.py checks them (promtool, and the ServiceMonitor's selector).
+MONITORING = MANIFESTS / "monitoring"
+RESOURCE_FILES = [
+    path for path in YAML_FILES if path.name != "kustomization.yaml" and path.parent != MONITORING
+]
 
 
 def rel(path: Path) -> str:
@@ -382,12 +387,14 @@ def test_crd_fields_are_top_level() -> None:
         "kind",
         "metadata",
         "addresses",
+        "cidrs",
         "nodeName",
         "nodeLabels",
     }
     assert properties["addresses"]["type"] == "array"
     assert properties["addresses"]["items"]["type"] == "string"
     assert 2 <= properties["addresses"]["maxItems"] <= 16
+    assert properties["cidrs"]["items"]["type"] == "string"
     assert properties["nodeName"]["type"] == "string"
     assert properties["nodeLabels"]["additionalProperties"]["type"] == "string"
 
@@ -453,9 +460,12 @@ GOOD_LOCATOR: Doc = {
 }
 
 
+NODE_WITH_CIDRS: Doc = {**GOOD_LOCATOR, "cidrs": ["10.244.1.0/24", "fd00:10:244:1::/64"]}
+
+
 def test_printer_columns() -> None:
     columns = {column["name"]: column for column in crd_version()["additionalPrinterColumns"]}
-    assert set(columns) == {"Node", "Zone", "Addresses", "Age"}
+    assert set(columns) == {"Node", "Zone", "Addresses", "CIDRs", "Age"}
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",
@@ -463,13 +473,14 @@ def test_printer_columns() -> None:
     }
     shown = {}
     for name, column in columns.items():
-        value: Any = GOOD_LOCATOR
+        value: Any = NODE_WITH_CIDRS
         for field in jsonpath_fields(column["jsonPath"]):
             value = value[field]
         shown[name] = value
     assert shown["Node"] == "node-a"
     assert shown["Zone"] == "z1"
-    assert shown["Addresses"] == GOOD_LOCATOR["addresses"]
+    assert shown["Addresses"] == NODE_WITH_CIDRS["addresses"]
+    assert shown["CIDRs"] == NODE_WITH_CIDRS["cidrs"]
 
 
 # The OpenAPI keywords validate() below implements; the schema must use no other.
@@ -555,15 +566,74 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return address
 
 
+class CIDR:
+    """A value of the Kubernetes CEL type net.CIDR: the address as written (host bits kept,
+    as Go's netip.Prefix keeps them) and its prefix."""
+
+    def __init__(self, interface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
+        self.address = interface.ip
+        self.network = interface.network
+
+
+def parse_cidr(text: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface | None:
+    # Kubernetes' isCIDR()/cidr() parse with Go's netip.ParsePrefix: an address (as parse_ip
+    # takes it), '/', and a length in decimal without leading zeros; host bits are kept.
+    address, slash, length = text.partition("/")
+    if not slash or parse_ip(address) is None or not re.fullmatch(r"0|[1-9][0-9]{0,2}", length):
+        return None
+    try:
+        return ipaddress.ip_interface(text)
+    except ValueError:
+        return None
+
+
+def cel_is_cidr(text: celtypes.StringType) -> celtypes.BoolType:
+    return celtypes.BoolType(parse_cidr(str(text)) is not None)
+
+
+def cel_cidr(text: celtypes.StringType) -> CIDR:
+    interface = parse_cidr(str(text))
+    if interface is None:
+        raise ValueError(f"network address parse error during conversion from string: {text!r}")
+    return CIDR(interface)
+
+
+def cel_masked(cidr: CIDR) -> CIDR:
+    return CIDR(ipaddress.ip_interface(cidr.network))
+
+
+def cel_ip(value: Any) -> IP:
+    # ip(string) parses; cidr.ip() (a member call, the same name to celpy) is its address.
+    if isinstance(value, CIDR):
+        return IP(value.address)
+    address = parse_ip(str(value))
+    if address is None:
+        raise ValueError(f"IP Address {value!r} parse error")
+    return IP(address)
+
+
+def cel_prefix_length(cidr: CIDR) -> celtypes.IntType:
+    return celtypes.IntType(cidr.network.prefixlen)
+
+
+def cel_family(ip: IP) -> celtypes.IntType:
+    return celtypes.IntType(ip.address.version)
+
+
+def cel_contains_ip(cidr: CIDR, ip: Any) -> celtypes.BoolType:
+    address = ip.address if isinstance(ip, IP) else cel_ip(ip).address
+    return celtypes.BoolType(address in cidr.network)
+
+
+def cel_string(value: Any) -> celtypes.StringType:
+    # string() of a net.CIDR is Go's netip.Prefix.String(): the address as written, '/', length.
+    if isinstance(value, CIDR):
+        return celtypes.StringType(f"{value.address}/{value.network.prefixlen}")
+    return celtypes.StringType(value)
+
+
 def cel_is_ip(text: celtypes.StringType) -> celtypes.BoolType:
     return celtypes.BoolType(parse_ip(str(text)) is not None)
-
-
-def cel_ip(text: celtypes.StringType) -> IP:
-    address = parse_ip(str(text))
-    if address is None:
-        raise ValueError(f"IP Address {text!r} parse error")
-    return IP(address)
 
 
 def cel_is_global_unicast(ip: IP) -> celtypes.BoolType:
@@ -585,6 +655,13 @@ CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "isIP": cel_is_ip,
     "ip": cel_ip,
     "isGlobalUnicast": cel_is_global_unicast,
+    "isCIDR": cel_is_cidr,
+    "cidr": cel_cidr,
+    "masked": cel_masked,
+    "prefixLength": cel_prefix_length,
+    "family": cel_family,
+    "containsIP": cel_contains_ip,
+    "string": cel_string,
 }
 
 
@@ -609,11 +686,19 @@ def test_cel_functions_follow_kubernetes() -> None:
     for bad in ("010.0.0.1", "10.0.0.1/8", "fe80::1%eth0", "::ffff:10.0.0.1", "", "node-a"):
         assert not evaluate_rule("isIP(self)", bad), bad
     assert not evaluate_rule("ip(self).isGlobalUnicast()", "nonsense")  # an error fails
+    assert evaluate_rule("isCIDR(self)", "10.244.3.7/24")
+    for bad in ("10.244.3.0", "10.244.3.0/024", "10.244.3.0/33", "fd00::%eth0/64", "x/8", ""):
+        assert not evaluate_rule("isCIDR(self)", bad), bad
+    assert evaluate_rule("string(cidr(self).masked()) == '10.244.3.0/24'", "10.244.3.7/24")
+    assert evaluate_rule("string(cidr(self)) == self", "10.244.3.7/24")
+    assert evaluate_rule("cidr(self).ip().family() == 6", "fd00::/64")
+    assert evaluate_rule("cidr(self).containsIP('10.1.2.3')", "10.0.0.0/8")
 
 
-def with_change(change: Callable[[Doc], None]) -> Doc:
+def with_change(*changes: Callable[[Doc], None]) -> Doc:
     locator = copy.deepcopy(GOOD_LOCATOR)
-    change(locator)
+    for change in changes:
+        change(locator)
     return locator
 
 
@@ -654,6 +739,11 @@ GOOD_CASES = {
     "empty label value": with_change(set_label("example.com/spot", "")),
     "63-character name": with_change(set_label("a" * 63, "x")),
     "253-character prefix": with_change(set_label(LONG_PREFIX[:253].rstrip(".") + "/x", "y")),
+    "node with pod ranges": NODE_WITH_CIDRS,
+    "cidrs only": with_change(drop("addresses"), set_field("cidrs", ["10.244.3.0/24"])),
+    "nested prefixes": with_change(set_field("cidrs", ["10.0.0.0/8", "10.244.3.0/26"])),
+    "IPv6 /32": with_change(set_field("cidrs", ["2001:db8::/32"])),
+    "host route": with_change(set_field("cidrs", ["10.244.3.7/32", "fd00::7/128"])),
 }
 
 BAD_CASES = {
@@ -698,6 +788,29 @@ BAD_CASES = {
         set_field("nodeLabels", {f"example.com/k{i}": "v" for i in range(64)})
     ),
     "unknown field": with_change(set_field("spec", {"addresses": ["10.0.0.1"]})),
+    "neither addresses nor cidrs": with_change(drop("addresses")),
+    "empty cidrs": with_change(set_field("cidrs", [])),
+    "CIDR host bits set": with_change(set_field("cidrs", ["10.244.3.7/24"])),
+    "CIDR IPv6 host bits set": with_change(set_field("cidrs", ["fd00:10:244:3::1/64"])),
+    "CIDR not canonical": with_change(set_field("cidrs", ["FD00:10:244:3:0::/64"])),
+    "CIDR without length": with_change(set_field("cidrs", ["10.244.3.0"])),
+    "CIDR length too long": with_change(set_field("cidrs", ["10.244.3.0/33"])),
+    "CIDR length leading zero": with_change(set_field("cidrs", ["10.244.3.0/024"])),
+    "CIDR not an address": with_change(set_field("cidrs", ["node-a/24"])),
+    "CIDR shorter than /8": with_change(set_field("cidrs", ["8.0.0.0/7"])),
+    "CIDR IPv6 shorter than /32": with_change(set_field("cidrs", ["fd00::/16"])),
+    "CIDR loopback": with_change(set_field("cidrs", ["127.0.0.0/8"])),
+    "CIDR link-local": with_change(set_field("cidrs", ["169.254.0.0/16"])),
+    "CIDR holding link-local": with_change(set_field("cidrs", ["169.0.0.0/8"])),
+    "CIDR IPv6 link-local": with_change(set_field("cidrs", ["fe80::/64"])),
+    "CIDR multicast": with_change(set_field("cidrs", ["224.0.0.0/24"])),
+    "CIDR IPv6 multicast": with_change(set_field("cidrs", ["ff02::/64"])),
+    "CIDR unspecified": with_change(set_field("cidrs", ["0.0.0.0/8"])),
+    "CIDR IPv6 unspecified": with_change(set_field("cidrs", ["::/32"])),
+    "CIDR IPv4-mapped": with_change(set_field("cidrs", ["::ffff:10.0.0.0/104"])),
+    "duplicate CIDR": with_change(set_field("cidrs", ["10.244.3.0/24", "10.244.3.0/24"])),
+    "too many CIDRs": with_change(set_field("cidrs", [f"10.{i}.0.0/16" for i in range(65)])),
+    "CIDRs not a list": with_change(set_field("cidrs", "10.244.3.0/24")),
 }
 
 

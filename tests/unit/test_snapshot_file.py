@@ -52,6 +52,14 @@ def test_document_stream_and_typed_lists(tmp_path: Path) -> None:
     assert len(load_records(path)) == 2
 
 
+NODE_LOCATOR = {
+    "apiVersion": "toposdns.io/v1alpha1",
+    "kind": "PodLocator",
+    "metadata": {"name": "node-a", "namespace": "toposdns"},
+    "nodeName": "node-a",
+}
+
+
 def test_json(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [NS, SVC]}))
@@ -71,6 +79,20 @@ def test_json(tmp_path: Path) -> None:
             "Service shop/web: spec.clusterIP: not an IP address: 'x'; fix or remove that object",
         ),
         (json.dumps([NS, SVC, SVC]), "Service shop/web: appears twice"),
+        (
+            json.dumps([NS, {**NODE_LOCATOR, "cidrs": ["10.244.3.0/24", "10.244.4.7/24"]}]),
+            "PodLocator toposdns/node-a: cidrs[1]: '10.244.4.7/24' has host bits set; the network "
+            "is 10.244.4.0/24; fix or remove that object",
+        ),
+        (
+            json.dumps([NS, {**NODE_LOCATOR, "cidrs": ["224.0.0.0/24"]}]),
+            "PodLocator toposdns/node-a: cidrs[0]: '224.0.0.0/24' is not a unicast range: it is "
+            "multicast",
+        ),
+        (
+            json.dumps([NS, {**NODE_LOCATOR, "cidrs": ["10.244.3.0/33"]}]),
+            "PodLocator toposdns/node-a: cidrs[0]: not a CIDR: '10.244.3.0/33'",
+        ),
     ],
 )
 def test_refusals_name_file_and_object(tmp_path: Path, content: str, message: str) -> None:

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from tests.unit.test_kube_names import NAME_64, NAME_MSG, PREFIX_254, QUALIFIED_MSG, SUBDOMAIN_MSG
-from toposdns.store.model import HEADLESS, Endpoint, EndpointSlice, PodLocator, Service
+from toposdns.store.model import (
+    HEADLESS,
+    NODE_NAME,
+    Endpoint,
+    EndpointSlice,
+    PodLocator,
+    Service,
+)
 from toposdns.store.topology import (
     NO_POLICY,
     Policy,
@@ -311,6 +318,71 @@ def test_select_hints(client: dict[str, str], expected: list[str]) -> None:
     assert chosen_ips(Policy("hints", hints=True), client, HINTED) == expected
 
 
+# Node hints (hints.forNodes, written for PreferSameNode) come before zone hints; kube-proxy
+# compares them with its node's name (pkg/proxy/topology.go, topologyModeFromHints).
+NODE_HINTED: Candidates = [
+    (Endpoint(("10.1.0.1",), zone="a", hint_zones=("a",), hint_nodes=("n1",)), {ZONE: "a"}),
+    (Endpoint(("10.1.0.2",), zone="a", hint_zones=("a",), hint_nodes=("n2",)), {ZONE: "a"}),
+    (Endpoint(("10.1.0.3",), zone="b", hint_zones=("b",), hint_nodes=("n3",)), {ZONE: "b"}),
+]
+NODE_HINT_CASES = [
+    ("hinted for the node", {NODE_NAME: "n2", ZONE: "a"}, True, ["10.1.0.2"]),
+    (
+        "by name, not hostname label",
+        {NODE_NAME: "n9", HOSTNAME: "n2", ZONE: "b"},
+        True,
+        ["10.1.0.3"],
+    ),
+    ("none for the node: zone hints", {NODE_NAME: "n9", ZONE: "a"}, True, ["10.1.0.1", "10.1.0.2"]),
+    ("none for node or zone: all", {NODE_NAME: "n9", ZONE: "z"}, True, HINTED_ALL),
+    ("node hints only, none for the node: all", {NODE_NAME: "n9", ZONE: "a"}, False, HINTED_ALL),
+    ("node hints only", {NODE_NAME: "n3"}, False, ["10.1.0.3"]),
+    ("client unknown: all", {}, True, HINTED_ALL),
+]
+
+
+@pytest.mark.parametrize(
+    "client, zones, expected",
+    [c[1:] for c in NODE_HINT_CASES],
+    ids=[c[0] for c in NODE_HINT_CASES],
+)
+def test_select_node_hints(client: dict[str, str], zones: bool, expected: list[str]) -> None:
+    policy = Policy("hints", hints=zones, node_hints=True)
+    assert chosen_ips(policy, client, NODE_HINTED) == expected
+
+
+def test_policy_for_node_hints() -> None:
+    both = [eps(*(ep for ep, _ in NODE_HINTED))]
+    policy = policy_for(svc(), both)
+    assert (policy.hints, policy.node_hints, policy.active) == (True, True, True)
+    assert policy.describe() == "EndpointSlice hints.forNodes, then hints.forZones"
+    one_without = [eps(NODE_HINTED[0][0], Endpoint(("10.1.0.9",), hint_zones=("a",)))]
+    assert (policy_for(svc(), one_without).node_hints, policy_for(svc(), one_without).hints) == (
+        False,
+        True,
+    )
+    # The signature tells apart clients of one zone on different nodes.
+    assert policy.signature({ZONE: "a", NODE_NAME: "n1"}) != policy.signature(
+        {ZONE: "a", NODE_NAME: "n2"}
+    )
+
+
+SAME_NODE: Candidates = [
+    (Endpoint(("10.3.0.1",)), {HOSTNAME: "host-a", NODE_NAME: "node-a", ZONE: "z1"}),
+    (Endpoint(("10.3.0.2",)), {HOSTNAME: "node-a", NODE_NAME: "node-b", ZONE: "z1"}),
+]
+
+
+def test_same_node_is_the_node_name_for_traffic_distribution_only() -> None:
+    # On some clouds the hostname label is not the node's name: node-b's label reads "node-a".
+    client = {HOSTNAME: "node-a", NODE_NAME: "node-a", ZONE: "z1"}
+    same_node = policy_for(svc(traffic_distribution="PreferSameNode"), [])
+    assert chosen_ips(same_node, client, SAME_NODE) == ["10.3.0.1"]
+    # topologyKeys name a label, and compare the label, as kube-proxy did.
+    hostname = policy_for(svc(topology_keys=(HOSTNAME,)), [])
+    assert chosen_ips(hostname, client, SAME_NODE) == ["10.3.0.2"]
+
+
 def hinted(ip: str, *zones: str) -> Endpoint:
     return Endpoint(addresses=(ip,), zone=zones[0] if zones else "", hint_zones=zones or None)
 
@@ -353,7 +425,7 @@ def test_policy_for_hints(slices: list[EndpointSlice], is_hints: bool) -> None:
 
 
 TRAFFIC_DISTRIBUTION_CASES = [
-    ("PreferSameNode", (HOSTNAME, ZONE, "*")),
+    ("PreferSameNode", (NODE_NAME, ZONE, "*")),
     ("PreferSameZone", (ZONE, "*")),
     ("PreferClose", (ZONE, "*")),
 ]
@@ -703,37 +775,37 @@ ENDPOINT_LABEL_CASES = [
     (
         "pod locator wins over node locator",
         Endpoint(addresses=("10.0.0.1",), node_name="node-a", zone="sz"),
-        POD_LABELS,
+        {**POD_LABELS, NODE_NAME: "node-a"},
     ),
     (
         "pod locator by a later address",
         Endpoint(addresses=("10.9.9.9", "10.0.0.1"), node_name="node-a"),
-        POD_LABELS,
+        {**POD_LABELS, NODE_NAME: "node-a"},
     ),
     (
-        "pod locator by non-canonical IPv6",
+        "pod locator by non-canonical IPv6: its node, not the slice's",
         Endpoint(addresses=("fd00:0:0::5",), node_name="node-b", zone="sz"),
-        POD_LABELS,
+        {**POD_LABELS, NODE_NAME: "node-a"},
     ),
     (
         "no pod locator: node locator of nodeName",
         Endpoint(addresses=("10.0.0.2",), node_name="node-a", zone="sz"),
-        NODE_LABELS,
+        {**NODE_LABELS, NODE_NAME: "node-a"},
     ),
     (
         "address of a node locator is not a pod: node locator of nodeName",
         Endpoint(addresses=("192.168.0.1",), node_name="node-a"),
-        NODE_LABELS,
+        {**NODE_LABELS, NODE_NAME: "node-a"},
     ),
     (
         "no locator: the slice's nodeName and zone",
         Endpoint(addresses=("10.0.0.2",), node_name="node-b", zone="sz"),
-        {HOSTNAME: "node-b", ZONE: "sz"},
+        {HOSTNAME: "node-b", NODE_NAME: "node-b", ZONE: "sz"},
     ),
     (
         "no locator, no zone",
         Endpoint(addresses=("10.0.0.2",), node_name="node-b"),
-        {HOSTNAME: "node-b"},
+        {HOSTNAME: "node-b", NODE_NAME: "node-b"},
     ),
     ("no locator, no node", Endpoint(addresses=("10.0.0.2",), zone="sz"), {ZONE: "sz"}),
     ("nothing known", Endpoint(addresses=("10.0.0.2",)), {}),

@@ -2,8 +2,9 @@
 
 The address is the EDNS Client Subnet address when the packet carries one and comes from a
 trusted forwarder (`--ecs-trust` networks, or the endpoints of an `--ecs-trust-service`), else
-the packet's source. A pod or node PodLocator holding that address places the client; an
-unknown address has no labels (docs/topology.md).
+the packet's source. The store's `place` finds the PodLocator that places it (its exact
+address, else the longest CIDR holding it); an unknown address has no labels
+(docs/topology.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from toposdns.store.model import PodLocator
+from toposdns.store.placement import UNPLACED, Placement
 from toposdns.store.snapshot import Snapshot
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -47,13 +49,18 @@ def endpoint_addresses(snapshot: Snapshot, service: TrustedService) -> frozenset
 
 @dataclass(frozen=True, slots=True)
 class Client:
-    """A placed client. `labels` is empty when no locator holds its address."""
+    """A placed client. `labels` is empty when no locator places its address."""
 
     address: str
     labels: Mapping[str, str] = field(default_factory=dict)
     locator: PodLocator | None = None
     #: True when the address came from EDNS Client Subnet.
     via_ecs: bool = False
+    #: The Client Subnet's prefix length, when shorter than a host.
+    length: int | None = None
+    #: What placed it (its address, or the locator's CIDR) and the locators claiming the same
+    #: longest prefix when nobody is placed for that reason.
+    placement: Placement = UNPLACED
 
 
 def client_address(source: str, ecs: str | None, trust: Sequence[Network]) -> tuple[str, bool]:
@@ -73,13 +80,19 @@ def plain_address(source: str) -> str:
     return source
 
 
-def identify(snapshot: Snapshot, address: str, via_ecs: bool = False) -> Client:
-    """Place an address with the snapshot's locators."""
+def identify(
+    snapshot: Snapshot, address: str, via_ecs: bool = False, length: int | None = None
+) -> Client:
+    """Place an address, or the Client Subnet `address/length`, with the snapshot's
+    locators."""
     try:
-        key = str(ipaddress.ip_address(address))
+        ip = ipaddress.ip_address(address)
     except ValueError:
         return Client(address, via_ecs=via_ecs)
-    locator = snapshot.locators.get(key)
-    if locator is None:
-        return Client(key, via_ecs=via_ecs)
-    return Client(key, locator.node_labels, locator, via_ecs)
+    key = str(ip)
+    if length is not None and length >= ip.max_prefixlen:
+        length = None
+    placement = snapshot.place(key, length)
+    locator = placement.locator
+    labels = NO_LABELS if locator is None else locator.labels
+    return Client(key, labels, locator, via_ecs, length, placement)

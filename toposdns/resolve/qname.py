@@ -6,9 +6,12 @@ service (or the dashed pod IP). What is left decides the form:
     nothing          <svc>.<ns>.svc.<zone>
     one label        <endpoint>.<svc>.<ns>.svc.<zone>
     two labels       _<port>._<proto>.<svc>.<ns>.svc.<zone>  (a leading "_" is optional)
-    three or more    invalid: NXDOMAIN
+    three or more    invalid: NXDOMAIN, except with the `zonal` option:
+                     <topology zone>.pin|prefer._zone.<svc>.<ns>.svc.<zone>
 
-For pods the same shapes parse, and one or two labels left of the dashed IP are ignored.
+For pods the same shapes parse, and one or two labels left of the dashed IP are ignored. A
+topology zone may hold dots (`corp.example.com.pin._zone…`): it is every label left of the
+directive, joined.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ from typing import NamedTuple
 
 SVC = "svc"
 POD = "pod"
+#: The label that anchors a zone-scoped name, three labels left of the service.
+ZONE_ANCHOR = "_zone"
+#: Zone-scoped directives: `pin` answers the zone's endpoints only (NODATA when it has none),
+#: `prefer` falls back to every endpoint of the service when the zone has none.
+PIN = "pin"
+PREFER = "prefer"
 
 
 class InvalidName(ValueError):
@@ -32,12 +41,16 @@ class Request(NamedTuple):
     endpoint: str = ""
     port: str = ""
     protocol: str = ""
+    #: A zone-scoped name's topology zone (only with `zonal`), and whether it says `prefer`.
+    topology_zone: str = ""
+    prefer: bool = False
 
 
-def parse_request(base: tuple[str, ...]) -> Request:
+def parse_request(base: tuple[str, ...], zonal: bool = False) -> Request:
     """Parse the labels left of the zone (lower-cased) into a Request.
 
     An empty base, or one that is just `svc` or `pod`, is a name that exists with no records.
+    `zonal` reads the zone-scoped names of CoreDNS's `zonal` option.
     """
     if not base or base == (SVC,) or base == (POD,):
         return Request()
@@ -49,7 +62,10 @@ def parse_request(base: tuple[str, ...]) -> Request:
     service = rest[-2] if len(rest) >= 2 else ""
     extra = rest[:-2]
     if len(extra) > 2:
-        raise InvalidName("too many labels before the service name")
+        if not zonal or kind != SVC or extra[-1] != ZONE_ANCHOR or extra[-2] not in (PIN, PREFER):
+            raise InvalidName("too many labels before the service name")
+        zone = ".".join(extra[:-2])
+        return Request(kind, namespace, service, topology_zone=zone, prefer=extra[-2] == PREFER)
     if kind == POD or not extra:
         return Request(kind, namespace, service)
     if len(extra) == 1:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from toposdns.options import (
+    ConfigError,
     Origin,
     Plugin,
     Setting,
@@ -30,8 +31,26 @@ from toposdns.options import (
     sets,
 )
 from toposdns.resolve.answer import RR, Answer, Chase, Soa, Srv
-from toposdns.resolve.qname import POD, SVC, InvalidName, Request, parse_request
-from toposdns.store.model import EXTERNAL_NAME, HEADLESS, Endpoint, Port, Service, canonical_ip
+from toposdns.resolve.qname import (
+    PIN,
+    POD,
+    PREFER,
+    SVC,
+    ZONE_ANCHOR,
+    InvalidName,
+    Request,
+    parse_request,
+)
+from toposdns.store.model import (
+    CLUSTER_IP,
+    EXTERNAL_NAME,
+    HEADLESS,
+    Endpoint,
+    EndpointSlice,
+    Port,
+    Service,
+    canonical_ip,
+)
 from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.store.topology import Labels, Policy, Selection, endpoint_labels, select
 from toposdns.wire.codes import (
@@ -55,8 +74,9 @@ from toposdns.wire.codes import (
 DNS_SCHEMA_VERSION = "1.1.0"
 DNS_VERSION_TTL = 28800
 REVERSE_ZONES = (("in-addr", "arpa"), ("ip6", "arpa"))
-# CoreDNS stops following in-zone CNAMEs once this many are already in the answer.
-MAX_CNAME_CHAIN = 7
+# CoreDNS stops following in-zone CNAMEs once more than this many are in the answer
+# (backend_lookup.go maxCnameChainLength, 10 since v1.12.1): at most 11 CNAMEs then.
+MAX_CNAME_CHAIN = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +97,14 @@ class ResolverConfig:
     #: `fallthrough` zones as lower-case labels (the root, (), holds every name): there a name
     #: the cluster does not have goes on to the upstreams instead of getting NXDOMAIN.
     fallthrough: tuple[Name, ...] = ()
+    #: CoreDNS's `zonal`: headless services also answer `<zone>.pin|prefer._zone.<svc>…`.
+    zonal: bool = False
+    #: CoreDNS's `ignore empty_service`: a ClusterIP service without a ready endpoint address
+    #: is NXDOMAIN, so a search path goes on to its next domain.
+    ignore_empty_service: bool = False
+    #: CoreDNS's `noendpoints`: no endpoint data at all, so endpoint names and headless
+    #: services are NXDOMAIN, and PTR and NS answer from Services only.
+    noendpoints: bool = False
 
 
 POD_MODES = ("disabled", "insecure", "verified")
@@ -126,7 +154,24 @@ def _check(options: ResolverConfig, origin: Origin) -> ResolverConfig:
                 f"fallthrough {'.'.join(labels) or '.'}: holds no name of the served zones "
                 f"({served}); name one of them or a zone inside one, e.g. in-addr.arpa"
             )
+    if options.zonal and options.noendpoints:
+        # CoreDNS's setup.go refuses the pair: zonal answers come from the endpoints.
+        if origin.place:
+            raise ConfigError(
+                f"{origin.place}: kubernetes: zonal requires the endpoint cache; remove noendpoints"
+            )
+        raise ConfigError("--zonal: requires the EndpointSlice watch; remove --noendpoints")
     return options
+
+
+def _ignore(words: Sequence[str], origin: Origin) -> bool:
+    """`ignore empty_service` (`--ignore-empty-service`); a bare `ignore` changes nothing, as
+    in CoreDNS."""
+    if not origin.place:
+        return True  # the flag
+    if words and list(words) != ["empty_service"]:
+        raise origin.error("unable to parse ignore value; the one value is empty_service")
+    return bool(words)
 
 
 #: The `kubernetes` plugin's answer options, as its Corefile block and `serve`'s flags set them.
@@ -181,6 +226,28 @@ KUBERNETES: Plugin[ResolverConfig] = Plugin(
             "NXDOMAIN (SERVFAIL without upstreams); no zone: every zone (CoreDNS `fallthrough`)",
             repeat="each",
             optional=True,
+        ),
+        Setting(
+            "zonal",
+            sets("zonal", none),
+            "--zonal",
+            help="headless services also answer <zone>.pin._zone.<svc>.<ns>.svc.<zone> (that "
+            "topology zone's endpoints) and <zone>.prefer._zone... (all when it has none) "
+            "(CoreDNS `zonal`)",
+        ),
+        Setting(
+            "ignore",
+            sets("ignore_empty_service", _ignore),
+            "--ignore-empty-service",
+            help="NXDOMAIN for ClusterIP services without a ready endpoint, so that a search "
+            "path goes on (CoreDNS `ignore empty_service`)",
+        ),
+        Setting(
+            "noendpoints",
+            sets("noendpoints", none),
+            "--noendpoints",
+            help="watch no EndpointSlices: endpoint names and headless services are NXDOMAIN "
+            "(CoreDNS `noendpoints`)",
         ),
     ),
     _check,
@@ -270,7 +337,7 @@ def absent(
     """For an A or AAAA question: what tells that its name does not exist (its NXDOMAIN
     answer's dependencies), or None when only `resolve` can tell.
 
-    `tail` is the last (up to three) of the name's lower-cased labels left of its zone, `count`
+    `tail` is the last (up to five) of the name's lower-cased labels left of its zone, `count`
     how many such labels there are, `reverse` whether the name is under in-addr.arpa or
     ip6.arpa. These are the first steps `_Lookup.records`, `find_pods` and `find_services` take
     for such a name, in their order; a name that gets past them has records, or NODATA, or is
@@ -282,8 +349,12 @@ def absent(
         return None if count == 0 or (count == 2 and tail == ("ns", "dns")) else _NOTHING
     if count == 1:
         return None  # `svc.<zone>`, `pod.<zone>`: NODATA
-    if count > 5 or reverse:
-        return _NOTHING  # more than two labels before the service; a reverse name
+    if count > 5 and not (
+        config.zonal and kind == SVC and tail[-4] == ZONE_ANCHOR and tail[-5] in (PIN, PREFER)
+    ):
+        return _NOTHING  # more than two labels before the service, and not a zonal name
+    if reverse:
+        return _NOTHING
     namespace = tail[-2]
     listed = config.namespaces
     in_namespace = frozenset({("ns", namespace)})
@@ -464,7 +535,7 @@ class _Lookup:
     def records(self, lower: Name, filtered: bool = True) -> list[_Entry]:
         """kubernetes.go Records: parse, then find pods or services. `filtered`: a headless
         service's entries are those its topology policy picks for the client."""
-        request = parse_request(lower[: len(lower) - len(self.zone)])
+        request = parse_request(lower[: len(lower) - len(self.zone)], self.cfg.zonal)
         if not request.kind:
             return []
         if is_reverse(lower):
@@ -506,6 +577,11 @@ class _Lookup:
         svc = self.snap.services.get((request.namespace, request.service))
         if svc is None:
             raise NotFound
+        if self.cfg.ignore_empty_service and svc.kind == CLUSTER_IP:
+            if not any(ep.addresses for eps in self.slices(svc) for ep in eps.endpoints):
+                raise NotFound  # no ready endpoint address: let the search path go on
+        if request.topology_zone and svc.kind != HEADLESS:
+            raise NotFound  # zone-scoped names are defined for headless services only
         base = (svc.name, svc.namespace, SVC) + self.zone
         if svc.kind == EXTERNAL_NAME:
             if request.endpoint or request.port or request.protocol:
@@ -515,17 +591,9 @@ class _Lookup:
             return [_Entry(svc.external_name, 0, base, is_ip=False)]
         entries: list[_Entry] = []
         if svc.kind == HEADLESS or request.endpoint:
-            pod_names = self.cfg.endpoint_pod_names
-            for eps in self.snap.slices.get((svc.namespace, svc.name), ()):
-                for ep in eps.endpoints:
-                    for address in ep.addresses:
-                        hostname = endpoint_hostname(ep, address, pod_names)
-                        if request.endpoint and request.endpoint != hostname.lower():
-                            continue
-                        for port in eps.ports:
-                            if _match_port(request, port):
-                                key = (hostname,) + base
-                                entries.append(_Entry(address, port.port, key, endpoint=ep))
+            if request.topology_zone:
+                return self.zonal(svc, request, base)
+            entries = self.endpoints(svc, request, base)
             if not entries:
                 raise NotFound
             if svc.kind == HEADLESS and not request.endpoint and filtered:
@@ -540,6 +608,42 @@ class _Lookup:
             raise NotFound
         return entries
 
+    def slices(self, svc: Service) -> tuple[EndpointSlice, ...]:
+        """The service's EndpointSlices; none with `noendpoints`, which watches none."""
+        if self.cfg.noendpoints:
+            return ()
+        return self.snap.slices.get((svc.namespace, svc.name), ())
+
+    def endpoints(
+        self, svc: Service, request: Request, base: Name, topology_zone: str | None = None
+    ) -> list[_Entry]:
+        """One entry per (ready address, matching port); `topology_zone`, when given, keeps
+        the endpoints in that zone only."""
+        entries: list[_Entry] = []
+        pod_names = self.cfg.endpoint_pod_names
+        for eps in self.slices(svc):
+            for ep in eps.endpoints:
+                if topology_zone is not None and ep.zone.lower() != topology_zone:
+                    continue
+                for address in ep.addresses:
+                    hostname = endpoint_hostname(ep, address, pod_names)
+                    if request.endpoint and request.endpoint != hostname.lower():
+                        continue
+                    for port in eps.ports:
+                        if _match_port(request, port):
+                            key = (hostname,) + base
+                            entries.append(_Entry(address, port.port, key, endpoint=ep))
+        return entries
+
+    def zonal(self, svc: Service, request: Request, base: Name) -> list[_Entry]:
+        """A zone-scoped name: the endpoints in the zone it names (none is NODATA: the name
+        exists), or with `prefer` every endpoint when the zone has none. The client chose the
+        zone in the name, so no topology policy applies."""
+        entries = self.endpoints(svc, request, base, request.topology_zone)
+        if not entries and request.prefer:
+            entries = self.endpoints(svc, request, base)
+        return entries
+
     def filter(self, svc: Service, entries: list[_Entry]) -> list[_Entry]:
         """Keep the entries of the endpoints the service's topology policy picks for the client.
 
@@ -552,7 +656,7 @@ class _Lookup:
         snap = self.snap
         candidates = tuple(
             (ep, endpoint_labels(ep, snap.locators, snap.node_locators))
-            for eps in snap.slices.get((svc.namespace, svc.name), ())
+            for eps in self.slices(svc)
             for ep in eps.endpoints
         )
         for ep, _ in candidates:  # where each endpoint runs is read from the locators
@@ -573,7 +677,7 @@ class _Lookup:
         """ns.go nsAddrs: this server's own Service if it finds its endpoint, else ns.dns.<zone>."""
         entries: list[_Entry] = []
         pod_names = self.cfg.endpoint_pod_names
-        for own in self.cfg.ns_addresses:
+        for own in () if self.cfg.noendpoints else self.cfg.ns_addresses:
             self.depends.add(("ip", canonical_ip(own)))
             for eps, _ep, _address in self.snap.endpoint_ips.get(canonical_ip(own), ()):
                 self.depends.add(("svc", eps.namespace, eps.service))
@@ -633,12 +737,18 @@ class _Lookup:
             return [RR(name, TXT, DNS_VERSION_TTL, (DNS_SCHEMA_VERSION,))]
         try:
             # Whether the name exists does not depend on who asks: look before filtering.
-            exists = bool(self.records(lower, filtered=False))
+            exists = bool(self.records(lower, filtered=False)) or self.zonal_name(lower)
         except (NotFound, InvalidName):
             exists = False
         if not exists:
             raise NotFound
         return []
+
+    def zonal_name(self, lower: Name) -> bool:
+        """A zone-scoped name of a headless service exists even when its zone holds no
+        endpoint: TXT there is NODATA, as for every other type (kubernetes.go Services)."""
+        base = lower[: len(lower) - len(self.zone)]
+        return self.cfg.zonal and bool(parse_request(base, zonal=True).topology_zone)
 
     def srv(self, name: Name, lower: Name) -> tuple[list[RR], list[RR]]:
         """SRV records with CoreDNS's weights, and the targets' addresses as additional records."""
@@ -677,7 +787,7 @@ class _Lookup:
         targets: list[Name] = []
         if services:
             targets.append((services[0].name, services[0].namespace, SVC) + primary)
-        else:
+        elif not self.cfg.noendpoints:
             pod_names = self.cfg.endpoint_pod_names
             for eps, ep, address in self.snap.endpoint_ips.get(ip, ()):
                 if listed and eps.namespace not in listed:

@@ -101,15 +101,15 @@ class AutoPath:
             return None
         if first_candidate(query.name, config) is None:
             return None
-        subnet = query.ecs.address if query.ecs is not None else None
+        subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
         snapshot = self.serving()
-        locator, via_ecs = self.placer.locate(snapshot.locators, source, subnet)
+        locator, via_ecs = self.placer.locate(source, subnet)
         if locator is None or locator.is_node:
             return None
         names = candidates(query.name, locator.namespace, config, self.options.search)
         if names is None:
             return None
-        labels = locator.node_labels
+        labels = locator.labels
         first = local_answer(names[0], query.qtype, snapshot, config, labels)
         if first is not None and answered_alike(query.name, names[0], first):
             return None  # the plain reply, which the reply cache may keep for everyone

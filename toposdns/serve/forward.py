@@ -40,6 +40,7 @@ from toposdns.metrics import (
     CACHE_ENTRIES,
     CACHE_HITS,
     CACHE_MISSES,
+    CACHE_REQUESTS,
     FORWARD_HEALTHCHECK_BROKEN,
     FORWARD_MAX_CONCURRENT_REJECTS,
     PROXY_DURATION,
@@ -94,6 +95,9 @@ BUDGET = 5.0
 PASSES = 2
 MAX_CONCURRENT = 1000
 UPSTREAM_UDP_SIZE = 1232
+#: The `zones` label of the cache metrics: the cache sits in the server block for `.`, as
+#: kubeadm's `cache 30` does.
+CACHE_ZONES = "."
 
 #: CoreDNS's forward takes at most this many upstreams.
 MAX_UPSTREAMS = 15
@@ -223,11 +227,12 @@ class Forwarder:
         """Label the cache metrics with the listen address, `dns://:PORT`."""
         if self.server:
             for kind in ("success", "denial"):
-                CACHE_ENTRIES.remove(self.server, kind)
+                CACHE_ENTRIES.remove(self.server, kind, CACHE_ZONES, "")
         self.server = server
         # Counted when scraped, not on every insert.
-        CACHE_ENTRIES.labels(server, "success").set_function(lambda: len(self.cache.success))
-        CACHE_ENTRIES.labels(server, "denial").set_function(lambda: len(self.cache.denial))
+        entries = CACHE_ENTRIES.labels
+        entries(server, "success", CACHE_ZONES, "").set_function(lambda: len(self.cache.success))
+        entries(server, "denial", CACHE_ZONES, "").set_function(lambda: len(self.cache.denial))
 
     async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> Outcome:
         """The reply to a raw query (ID as the client's), or the rcode to answer it with.
@@ -242,10 +247,11 @@ class Forwarder:
         key = cache_key(data, end, bool(opt))
         ad = bool(key[2] or data[3] & AD)  # the client asked for DNSSEC or for AD
         cached = self.cache.get(key)
+        CACHE_REQUESTS.labels(self.server, CACHE_ZONES, "").inc()
         if cached is not None:
-            CACHE_HITS.labels(self.server, cached.kind).inc()
+            CACHE_HITS.labels(self.server, cached.kind, CACHE_ZONES, "").inc()
             return truncate(cached.render(data[:2], self.clock(), opt, ad, hit=True), limit)
-        CACHE_MISSES.labels(self.server).inc()
+        CACHE_MISSES.labels(self.server, CACHE_ZONES, "").inc()
         if self.outstanding >= self.max_concurrent:
             FORWARD_MAX_CONCURRENT_REJECTS.inc()
             if not self.refusing:

@@ -2,7 +2,7 @@
 
 /health and /ready follow CoreDNS's health and ready plugins: /health answers 200 `OK` while the
 process is up; /ready answers 200 `OK` once the data has synced, and 503 with what is not ready
-otherwise. `/explain?client=IP&name=NAME[&type=A]` answers what `toposdns explain --json`
+otherwise. `/explain?client=IP[/LENGTH]&name=NAME[&type=A]` answers what `toposdns explain --json`
 prints, from the data being served at that moment, or 400 with `{"error": ...}`. It tells
 where every client and endpoint is placed, so it is served only on an address given for it.
 
@@ -214,7 +214,7 @@ class HttpServer:
                 params["client"], params["name"], params.get("type", "A")
             )
         except ValueError as exc:
-            usage = "GET /explain?client=IP&name=NAME[&type=A]"
+            usage = "GET /explain?client=IP[/LENGTH]&name=NAME[&type=A]"
             return web.json_response({"error": f"{exc}; usage: {usage}"}, status=400)
         assert self.serving is not None  # the route exists only with it
         snapshot, config, autopath = self.serving()

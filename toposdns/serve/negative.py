@@ -66,7 +66,7 @@ class Negatives:
             return None
         count = len(starts) - zone  # labels left of the zone
         text = lower.decode()
-        tail = tuple(text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 3) : count])
+        tail = tuple(text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 5) : count])
         reverse = len(starts) >= 2 and lower[starts[-2] :] in _REVERSE
         depends = absent(tail, count, reverse, snapshot, self.config)
         if depends is None:

@@ -4,7 +4,8 @@
   name of a headless service whose topology policy applies, cached replies included. `policy`
   is where the policy came from (`topologyKeys`, `annotation`, `trafficDistribution`, `hints`);
   `tier` is the label key whose tier answered (`kubernetes.io/hostname`,
-  `topology.kubernetes.io/zone`, any other key), `*` when every endpoint did (the catch-all, a
+  `topology.kubernetes.io/zone`, any other key; `(nodeName)` for PreferSameNode's same-node
+  tier and node hints, which compare node names), `*` when every endpoint did (the catch-all, a
   client with unknown labels under a list ending in `*`, zone hints with none for the client's
   zone), `none` when no tier matched and the answer was NODATA. Zone hints that matched count
   as `topology.kubernetes.io/zone`.

@@ -5,6 +5,9 @@ PodLocators; this module turns their objects into store records. A malformed obj
 with a log line and a counter while the rest is served (its last good version, if any, stays).
 Changes are published as a new snapshot after a short coalescing delay, so a burst of events
 costs one snapshot; the snapshot says `synced` once every resource has been listed once.
+
+Each EndpointSlice that arrives with the endpoint controllers' last-change-trigger-time
+annotation is timed, as CoreDNS times it: Kubernetes' DNS programming latency SLI.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from toposdns.kube.client import Apis
 from toposdns.kube.resources import POD_LOCATOR
-from toposdns.metrics import MALFORMED_OBJECTS
+from toposdns.metrics import DNS_PROGRAMMING_DURATION, MALFORMED_OBJECTS
 from toposdns.options import Plugin, Setting, file, seconds, sets
 from toposdns.source.watch import (
     Object,
@@ -29,8 +33,8 @@ from toposdns.source.watch import (
     object_key,
 )
 from toposdns.store.builder import StoreBuilder
-from toposdns.store.convert import ObjectError, convert_object
-from toposdns.store.model import EndpointSlice, Namespace, PodLocator, Record, Service
+from toposdns.store.convert import SERVICE_NAME_LABEL, ObjectError, convert_object
+from toposdns.store.model import HEADLESS, EndpointSlice, Namespace, PodLocator, Record, Service
 from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
@@ -85,6 +89,8 @@ ENDPOINT_SLICES = Resource(
     lambda a: a.discovery.list_endpoint_slice_for_all_namespaces_without_preload_content,
 )
 POD_LOCATORS = custom_resource(POD_LOCATOR)
+#: When the change an EndpointSlice reflects happened (RFC 3339), set by the endpoint controllers.
+TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 #: What DNS watches, and the store record each becomes.
 RESOURCES: dict[Resource, type] = {
     NAMESPACES: Namespace,
@@ -105,8 +111,11 @@ class KubeSource:
         clock: Callable[[], float] = time.time,
         on_page: Callable[[], None] | None = None,
         builder: StoreBuilder | None = None,
+        endpoints: bool = True,
     ) -> None:
         self.apis = apis
+        #: The resources watched: all but EndpointSlices with `endpoints` False (`noendpoints`).
+        self.resources = [r for r in RESOURCES if endpoints or r is not ENDPOINT_SLICES]
         self.publish = publish
         self.settings = settings or WatchSettings()
         self.clock = clock
@@ -117,16 +126,18 @@ class KubeSource:
         self.serial = 0
         self._pending: asyncio.TimerHandle | None = None
         self._published_synced = False
+        #: An unreadable trigger time was logged (once: the endpoint controllers write them).
+        self._bad_trigger_time = False
 
     @property
     def is_synced(self) -> bool:
         """True once every resource has been listed at least once."""
-        return len(self.synced) == len(RESOURCES)
+        return len(self.synced) == len(self.resources)
 
     async def run(self) -> None:
         """Run every reflector until cancelled."""
         async with asyncio.TaskGroup() as group:
-            for resource in RESOURCES:
+            for resource in self.resources:
                 reflector = Reflector(self.apis, resource, self, self.settings, self.on_page)
                 group.create_task(reflector.run(), name=f"watch {resource.name}")
 
@@ -134,6 +145,8 @@ class KubeSource:
 
     def prepare(self, resource: Resource, obj: Object) -> Record | tuple[str, str]:
         """The record; for a malformed object its key, so its last good version is kept."""
+        if resource is ENDPOINT_SLICES:
+            self.time_programming(obj)
         record = self.convert(obj)
         return object_key(obj) if record is None else record
 
@@ -149,14 +162,53 @@ class KubeSource:
             self.changed()
 
     def upsert(self, resource: Resource, obj: Object) -> None:
+        if resource is ENDPOINT_SLICES:
+            self.time_programming(obj)
         record = self.convert(obj)
         if record is not None and self.builder.put(record):
             self.changed()
 
     def delete(self, resource: Resource, obj: Object) -> None:
+        if resource is ENDPOINT_SLICES:
+            self.time_programming(obj)
         namespace, name = object_key(obj)
         if self.builder.remove(RESOURCES[resource], namespace, name):
             self.changed()
+
+    def time_programming(self, raw: Object) -> None:
+        """Observe how long ago the change an EndpointSlice carries was triggered, as CoreDNS's
+        EndpointLatencyRecorder does: only for a slice with the annotation whose Service is
+        known, labelled `headless_with_selector` or `cluster_ip` by that Service's kind. Every
+        arrival counts, listed or watched, as every informer delta does in CoreDNS."""
+        metadata = raw.get("metadata")
+        if not isinstance(metadata, dict):
+            return
+        annotations = metadata.get("annotations")
+        text = annotations.get(TRIGGER_TIME) if isinstance(annotations, dict) else None
+        labels = metadata.get("labels")
+        service = labels.get(SERVICE_NAME_LABEL) if isinstance(labels, dict) else None
+        if not isinstance(text, str) or not isinstance(service, str):
+            return
+        svc = self.builder.service(str(metadata.get("namespace", "")), service)
+        if svc is None:
+            return
+        try:
+            triggered = datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            if not self._bad_trigger_time:
+                self._bad_trigger_time = True
+                namespace, name = object_key(raw)
+                log.warning(
+                    "EndpointSlice %s/%s: annotation %s is %r, not an RFC 3339 time; DNS "
+                    "programming latency is not measured for such slices",
+                    namespace,
+                    name,
+                    TRIGGER_TIME,
+                    text[:64],
+                )
+            return
+        kind = "headless_with_selector" if svc.kind == HEADLESS else "cluster_ip"
+        DNS_PROGRAMMING_DURATION.labels(kind).observe(self.clock() - triggered)
 
     def convert(self, raw: Object) -> Record | None:
         """A record, or None (logged and counted) for a malformed object."""

@@ -26,6 +26,7 @@ from toposdns.store.model import (
     Service,
     canonical_ip,
 )
+from toposdns.store.placement import NO_PREFIXES, add_prefix, remove_prefix
 from toposdns.store.snapshot import Dependency, Snapshot, new_lineage
 from toposdns.store.topology import Policy, policy_for
 
@@ -58,6 +59,7 @@ class StoreBuilder:
         self._combined: Map[str, PodLocator] = Map()
         self._shared: Map[str, tuple[PodLocator, ...]] = Map()
         self._node_locators: Map[str, PodLocator] = Map()
+        self._prefixes = NO_PREFIXES
         self._policies: Map[Key, Policy] = Map()
         #: What changed since the last snapshot.
         self._changes: set[Dependency] = set()
@@ -77,6 +79,10 @@ class StoreBuilder:
         if kind is PodLocator:
             return set(self._locators)
         return {("", name) for name in self._namespaces}
+
+    def service(self, namespace: str, name: str) -> Service | None:
+        """The Service of that name, if the builder holds it."""
+        return self._services.get((namespace, name))
 
     def put(self, record: Record) -> bool:
         """Add or replace an object; False if it equals what is stored."""
@@ -145,6 +151,7 @@ class StoreBuilder:
             locators=self._combined,
             node_locators=self._node_locators,
             shared_ips=self._shared,
+            prefixes=self._prefixes,
             policies=self._policies,
             serial=serial,
             synced=synced,
@@ -250,6 +257,9 @@ class StoreBuilder:
             holders = self._shared.get(ip, (current,)) + (locator,)
             self._shared = self._shared.set(ip, holders)
             self._combined = self._combined.set(ip, _choose(holders))
+        for cidr in dict.fromkeys(locator.cidrs):  # canonical already
+            self._changes.add(("cidr", cidr))
+            self._prefixes = add_prefix(self._prefixes, cidr, locator)
         return True
 
     def _unindex_locator(self, locator: PodLocator) -> None:
@@ -274,6 +284,9 @@ class StoreBuilder:
             rest = tuple(held for held in shared if held is not locator)
             self._shared = _set_or_drop(self._shared, ip, rest if len(rest) > 1 else None)
             self._combined = self._combined.set(ip, _choose(rest))
+        for cidr in dict.fromkeys(locator.cidrs):
+            self._changes.add(("cidr", cidr))
+            self._prefixes = remove_prefix(self._prefixes, cidr, locator)
 
 
 def _choose(holders: tuple[PodLocator, ...]) -> PodLocator:

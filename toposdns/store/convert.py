@@ -7,6 +7,7 @@ operator from a snapshot file and from the live API.
 from __future__ import annotations
 
 import ipaddress
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -164,17 +165,11 @@ def _endpoint_slice(
         target = _mapping(ep.get("targetRef"), obj, f"{where}.targetRef")
         pod_name = _str(target.get("name"), obj, f"{where}.targetRef.name")
         hints = ep.get("hints")
-        hint_zones = None
+        hint_zones = hint_nodes = None
         if hints is not None:
-            field = f"{where}.hints.forZones"
-            zones = _list(_mapping(hints, obj, f"{where}.hints").get("forZones"), obj, field)
-            hint_zones = (
-                tuple(
-                    _str(_mapping(z, obj, f"{field}[{j}]").get("name"), obj, f"{field}[{j}].name")
-                    for j, z in enumerate(zones)
-                )
-                or None
-            )
+            hints = _mapping(hints, obj, f"{where}.hints")
+            hint_zones = _hint_names(hints, "forZones", obj, f"{where}.hints")
+            hint_nodes = _hint_names(hints, "forNodes", obj, f"{where}.hints")
         endpoints.append(
             Endpoint(
                 addresses=addrs,
@@ -184,6 +179,7 @@ def _endpoint_slice(
                 node_name=sys.intern(_str(ep.get("nodeName"), obj, f"{where}.nodeName")),
                 zone=sys.intern(_str(ep.get("zone"), obj, f"{where}.zone")),
                 hint_zones=hint_zones,
+                hint_nodes=hint_nodes,
             )
         )
     ports = tuple(
@@ -192,12 +188,32 @@ def _endpoint_slice(
     return EndpointSlice(namespace, name, service, ports or (NO_PORT,), tuple(endpoints))
 
 
+def _hint_names(
+    hints: Mapping[str, Any], kind: str, obj: Any, where: str
+) -> tuple[str, ...] | None:
+    """The names of `hints.forZones` or `hints.forNodes`; None when there are none."""
+    field = f"{where}.{kind}"
+    names = _list(hints.get(kind), obj, field)
+    return (
+        tuple(
+            sys.intern(
+                _str(_mapping(n, obj, f"{field}[{j}]").get("name"), obj, f"{field}[{j}].name")
+            )
+            for j, n in enumerate(names)
+        )
+        or None
+    )
+
+
 def _pod_locator(
     raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
 ) -> PodLocator:
     addresses = tuple(
         _ip(a, obj, f"addresses[{i}]", canonical=True)
         for i, a in enumerate(_list(raw.get("addresses"), obj, "addresses"))
+    )
+    cidrs = tuple(
+        _cidr(c, obj, f"cidrs[{i}]") for i, c in enumerate(_list(raw.get("cidrs"), obj, "cidrs"))
     )
     labels = _mapping(raw.get("nodeLabels"), obj, "nodeLabels")
     node_labels = _intern_labels(
@@ -211,6 +227,7 @@ def _pod_locator(
         node_name=sys.intern(_str(raw.get("nodeName"), obj, "nodeName")),
         node_labels=node_labels,
         is_node=meta_labels.get(NODE_LOCATOR_LABEL) == "node",
+        cidrs=cidrs,
     )
 
 
@@ -249,6 +266,54 @@ def _ip(value: Any, obj: Any, field: str, canonical: bool = False) -> str:
     except ValueError:
         raise ObjectError(obj, field, f"not an IP address: {text!r}") from None
     return str(ip) if canonical else text
+
+
+#: The shortest prefix a locator may claim, per family: a node's pod range is far longer, and a
+#: shorter one would swallow whole address classes.
+SHORTEST_PREFIX = {4: 8, 6: 32}
+_PREFIX_LENGTH = re.compile(r"0|[1-9][0-9]{0,2}")
+_LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+
+
+def _cidr(value: Any, obj: Any, field: str) -> str:
+    """A prefix a locator places, in canonical network form.
+
+    Refused, as the CRD refuses them: what is not `address/length`, host bits set, a prefix
+    shorter than SHORTEST_PREFIX, and multicast, unspecified or link-local ranges. Loopback
+    stays allowed here, as for `addresses`, so a snapshot file can place clients on 127.0.0.0/8.
+    """
+    text = _str(value, obj, field, required=True)
+    address, slash, length = text.partition("/")
+    try:
+        if not slash or not _PREFIX_LENGTH.fullmatch(length) or "%" in address:
+            raise ValueError(text)
+        network = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ObjectError(
+            obj,
+            field,
+            f"not a CIDR: {text!r}; write a network and its prefix length, such as "
+            "10.244.3.0/24 or fd00:10:244:3::/64",
+        ) from None
+    shortest = SHORTEST_PREFIX[network.version]
+    if network.prefixlen < shortest:
+        raise ObjectError(
+            obj, field, f"{text!r} is shorter than /{shortest}: give the node's own pod range"
+        )
+    if network.network_address != ipaddress.ip_address(address):
+        raise ObjectError(obj, field, f"{text!r} has host bits set; the network is {network}")
+    first = network.network_address
+    if first.is_multicast:
+        forbidden = "multicast"
+    elif first.is_unspecified:
+        forbidden = "unspecified"
+    elif any(network.overlaps(range_) for range_ in _LINK_LOCAL):
+        forbidden = "link-local (169.254.0.0/16, fe80::/10)"
+    elif isinstance(first, ipaddress.IPv6Address) and first.ipv4_mapped is not None:
+        forbidden = "IPv4-mapped: write the IPv4 prefix"
+    else:
+        return str(network)
+    raise ObjectError(obj, field, f"{text!r} is not a unicast range: it is {forbidden}")
 
 
 def _str(value: Any, obj: Any, field: str, required: bool = False) -> str:

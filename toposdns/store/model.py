@@ -9,12 +9,37 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def canonical_ip(text: str) -> str:
     """The canonical text of an address, so `fd00:0::1` and `fd00::1` index alike."""
     return str(ipaddress.ip_address(text))
+
+
+#: The key under which a locator's `labels` carry its `nodeName`: "same node" compares node names,
+#: as kube-proxy does, and not the kubernetes.io/hostname label, which differs on some clouds.
+#: Not a valid label key, so no node label can take its place.
+NODE_NAME = "(nodeName)"
+
+#: (id of a node label set, node name) -> (that label set, it with the node name): every locator
+#: of a node shares one, so that caches can recognise a node's clients by identity.
+_WITH_NODE: dict[tuple[int, str], tuple[Mapping[str, str], Mapping[str, str]]] = {}
+
+
+def labels_with_node(node_labels: Mapping[str, str], node_name: str) -> Mapping[str, str]:
+    """`node_labels` plus the node's name under NODE_NAME (itself without a name)."""
+    if not node_name:
+        return node_labels
+    key = (id(node_labels), node_name)
+    found = _WITH_NODE.get(key)
+    if found is not None and found[0] is node_labels:  # held, so its id is still its own
+        return found[1]
+    if len(_WITH_NODE) >= 100_000:
+        _WITH_NODE.clear()  # bounded; locators keep the sets they hold
+    labels = {**node_labels, NODE_NAME: node_name}
+    _WITH_NODE[key] = (node_labels, labels)
+    return labels
 
 
 #: Kinds of Service as DNS sees them.
@@ -66,6 +91,8 @@ class Endpoint:
     zone: str = ""
     #: `hints.forZones[].name`; None when the endpoint carries no zone hint.
     hint_zones: tuple[str, ...] | None = None
+    #: `hints.forNodes[].name`; None when the endpoint carries no node hint.
+    hint_nodes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +115,10 @@ class Namespace:
 
 @dataclass(frozen=True, slots=True)
 class PodLocator:
-    """A toposdns.io/v1alpha1 PodLocator: where a pod (or, for node locators, a node) runs."""
+    """A toposdns.io/v1alpha1 PodLocator: where a pod (or, for node locators, a node) runs.
+
+    It places its `addresses` exactly, and every address inside its `cidrs` unless a locator
+    holds that address exactly or a longer prefix contains it (docs/topology.md)."""
 
     namespace: str
     name: str
@@ -98,6 +128,14 @@ class PodLocator:
     node_labels: Mapping[str, str]
     #: True for the controller's per-node locators (label `toposdns.io/locator: node`).
     is_node: bool = False
+    #: Prefixes whose every address this locator places, in canonical network form
+    #: (`10.244.3.0/24`): a node's pod range, where the CNI allocates per node.
+    cidrs: tuple[str, ...] = ()
+    #: What topology compares: `node_labels` and `node_name` under NODE_NAME.
+    labels: Mapping[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", labels_with_node(self.node_labels, self.node_name))
 
 
 #: Any object a snapshot can hold.

@@ -18,6 +18,7 @@ from itertools import count
 from immutables import Map
 
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service
+from toposdns.store.placement import NO_PREFIXES, Placement, Prefixes, place
 from toposdns.store.topology import Policy
 
 #: What an answer read from a snapshot, and what a change touches (the same words for both):
@@ -25,6 +26,7 @@ from toposdns.store.topology import Policy
 #: ("ns", name): whether a Namespace exists;
 #: ("ip", address): the Services and endpoints holding an address (PTR, own NS records);
 #: ("loc", address): the PodLocators claiming an address (client and endpoint placement);
+#: ("cidr", prefix): the PodLocators claiming a prefix (client placement);
 #: ("node", name): a node's PodLocator.
 Dependency = tuple[str, ...]
 
@@ -58,6 +60,8 @@ class Snapshot:
     node_locators: Mapping[str, PodLocator] = field(default_factory=Map)
     #: Canonical IP -> every locator claiming it, for the few addresses claimed twice.
     shared_ips: Mapping[str, tuple[PodLocator, ...]] = field(default_factory=Map)
+    #: The locators' CIDRs, for longest-prefix placement.
+    prefixes: Prefixes = NO_PREFIXES
     #: Headless services that ask for a topology policy, valid or not, by (namespace, name).
     policies: Mapping[tuple[str, str], Policy] = field(default_factory=Map)
     #: SOA serial: unix seconds of the last change that DNS can see.
@@ -77,6 +81,10 @@ class Snapshot:
             and self.lineage == previous.lineage
             and self.generation == previous.generation + 1
         )
+
+    def place(self, address: str, length: int | None = None) -> Placement:
+        """Which locator places `address` (canonical), or the prefix `address/length`."""
+        return place(self.locators, self.prefixes, address, length)
 
     def holds_pod(self, namespace: str, ip: str) -> bool:
         """True if a pod's PodLocator in `namespace` holds `ip` (canonical): `--pods verified`."""

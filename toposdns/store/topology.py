@@ -7,7 +7,7 @@ policy comes from the first of these that the service sets (docs/topology.md):
 2. the `toposdns.io/topology-keys` annotation (the same list, for clusters without the field);
 3. `spec.trafficDistribution`: PreferSameNode is the tiers (node, zone, all), PreferSameZone and
    its older name PreferClose are (zone, all);
-4. EndpointSlice zone hints, when every ready endpoint carries one;
+4. EndpointSlice hints, when every ready endpoint carries a node hint or every one a zone hint;
 5. nothing: every ready endpoint, as CoreDNS answers.
 
 Key lists are validated as the API server validated `topologyKeys`; an invalid policy is
@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 
 from toposdns.kube.names import qualified_name_errors
 from toposdns.store.convert import TOPOLOGY_KEYS_ANNOTATION
-from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service, canonical_ip
+from toposdns.store.model import (
+    NODE_NAME,
+    Endpoint,
+    EndpointSlice,
+    PodLocator,
+    Service,
+    canonical_ip,
+)
 
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
@@ -37,7 +44,8 @@ NO_TIER = "none"
 MAX_KEYS = 16
 
 TRAFFIC_DISTRIBUTIONS = {
-    "PreferSameNode": (HOSTNAME, ZONE, ANY),
+    # The same node is the same node name, as kube-proxy compares it (NODE_NAME).
+    "PreferSameNode": (NODE_NAME, ZONE, ANY),
     "PreferSameZone": (ZONE, ANY),
     "PreferClose": (ZONE, ANY),
 }
@@ -55,6 +63,8 @@ class Policy:
     keys: tuple[str, ...] = ()
     #: Zone hints mode: the endpoints hinted for the client's zone, else all.
     hints: bool = False
+    #: Node hints mode (before zone hints, if both): the endpoints hinted for the client's node.
+    node_hints: bool = False
     #: Why the policy is ignored; empty when it is valid.
     errors: tuple[str, ...] = ()
     #: The keys a client's labels are compared on ("*" compares nothing).
@@ -66,11 +76,13 @@ class Policy:
     @property
     def active(self) -> bool:
         """True when answers depend on the client."""
-        return bool(self.keys or self.hints) and not self.errors
+        return bool(self.keys or self.hints or self.node_hints) and not self.errors
 
     def signature(self, labels: Labels) -> tuple[object, ...]:
         """What of a client's labels decides its answer: clients with equal signatures get
         equal answers, so answers are cached per signature, never per address."""
+        if self.node_hints:
+            return (labels.get(ZONE), labels.get(NODE_NAME))
         if self.hints:
             return (labels.get(ZONE),)
         # Runs on the hot path for every topology-filtered query: keep it to one map().
@@ -78,6 +90,9 @@ class Policy:
 
     def describe(self) -> str:
         """One line for people: the source and what it asks for."""
+        if self.node_hints:
+            then = ", then hints.forZones" if self.hints else ""
+            return f"EndpointSlice hints.forNodes{then}"
         if self.hints:
             return "EndpointSlice hints.forZones"
         if not self.keys and not self.errors:
@@ -107,8 +122,13 @@ def policy_for(service: Service, slices: Iterable[EndpointSlice]) -> Policy:
             return Policy("trafficDistribution", errors=(error,))
         return Policy(f"trafficDistribution {service.traffic_distribution}", tiers)
     endpoints = [ep for eps in slices for ep in eps.endpoints]
-    if endpoints and all(ep.hint_zones for ep in endpoints):
-        return Policy("hints", hints=True)
+    if not endpoints:
+        return NO_POLICY
+    # kube-proxy uses each kind of hint only when every ready endpoint carries one.
+    zones = all(ep.hint_zones for ep in endpoints)
+    nodes = all(ep.hint_nodes for ep in endpoints)
+    if zones or nodes:
+        return Policy("hints", hints=zones, node_hints=nodes)
     return NO_POLICY
 
 
@@ -168,13 +188,13 @@ def endpoint_labels(
     for address in endpoint.addresses:
         locator = locators.get(canonical_ip(address))
         if locator is not None and not locator.is_node:
-            return locator.node_labels
+            return locator.labels
     node = node_locators.get(endpoint.node_name) if endpoint.node_name else None
     if node is not None:
-        return node.node_labels
+        return node.labels
     labels = {}
     if endpoint.node_name:
-        labels[HOSTNAME] = endpoint.node_name
+        labels[HOSTNAME] = labels[NODE_NAME] = endpoint.node_name
     if endpoint.zone:
         labels[ZONE] = endpoint.zone
     return labels
@@ -192,6 +212,31 @@ class Selection:
     tier: str
 
 
+def _by_hints(
+    policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
+) -> Selection:
+    """Node hints, then zone hints (those every endpoint carries), else every endpoint."""
+    # (used, the client's value they are compared with, what it is, the endpoint's hints)
+    kinds = (
+        (policy.node_hints, NODE_NAME, "node", "hint_nodes"),
+        (policy.hints, ZONE, "zone", "hint_zones"),
+    )
+    missed = ""
+    for used, key, kind, field_name in kinds:
+        if not used:
+            continue
+        value = client.get(key)
+        hinted = tuple(
+            i
+            for i, (ep, _) in enumerate(candidates)
+            if value and value in (getattr(ep, field_name) or ())
+        )
+        if hinted:
+            return Selection(hinted, f"hinted for {kind} {value}", key)
+        missed = f"no endpoint hinted for {kind} {value!r}"
+    return Selection(tuple(range(len(candidates))), f"{missed}: every endpoint", ANY)
+
+
 def select(
     policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
 ) -> Selection:
@@ -199,14 +244,8 @@ def select(
     everyone = tuple(range(len(candidates)))
     if policy.errors:
         return Selection(everyone, "policy ignored (invalid): every endpoint", ANY)
-    if policy.hints:
-        zone = client.get(ZONE)
-        hinted = tuple(
-            i for i, (ep, _) in enumerate(candidates) if zone and zone in (ep.hint_zones or ())
-        )
-        if hinted:
-            return Selection(hinted, f"hinted for zone {zone}", ZONE)
-        return Selection(everyone, f"no endpoint hinted for zone {zone!r}: every endpoint", ANY)
+    if policy.node_hints or policy.hints:
+        return _by_hints(policy, client, candidates)
     keys = policy.keys
     if not keys:
         return Selection(everyone, "no policy: every endpoint", ANY)

@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY, Metric, generate_latest
 
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import WORKER_RESTARTS
+from toposdns.metrics import SOURCE_SYNCED, WORKER_RESTARTS
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
@@ -40,8 +40,10 @@ from toposdns.server import (
     answering,
     kept_where,
     raise_open_files_limit,
+    report_conflicts,
     report_invalid_policies,
     report_restart,
+    report_server,
     start_http,
     start_source,
     where,
@@ -174,6 +176,7 @@ class Supervisor:
                 family, config.bind.host, config.bind.port, reuse_port=True, listen=False
             )
             self.port = int(reserved[0].getsockname()[1])
+            report_server(config, self.port)
             life.stack.push_async_callback(self.end_workers)
             self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
             try:
@@ -214,6 +217,8 @@ class Supervisor:
     def publish(self, snapshot: Snapshot) -> None:
         """The source's new snapshot: served by the supervisor, and sent to every worker."""
         report_invalid_policies(self.current, snapshot)
+        SOURCE_SYNCED.set(snapshot.synced)
+        report_conflicts(self.current, snapshot)
         previous, self.current = self.current, snapshot
         self.batch += 1
         message: Message
@@ -235,6 +240,7 @@ class Supervisor:
         report_restart([k for k, v in where(config).items() if v != where(self.config)[k]])
         self.config = kept_where(config, self.config)
         self.resolver = replace(config.kubernetes, ns_addresses=self.resolver.ns_addresses)
+        report_server(self.config, self.port)
         self.broadcast(Reconfigure(self.config))
 
     def broadcast(self, message: Message) -> None:

@@ -1,0 +1,179 @@
+"""CoreDNS's own series on /metrics, with CoreDNS's names, types and label names, after traffic:
+the server watching the stand-in API, forwarding to one upstream that answers and one that
+sends garbage, in one process and as a supervisor of two workers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, service, wait_until
+from tests.kubeapi import FakeApiServer
+from tests.upstream import stub_upstream
+
+pytestmark = pytest.mark.integration
+
+#: Family, type and label names, as CoreDNS 1.14 exports them (plugin/metrics/vars/vars.go,
+#: plugin/cache/metrics.go, plugin/pkg/proxy/metrics.go, plugin/reload/metrics.go,
+#: plugin/kubernetes/object/metrics.go). Counter families are named without `_total`.
+COREDNS_SERIES = [
+    ("coredns_build_info", "gauge", {"version", "revision", "goversion"}),
+    ("coredns_panics", "counter", set()),
+    ("coredns_plugin_enabled", "gauge", {"server", "zone", "view", "name"}),
+    ("coredns_dns_requests", "counter", {"server", "zone", "view", "proto", "family", "type"}),
+    ("coredns_dns_responses", "counter", {"server", "zone", "view", "rcode", "plugin"}),
+    ("coredns_dns_request_duration_seconds", "histogram", {"server", "zone", "view"}),
+    ("coredns_cache_entries", "gauge", {"server", "type", "zones", "view"}),
+    ("coredns_cache_requests", "counter", {"server", "zones", "view"}),
+    ("coredns_cache_hits", "counter", {"server", "type", "zones", "view"}),
+    ("coredns_cache_misses", "counter", {"server", "zones", "view"}),
+    ("coredns_proxy_request_duration_seconds", "histogram", {"proxy_name", "to", "rcode"}),
+    ("coredns_proxy_healthcheck_failures", "counter", {"proxy_name", "to"}),
+    ("coredns_reload_failed", "counter", set()),
+    ("coredns_kubernetes_dns_programming_duration_seconds", "histogram", {"service_kind"}),
+]
+TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
+#: Names forwarded once each: the garbage upstream is tried for one of them but once in 2**10.
+FORWARDED_ONCE = 10
+UPSTREAM = {("www.example.test", "A"): ["www.example.test. 300 IN A 192.0.2.10"]}
+
+
+def endpoint_slice(name: str, service_name: str, ip: str, triggered: float) -> dict[str, Any]:
+    """An EndpointSlice as the endpoint controller writes it, with its trigger time."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(triggered))
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "labels": {"kubernetes.io/service-name": service_name},
+            "annotations": {TRIGGER_TIME: f"{stamp}.{int(triggered % 1 * 1e9):09d}Z"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+    }
+
+
+def scrape(port: int) -> dict[str, Metric]:
+    status, text = http_get(port, "/metrics")
+    assert status == 200
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def traffic(server: Server) -> None:
+    """Queries of each kind: answered from the zones, denied, forwarded three times (then
+    cached), and ten other names forwarded once each (so both upstreams get some)."""
+    for _ in range(3):
+        assert dig(server, "web.shop.svc.cluster.local").status == "NOERROR"
+        assert dig(server, "nothing.shop.svc.cluster.local").status == "NXDOMAIN"
+        assert dig(server, "www.example.test").status == "NOERROR"
+    for i in range(FORWARDED_ONCE):
+        dig(server, f"n{i}.example.test")
+
+
+@pytest.fixture(params=["1", "2"], ids=["single", "workers"])
+def running(
+    request: pytest.FixtureRequest, api: FakeApiServer, tmp_path: Path
+) -> Iterator[tuple[Server, int, FakeApiServer]]:
+    """A server on the stand-in API with two upstreams, and its metrics port."""
+    api.add(service("db", "None"))
+    with stub_upstream(UPSTREAM) as good, stub_upstream(UPSTREAM, mode="garbage") as bad:
+        upstreams = f"127.0.0.1:{good.port},127.0.0.1:{bad.port}"
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        server = Server(
+            None,
+            (
+                "--kubeconfig",
+                str(kubeconfig),
+                "--http",
+                "127.0.0.1:0",
+                "--upstream",
+                upstreams,
+                "--loadbalance",
+                "--workers",
+                request.param,
+            ),
+        )
+        try:
+            server.wait_ready(30)  # connecting to the API takes a while on a loaded machine
+            http = int(server.wait_for_log(r"/metrics on 127\.0\.0\.1:(\d+)").group(1))
+            yield server, http, api
+        finally:
+            assert server.stop(STOP_TIMEOUT) == 0, server.log()
+
+
+def test_coredns_series_are_present_with_their_labels(
+    running: tuple[Server, int, FakeApiServer],
+) -> None:
+    server, http, api = running
+    api.wait_for_watches(4)
+    api.add(endpoint_slice("db-a", "db", "10.1.0.7", time.time() - 0.5))
+    api.add(endpoint_slice("web-a", "web", "10.1.0.8", time.time() - 0.5))
+    assert wait_until(lambda: bool(dig(server, "db.shop.svc.cluster.local", "+short").text), 5)
+    traffic(server)
+    # The garbage upstream fails its queries, then its health checks.
+    name = "coredns_proxy_healthcheck_failures"
+    assert wait_until(lambda: name in scrape(http) and scrape(http)[name].samples, 10)
+
+    families = scrape(http)
+    for family_name, kind, labels in COREDNS_SERIES:
+        assert family_name in families, f"{family_name} is missing"
+        family = families[family_name]
+        assert family.type == kind, family_name
+        assert family.samples, f"{family_name} has no samples"
+        for sample in family.samples:
+            names = set(sample.labels) - {"le"}
+            assert names == labels, f"{sample.name}: labels {sorted(names)}"
+
+    def value(family_name: str, **labels: str) -> float:
+        return sum(
+            s.value
+            for s in families[family_name].samples
+            if s.name in (family_name, f"{family_name}_total", f"{family_name}_count")
+            and labels.items() <= s.labels.items()
+        )
+
+    server_label = f"dns://:{server.port}"
+    assert value("coredns_build_info") == 1  # once, whatever the number of workers
+    enabled = {s.labels["name"] for s in families["coredns_plugin_enabled"].samples}
+    assert enabled == {
+        "errors",
+        "kubernetes",
+        "prometheus",
+        "forward",
+        "cache",
+        "loop",
+        "loadbalance",
+    }
+    assert all(
+        (s.labels["server"], s.labels["zone"], s.value) == (server_label, ".", 1)
+        for s in families["coredns_plugin_enabled"].samples
+    )
+    # Every forwarded query goes through the cache: www.example.test a miss, then two hits
+    # (with workers each has its own cache: a miss in each that gets it first), the rest misses.
+    cache = {"server": server_label, "zones": ".", "view": ""}
+    hits = value("coredns_cache_hits", type="success", **cache)
+    misses = value("coredns_cache_misses", **cache)
+    assert value("coredns_cache_requests", **cache) == hits + misses == 3 + FORWARDED_ONCE
+    assert hits == 2 if server.args[-1] == "1" else 1 <= hits <= 2
+    assert value("coredns_cache_entries", type="success", **cache) >= 1
+    assert value("coredns_proxy_request_duration_seconds", rcode="NOERROR") >= 1
+    assert value("coredns_panics") == 0 and value("coredns_reload_failed") == 0
+    # Both slices were triggered half a second before they arrived.
+    programming = "coredns_kubernetes_dns_programming_duration_seconds"
+    sums = {
+        s.labels["service_kind"]: s.value
+        for s in families[programming].samples
+        if s.name == f"{programming}_sum"
+    }
+    for kind in ("headless_with_selector", "cluster_ip"):
+        assert value(programming, service_kind=kind) == 1
+        assert 0.4 < sums[kind] < 30, (kind, sums)

@@ -1,0 +1,153 @@
+"""Which PodLocator places an address, or a Client Subnet prefix: the one rule every path that
+places a client uses (the server, explain, the tests' reference).
+
+1. A locator holding the address exactly (`addresses`; a pod's over a node's).
+2. Otherwise the locator with the longest prefix (`cidrs`) containing it.
+3. Two locators claiming that same longest prefix: nobody inside it is placed.
+
+A prefix shorter than a host (a Client Subnet of /24, say) is placed by the longest locator
+prefix that holds all of it; exact addresses inside it do not count, since they name single
+hosts. The prefixes are indexed per family and length (`Prefixes`), so a lookup costs one hash
+lookup per distinct length in use (one or two in a cluster whose nodes share a mask size).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from immutables import Map
+
+from toposdns.store.model import PodLocator
+
+#: (IP version, prefix length) -> network address as an integer -> the locators claiming it.
+PrefixMap = Map[tuple[int, int], Map[int, tuple[PodLocator, ...]]]
+#: Bits per IP version, and its network type.
+BITS = {4: 32, 6: 128}
+NETWORKS: dict[int, type[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {
+    4: ipaddress.IPv4Network,
+    6: ipaddress.IPv6Network,
+}
+
+
+class Prefixes(NamedTuple):
+    """The locators' CIDRs, as the snapshot holds them (immutable, shared between snapshots)."""
+
+    by_length: PrefixMap = Map()
+    #: IP version -> the prefix lengths in use, longest first.
+    lengths: Mapping[int, tuple[int, ...]] = {}
+
+
+NO_PREFIXES = Prefixes()
+
+
+class Placement(NamedTuple):
+    """Where an address or prefix is placed, and why."""
+
+    locator: PodLocator | None
+    #: What placed it: the address itself, or the locator's CIDR (also the CIDR in conflict);
+    #: "" when nothing did.
+    via: str = ""
+    #: The locators claiming the longest prefix that holds it, when they are several.
+    conflict: tuple[PodLocator, ...] = ()
+
+
+UNPLACED = Placement(None)
+
+
+def place(
+    locators: Mapping[str, PodLocator],
+    prefixes: Prefixes,
+    address: str,
+    length: int | None = None,
+) -> Placement:
+    """Place `address` (canonical text), or the prefix `address/length` when `length` is
+    shorter than a host."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return UNPLACED
+    host = BITS[ip.version]
+    if length is None or length >= host:
+        locator = locators.get(address)
+        if locator is not None:
+            return Placement(locator, address)
+        length = host
+    value = int(ip)
+    for prefix in prefixes.lengths.get(ip.version, ()):
+        if prefix > length:
+            continue  # would hold only part of the prefix asked about
+        network = value >> (host - prefix) << (host - prefix)
+        holders = prefixes.by_length[ip.version, prefix].get(network)
+        if holders is None:
+            continue
+        cidr = str(NETWORKS[ip.version]((network, prefix)))
+        return Placement(None, cidr, holders) if len(holders) > 1 else Placement(holders[0], cidr)
+    return UNPLACED
+
+
+def parse_cidr(cidr: str) -> tuple[int, int, int]:
+    """(IP version, prefix length, network as an integer) of a canonical CIDR."""
+    network = ipaddress.ip_network(cidr)
+    return network.version, network.prefixlen, int(network.network_address)
+
+
+def add_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixes:
+    """`prefixes` with `locator` claiming `cidr` too."""
+    version, length, network = parse_cidr(cidr)
+    table = prefixes.by_length.get((version, length), Map())
+    claims = table.get(network, ()) + (locator,)
+    # The order of claimants must not depend on event order: every replica sees one conflict.
+    claims = tuple(sorted(claims, key=lambda held: (held.namespace, held.name)))
+    by_length = prefixes.by_length.set((version, length), table.set(network, claims))
+    if (version, length) in prefixes.by_length:
+        return Prefixes(by_length, prefixes.lengths)
+    return Prefixes(by_length, _lengths(by_length))
+
+
+def remove_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixes:
+    """`prefixes` without `locator`'s claim on `cidr`."""
+    version, length, network = parse_cidr(cidr)
+    table = prefixes.by_length.get((version, length))
+    if table is None or network not in table:
+        return prefixes
+    rest = tuple(held for held in table[network] if held is not locator)
+    table = table.set(network, rest) if rest else table.delete(network)
+    if table:
+        return Prefixes(prefixes.by_length.set((version, length), table), prefixes.lengths)
+    by_length = prefixes.by_length.delete((version, length))
+    return Prefixes(by_length, _lengths(by_length))
+
+
+def prefix_conflicts(
+    old: Prefixes, new: Prefixes, changed: Iterable[str] | None = None
+) -> list[tuple[str, tuple[PodLocator, ...]]]:
+    """The prefixes two or more locators claim in `new` with other claimants than in `old`:
+    each conflict is reported once. `changed`: the only prefixes that may differ (default: look
+    at every one)."""
+    if changed is None:
+        changed = (
+            str(NETWORKS[version]((network, length)))
+            for (version, length), table in new.by_length.items()
+            for network, holders in table.items()
+            if len(holders) > 1
+        )
+    found = []
+    for cidr in changed:
+        holders = _claims(new, cidr)
+        if len(holders) > 1 and holders != _claims(old, cidr):
+            found.append((cidr, holders))
+    return found
+
+
+def _claims(prefixes: Prefixes, cidr: str) -> tuple[PodLocator, ...]:
+    version, length, network = parse_cidr(cidr)
+    return prefixes.by_length.get((version, length), Map()).get(network, ())
+
+
+def _lengths(by_length: PrefixMap) -> dict[int, tuple[int, ...]]:
+    lengths: dict[int, list[int]] = {}
+    for version, length in by_length:
+        lengths.setdefault(version, []).append(length)
+    return {version: tuple(sorted(found, reverse=True)) for version, found in lengths.items()}
