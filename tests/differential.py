@@ -1,7 +1,8 @@
 """The reference path for differential tests: what the server must answer, with no cache at all.
 
-`reference_reply` decodes, places the client, resolves and encodes, with the same primitives
-and in the same order as serve/responder.py's `respond()` and `reply()` (without a forwarder),
+`reference_reply` decodes, routes (serve/responder.py `route`, the one first step of every
+query), places the client, resolves and encodes, with the same primitives and in the same
+order as serve/responder.py's `decoded()` (without a forwarder),
 but never through the Responder, so that every cache and fast path of the real frontends can be
 checked against it byte for byte. The frontend harnesses below drive the real UDP and TCP
 protocols with fake transports, the way the event loop does.
@@ -16,7 +17,17 @@ import dnslib
 
 from toposdns.resolve.client import Network, client_address, identify
 from toposdns.resolve.resolver import ResolverConfig, resolve
-from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
+from toposdns.serve.responder import (
+    BADVERS,
+    REFUSE,
+    TCP4,
+    TCP6,
+    UDP4,
+    UDP6,
+    Responder,
+    Transport,
+    route,
+)
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
@@ -26,14 +37,14 @@ from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
     FRAGMENT_LIMIT_V6,
     MAX_TCP_SIZE,
+    MAX_UDP_SIZE,
+    bound_buffer,
     encode_badvers,
     encode_bare,
     encode_rejection,
     encode_reply,
     udp_limit,
 )
-
-CLASS_IN = 1
 
 #: Per transport: is it TCP, and the UDP fragmentation limit (0: none). The oracle's own table,
 #: so that it does not depend on how the Transport objects carry these.
@@ -52,21 +63,23 @@ def reference_reply(
     snapshot: Snapshot,
     config: ResolverConfig,
     ecs_trust: Sequence[Network] = (),
+    max_udp_size: int = MAX_UDP_SIZE,
 ) -> bytes | None:
     """The reply a server without a forwarder owes to `data` from `source`, or None for none.
 
     Where the server answers an internal error with SERVFAIL, this raises: that is a bug to see.
     """
     try:
-        query = decode_query(data)
+        query = bound_buffer(decode_query(data), max_udp_size)  # CoreDNS's `bufsize`
     except Dropped:
         return None
     except Rejected as rejected:
         return encode_rejection(rejected.data, rejected.rcode)
-    if query.edns is not None and query.edns.version != 0:
-        return encode_badvers(query)  # before anything else looks at the query
-    if query.qclass != CLASS_IN:
-        return encode_bare(query, REFUSED)  # CoreDNS without `forward` refuses other classes
+    where = route(query, config.zones, forwarding=False)
+    if where is BADVERS:
+        return encode_badvers(query)
+    if where is REFUSE:
+        return encode_bare(query, REFUSED)
     ecs = query.ecs.address if query.ecs is not None else None
     address, via_ecs = client_address(source, ecs, ecs_trust)
     length = query.ecs.source_prefix if query.ecs is not None and via_ecs else None

@@ -25,6 +25,36 @@ SHOP_WEB: list[dict[str, Any]] = [
 ]
 
 
+def headless(
+    name: str,
+    namespace: str,
+    endpoints: list[dict[str, Any]],
+    family: str = "IPv4",
+    **spec: Any,
+) -> list[dict[str, Any]]:
+    """A headless Service with one port, `http` 80, and one EndpointSlice of `endpoints`."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}], **spec},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{name}-1",
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": name},
+            },
+            "addressType": family,
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+            "endpoints": endpoints,
+        },
+    ]
+
+
 def snapshot_of(objects: Iterable[dict[str, Any]], synced: bool = True) -> Snapshot:
     """A snapshot built from raw Kubernetes objects, as a snapshot file would give."""
     return build_snapshot([convert_object(o) for o in objects], serial=1700000000, synced=synced)

@@ -65,15 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_controller_parser(commands: argparse._SubParsersAction[Any]) -> None:
-    from toposdns.controller.config import DEFAULT_LABEL_KEYS, LeaseSettings
+    from toposdns.controller.config import DEFAULT_LABEL_KEYS, LeaseSettings, add_cidr_options
 
     lease = LeaseSettings()
     controller = commands.add_parser(
         "controller",
-        help="maintain a PodLocator per pod and per node (leader-elected)",
-        description="Watch Pods and Nodes and keep one PodLocator per pod that has an IP and a "
-        "node, and one per node in --namespace. Replicas elect a leader with a Lease; only "
-        "the leader writes.",
+        help="maintain a PodLocator per node, and per pod its node's does not place "
+        "(leader-elected)",
+        description="Watch Pods and Nodes and keep one PodLocator per node in --namespace "
+        "(its InternalIPs and pod ranges), and one per pod that has an IP and a node and that "
+        "its node's locator does not place (--pod-locators). Replicas elect a leader with a "
+        "Lease; only the leader writes.",
     )
     controller.add_argument(
         "--kubeconfig",
@@ -135,6 +137,7 @@ def _add_controller_parser(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="N",
         help="API write rate limit, token bucket (default %(default)g; 0: no limit)",
     )
+    add_cidr_options(controller)
     _add_log_options(controller)
 
 

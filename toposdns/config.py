@@ -31,6 +31,7 @@ from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
 from toposdns.serve.acl import ACL, AclOptions
+from toposdns.serve.cache import CACHE_BOUNDS, CacheBoundOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CACHE, CacheSettings
 from toposdns.serve.http import (
@@ -42,9 +43,11 @@ from toposdns.serve.http import (
     ReadyOptions,
 )
 from toposdns.serve.listen import BIND, ListenOptions
+from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.tcp import TCP, TcpOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
+from toposdns.wire.encode import BUFSIZE, BufsizeOptions
 from toposdns.wire.shuffle import LOADBALANCE, LoadbalanceOptions
 from toposdns.workers.cpus import usable_cpus
 
@@ -138,6 +141,9 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     AUTOPATH,
     FORWARD,
     CACHE,
+    CACHE_BOUNDS,
+    BUFSIZE,
+    ANY_PLUGIN,
     LOADBALANCE,
     HEALTH,
     READY,
@@ -162,6 +168,9 @@ class ServeConfig:
     autopath: AutopathOptions = field(default_factory=AutopathOptions)
     forward: ForwardOptions = field(default_factory=ForwardOptions)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    cache_bounds: CacheBoundOptions = field(default_factory=CacheBoundOptions)
+    bufsize: BufsizeOptions = field(default_factory=BufsizeOptions)
+    any: AnyOptions = field(default_factory=AnyOptions)
     loadbalance: LoadbalanceOptions = field(default_factory=LoadbalanceOptions)
     health: HealthOptions = field(default_factory=HealthOptions)
     ready: ReadyOptions = field(default_factory=ReadyOptions)

@@ -38,8 +38,10 @@ from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.acl import Acl, Screen
+from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_metrics import QueryMetrics
@@ -156,6 +158,9 @@ class DnsServer:
             self.metrics,
             config.loadbalance.round_robin,
             config.autopath,
+            cache_bounds(config)[0],
+            config.bufsize.size,
+            not config.any.minimal,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -339,8 +344,20 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     """The forwarder to the upstreams, if there are any."""
     if not config.upstreams:
         return None
+    cache = replace(config.cache, max_bytes=cache_bounds(config)[1])
     return Forwarder(
-        list(config.upstreams), max_concurrent=config.forward.max_concurrent, cache=config.cache
+        list(config.upstreams), max_concurrent=config.forward.max_concurrent, cache=cache
+    )
+
+
+def cache_bounds(config: ServeConfig) -> tuple[int, int]:
+    """The bytes each DNS process's reply cache and forward cache may hold: as set, else their
+    shares of the container's memory limit, split between the workers (serve/cache.py)."""
+    bounds = config.cache_bounds
+    workers = config.workers
+    return (
+        bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
+        bounds.forward_max_bytes or default_max_bytes(FORWARD_SHARE, workers, FORWARD_MAX_BYTES),
     )
 
 

@@ -166,13 +166,41 @@ def test_a_cached_servfail_goes_when_the_address_appears() -> None:
     assert isinstance(first, bytes) and dnslib.DNSRecord.parse(first).header.rcode == SERVFAIL
     other = ptr_query("5.0.96.10.in-addr.arpa")
     responder.respond(other, UDP4, "127.0.0.1")
-    assert set(responder.caches[UDP4].table) == {cache_key(query), cache_key(other)}
+    assert set(responder.cache.table) == {cache_key(query), cache_key(other)}
     service = {**OBJECTS[1], "metadata": {"name": "dns", "namespace": "shop"}}
     builder.put(convert_object({**service, "spec": {"clusterIP": "8.8.4.4"}}))
     responder.update(builder.snapshot(serial=2))
-    assert set(responder.caches[UDP4].table) == {cache_key(other)}  # only what read 8.8.4.4
+    assert set(responder.cache.table) == {cache_key(other)}  # only what read 8.8.4.4
     second = responder.respond(query, UDP4, "127.0.0.1")
     assert isinstance(second, bytes)
     assert [str(rr.rdata) for rr in dnslib.DNSRecord.parse(second).rr] == [
         "dns.shop.svc.cluster.local."
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "forward_any"),
+    [("example.com", False), ("8.8.8.8.in-addr.arpa", False), ("example.com", True)],
+    ids=["outside", "fallen-through", "--forward-any"],
+)
+def test_any_for_the_upstreams_gets_rfc_8482s_minimal_answer(name: str, forward_any: bool) -> None:
+    forwarder = FakeForwarder()
+    responder = Responder(
+        KUBEADM, snapshot_of(OBJECTS), forwarder=forwarder, forward_any=forward_any
+    )
+    query = dnslib.DNSRecord(dnslib.DNSHeader(id=4, rd=1), q=dnslib.DNSQuestion(name, 255))
+    query.add_ar(dnslib.EDNS0(udp_len=4096))
+    pending = responder.respond(bytes(query.pack()), UDP4, "127.0.0.1")
+    if forward_any:
+        assert not isinstance(pending, bytes) and pending is not None
+        asyncio.run(pending)
+        assert len(forwarder.sent) == 1
+        return
+    assert isinstance(pending, bytes) and not forwarder.sent
+    reply = dnslib.DNSRecord.parse(pending)
+    # CoreDNS's `any`: one HINFO, TTL 8482, not authoritative; the OPT echoed (at 1232).
+    assert (reply.header.rcode, reply.header.aa, reply.header.id) == (0, 0, 4)
+    (hinfo,) = reply.rr
+    assert (hinfo.rtype, hinfo.ttl, str(hinfo.rname)) == (13, 8482, name + ".")
+    assert b"\x0dANY obsoleted\x0cSee RFC 8482\x00\x00\x29" in pending  # then the OPT
+    assert [(rr.rtype, rr.rclass) for rr in reply.ar] == [(41, 1232)]

@@ -43,7 +43,7 @@ def ask(
 def test_answers_and_caches_wire_bytes(responder: Responder) -> None:
     first = ask(responder, "web.shop.svc.cluster.local", qid=1)
     assert [str(rr.rdata) for rr in first.rr] == ["10.96.0.5"]
-    assert len(responder.caches[UDP4].table) == 1
+    assert len(responder.cache.table) == 1
     second = ask(responder, "web.shop.svc.cluster.local", qid=2)  # from the wire cache
     assert second.header.id == 2 and second.rr == first.rr
 
@@ -52,7 +52,7 @@ def test_new_snapshot_drops_cached_replies(responder: Responder) -> None:
     ask(responder, "web.shop.svc.cluster.local")
     moved = [OBJECTS[0], {**OBJECTS[1], "spec": {"clusterIP": "10.96.0.6"}}]
     responder.update(snapshot_of(moved))
-    assert not responder.caches[UDP4].table
+    assert not responder.cache.table
     assert [str(rr.rdata) for rr in ask(responder, "web.shop.svc.cluster.local").rr] == [
         "10.96.0.6"
     ]
@@ -66,12 +66,14 @@ def test_queries_with_edns_options_share_a_cached_reply_and_get_their_own_option
         for cookie in (dnslib.EDNSOption(10, b"12345678"), dnslib.EDNSOption(10, b"abcdefgh"))
     ]
     assert [reply.ar[0].rdata[0].data for reply in replies] == [b"12345678", b"abcdefgh"]
-    assert replies[0].rr == replies[1].rr and len(responder.caches[UDP4].table) == 1
+    assert replies[0].rr == replies[1].rr and len(responder.cache.table) == 1
 
 
-def test_transports_have_separate_caches(responder: Responder) -> None:
-    ask(responder, "web.shop.svc.cluster.local", transport=TCP4)
-    assert len(responder.caches[TCP4].table) == 1 and not responder.caches[UDP4].table
+def test_transports_share_one_cached_reply(responder: Responder) -> None:
+    tcp = ask(responder, "web.shop.svc.cluster.local", transport=TCP4)
+    udp = ask(responder, "web.shop.svc.cluster.local")
+    assert udp.rr == tcp.rr and len(responder.cache.table) == 1
+    assert (responder.cache.hits, responder.cache.misses) == (1, 1)
 
 
 def test_other_classes_are_refused(responder: Responder) -> None:

@@ -15,9 +15,10 @@ from typing import Any
 import dnslib
 import pytest
 
-from tests.helpers import config_of, snapshot_of
-from toposdns.serve.cache import Orderings
-from toposdns.serve.responder import UDP4, Responder
+from tests.differential import Frontends, frame
+from tests.helpers import config_of, headless, snapshot_of
+from toposdns.serve.cache import Cached
+from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.wire.codes import AAAA, CNAME, MX, A
 from toposdns.wire.decode import record_spans
 from toposdns.wire.shuffle import order, shuffle_reply, varies
@@ -309,10 +310,83 @@ def test_the_responder_reorders_cached_replies(cookie: bool) -> None:
     assert len(seen) > 1 and {tuple(sorted(order)) for order in seen} == {
         ("10.244.0.1", "10.244.0.2", "10.244.0.3")
     }
-    (entry,) = responder.caches[UDP4].table.values()  # one entry, served in varying order
-    assert isinstance(entry, Orderings)
+    (entry,) = responder.cache.table.values()  # one entry, served in varying order
+    assert isinstance(entry, Cached) and entry.rotation is not None
     one = dnslib.DNSRecord.question("nothere.shop.svc.cluster.local")
     responder.respond(bytes(one.pack()), UDP4, "127.0.0.1")
     assert not any(
-        isinstance(e, Orderings) for e in list(responder.caches[UDP4].table.values())[1:]
+        isinstance(e, Cached) and e.rotation for e in list(responder.cache.table.values())[1:]
     )
+
+
+# Balance: each address comes first equally often, over UDP (the frontend's fast path and the
+# responder's) and TCP, plain and topology-filtered.
+
+ZONE_1 = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
+
+
+def balanced_service(name: str, family: str, addresses: list[str], **spec: Any) -> list[Any]:
+    endpoints = [
+        {"addresses": [address], "nodeName": "node-a", "zone": "z1" if i < 4 else "z2"}
+        for i, address in enumerate(addresses)
+    ]
+    return headless(name, "shop", endpoints, family, **spec)
+
+
+BALANCED = snapshot_of(
+    [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+        *balanced_service("six", "IPv4", [f"10.1.0.{i}" for i in range(1, 7)]),
+        *balanced_service("six6", "IPv6", [f"fd00::{i}" for i in range(1, 7)]),
+        *balanced_service(
+            "near",
+            "IPv4",
+            [f"10.2.0.{i}" for i in range(1, 7)],
+            topologyKeys=["topology.kubernetes.io/zone", "*"],
+        ),
+        {
+            "apiVersion": "toposdns.io/v1alpha1",
+            "kind": "PodLocator",
+            "metadata": {"name": "client", "namespace": "shop"},
+            "addresses": ["127.0.0.1"],
+            "nodeName": "node-a",
+            "nodeLabels": ZONE_1,
+        },
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "qtype", "count", "replies"),
+    [
+        ("six", "A", 6, 60),  # a headless service
+        ("six6", "AAAA", 6, 30),
+        ("near", "A", 4, 40),  # topology-filtered: the 4 endpoints of the client's zone
+    ],
+)
+@pytest.mark.parametrize("edns", [False, True], ids=["plain", "edns"])
+def test_every_address_comes_first_equally_often(
+    name: str, qtype: str, count: int, replies: int, edns: bool
+) -> None:
+    async def run() -> Counter[str]:
+        responder = Responder(config_of(), BALANCED, loadbalance=True)
+        frontends = Frontends(responder)
+        firsts: Counter[str] = Counter()
+        for i in range(replies):
+            query = dnslib.DNSRecord.question(f"{name}.shop.svc.cluster.local", qtype)
+            if edns:
+                query.add_ar(dnslib.EDNS0(udp_len=1232))
+            data = bytes(query.pack())
+            if i % 5 == 4:  # now and then over TCP: the same cached reply, the same turns
+                (reply,) = frontends.over_tcp(TCP4, [frame(data)], "127.0.0.1")
+            else:
+                (reply,) = frontends.over_udp(UDP4, data, "127.0.0.1")
+            records = dnslib.DNSRecord.parse(reply).rr
+            assert len(records) == count
+            firsts[str(records[0].rdata)] += 1
+        return firsts
+
+    import asyncio
+
+    firsts = asyncio.run(run())
+    assert len(firsts) == count and set(firsts.values()) == {replies // count}, firsts

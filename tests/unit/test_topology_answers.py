@@ -226,7 +226,7 @@ def test_clients_get_their_own_answers_from_the_wire_cache() -> None:
         ]
         assert len(addresses(ask(responder, "web.shop.svc.cluster.local", "127.0.0.9"))) == 3
     # One wire entry for the name, one reply per signature; never one per address.
-    (entry,) = responder.caches[UDP4].table.values()
+    (entry,) = responder.cache.table.values()
     assert not isinstance(entry, bytes) and len(entry.replies) == 3
 
 
@@ -256,7 +256,7 @@ def test_clients_of_one_zone_share_a_cached_answer() -> None:
         assert addresses(ask(responder, "zonal.shop.svc.cluster.local", f"10.9.0.{i}")) == [
             "10.1.0.1"
         ]
-    (entry,) = responder.caches[UDP4].table.values()  # one reply for the zone's signature
+    (entry,) = responder.cache.table.values()  # one reply for the zone's signature
     assert not isinstance(entry, bytes) and len(entry.replies) == 1
 
 

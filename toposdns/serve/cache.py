@@ -1,123 +1,217 @@
-"""Replies kept by query key, per transport, and what each one was built from.
+"""Replies kept by query key, bounded in bytes, and what each one was built from.
 
-The key is the query after its ID, without EDNS options (wire/edns.py `split_query`). A value is
-one of:
+The key is the query after its ID, its name in lower case, without the EDNS buffer size and
+options (wire/edns.py `split_query`). A value is one of:
 
-- `bytes`: the reply after its ID, the same for every client (the hot path's case);
-- `SerialReply`: a reply carrying the zone's SOA (negative answers, SOA queries); its serial is
-  rewritten in place when the snapshot's serial moves on, so a change does not empty it;
-- `Orderings`: with `--loadbalance`, a reply whose address records are served in varying order;
-- `TopologyReplies`: one reply per client signature, for names whose answer depends on the
+- `Cached`: one reply (after its ID), whole, in the letter case of the query that built it,
+  the same for every client: the frontends cut it to each query's size limit and give it the
+  query's ID and OPT record. It may carry the zone's SOA serial, rewritten in place when the
+  snapshot's serial moves on, and with `--loadbalance` a `Rotation` of its address records.
+  It holds the counters of its hits (serve/query_metrics.py `Hits`), set and dropped with it;
+- `TopologyReplies`: one `Cached` per client signature, for names whose answer depends on the
   client (a headless service with a topology policy).
 
 Each entry is listed under the `Dependency` words its answer read (resolver `Answer.depends`).
 A new snapshot that follows the previous one drops only the entries under the words it changed;
-any other snapshot empties the cache. A full table is emptied whole: cheaper than LRU bookkeeping
-on every hit, and refilled by the queries that still come.
+any other snapshot empties the cache.
+
+The cache holds at most `max_bytes`, counted as the bytes of keys, replies and names plus what
+Python spends on each entry and each dependency word (`ENTRY_OVERHEAD`, `WORD_OVERHEAD`,
+measured with tracemalloc: tests/unit/test_cache.py holds them to it). Past that, the oldest
+entries go first, an eighth of the bound at a time so that eviction costs little per insert;
+a reply larger than `max_reply_bytes` is never kept. A flood of names that are each asked once
+therefore costs CPU, never memory, and cannot push out more than the cache's bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from struct import pack
 
+from toposdns.options import Origin, Plugin, Setting, sets, size
+from toposdns.resolve.client import NO_LABELS
+from toposdns.serve.query_metrics import Hits
 from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import serial_offset
-from toposdns.wire.shuffle import shuffle_reply
+from toposdns.wire.shuffle import Rotation
 
-#: Entries per transport before the table is emptied.
-TABLE_SIZE = 100_000
+#: What Python spends on an entry beyond the bytes of its key, replies and question: the
+#: `Cached` object, the bytes objects' headers, the table's slot and the tuple of its words.
+#: Measured (tracemalloc, CPython 3.11-3.13, 64-bit) and rounded up.
+ENTRY_OVERHEAD = 300
+#: And per dependency word: its place in the index (a set entry, amortized) and the word.
+WORD_OVERHEAD = 190
+#: A `TopologyReplies` holder, beyond the `Cached` per signature it holds.
+TOPOLOGY_OVERHEAD = 600
+
+#: The bound when the container sets none (and the floor of any derived one).
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+MIN_MAX_BYTES = 1024 * 1024
+#: Of the container's memory limit, the share the reply caches take (all workers together).
+MEMORY_SHARE = 8
 
 
-class SerialReply:
-    """A reply (after its ID) whose bytes carry the SOA serial `serial`."""
+@dataclass(frozen=True, slots=True)
+class CacheBoundOptions:
+    """How much memory each DNS process's caches may take (toposdns's own settings, in its
+    Corefile directive): None derives the bound from the container's memory limit."""
 
-    __slots__ = ("reply", "serial", "offset")
+    #: Bytes of in-zone replies (`--cache-max-bytes`).
+    max_bytes: int | None = None
+    #: Bytes of forwarded replies (`--forward-cache-max-bytes`).
+    forward_max_bytes: int | None = None
 
-    def __init__(self, reply: bytes, serial: int) -> None:
+
+def _bound(words: Sequence[str], origin: Origin) -> int:
+    value = size(words, origin)
+    if value < MIN_MAX_BYTES:
+        raise origin.error("must be at least 1Mi, e.g. 16Mi")
+    return value
+
+
+CACHE_BOUNDS: Plugin[CacheBoundOptions] = Plugin(
+    "cache_bounds",
+    CacheBoundOptions,
+    (
+        Setting(
+            "cache_max_bytes",
+            sets("max_bytes", _bound),
+            "--cache-max-bytes",
+            "SIZE",
+            "keep at most this much of in-zone replies per DNS process, e.g. 16Mi (default: an "
+            "eighth of the container's memory limit, shared by the workers; 32Mi without one)",
+        ),
+        Setting(
+            "forward_cache_max_bytes",
+            sets("forward_max_bytes", _bound),
+            "--forward-cache-max-bytes",
+            "SIZE",
+            "keep at most this much of forwarded replies per DNS process, e.g. 8Mi (default: a "
+            "sixteenth of the container's memory limit, shared by the workers; 16Mi without "
+            "one)",
+        ),
+    ),
+    directive="toposdns",
+)
+
+
+class Cached:
+    """One cached reply (after its ID) and what it takes to serve it."""
+
+    __slots__ = (
+        "reply",
+        "compressed",
+        "question",
+        "serial",
+        "offsets",
+        "rotation",
+        "compressed_rotation",
+        "hits",
+        "words",
+        "size",
+        "small",
+    )
+
+    def __init__(
+        self,
+        reply: bytes,
+        compressed: bytes | None,
+        question: bytes,
+        words: tuple[Dependency, ...],
+        serial: int = -1,
+        rotate: bool = False,
+        hits: tuple[Hits, ...] | None = None,
+    ) -> None:
+        #: The reply, uncompressed, ending in its OPT record without options (if it has one).
         self.reply = reply
+        #: The same, compressed, for the queries whose limit the uncompressed one passes.
+        self.compressed = compressed
+        #: The question as the query that built it asked it: the case its names are in.
+        self.question = question
+        #: The SOA serial the reply carries, or -1 when it carries none to rewrite.
         self.serial = serial
-        #: Where the serial is, found the first time it must be rewritten (most negative
-        #: replies are never asked for again).
-        self.offset = -1
+        #: Where the serial is in `reply` and `compressed`, found when first rewritten.
+        self.offsets: tuple[int, int] | None = None
+        #: With `--loadbalance`, each form's records in turn (wire/shuffle.py `Rotation`).
+        self.rotation = Rotation.of(reply) if rotate else None
+        self.compressed_rotation = (
+            Rotation.of(compressed) if rotate and compressed is not None else None
+        )
+        #: The counters of its hits, one row per transport (None without metrics).
+        self.hits = hits
+        self.words = words
+        self.size = (
+            len(reply)
+            + (len(compressed) if compressed is not None else 0)
+            + len(question)
+            + (self.rotation.held() if self.rotation is not None else 0)
+            + (self.compressed_rotation.held() if self.compressed_rotation is not None else 0)
+            + ENTRY_OVERHEAD
+            + WORD_OVERHEAD * len(words)
+        )
+        #: Served as it is to a query without OPT record (the UDP frontend's fast path, which
+        #: finds it by the query's raw bytes: only a reply to a lower-case name qualifies).
+        name = question[:-4]
+        self.small = serial < 0 and len(reply) <= 510 and name == name.lower()
 
     def current(self, serial: int) -> bytes:
-        """The reply with this serial (rewritten once per serial, not per hit)."""
-        if serial != self.serial:
-            if self.offset < 0:
-                try:
-                    self.offset = serial_offset(b"\x00\x00" + self.reply) - 2
-                except ValueError:  # the SOA did not fit in the reply: nothing to rewrite
-                    self.offset = len(self.reply)
-            at = self.offset
-            if at < len(self.reply):
-                serial_bytes = pack("!I", serial & 0xFFFFFFFF)
-                self.reply = self.reply[:at] + serial_bytes + self.reply[at + 4 :]
-            self.serial = serial
-        return self.reply
+        """The reply with this serial (rewritten once per serial, not per hit) and, with
+        `--loadbalance`, its records in the next order."""
+        if self.serial >= 0 and serial != self.serial:
+            self.rewrite(serial)
+        rotation = self.rotation
+        return self.reply if rotation is None else rotation.next()
+
+    def rewrite(self, serial: int) -> None:
+        """Give the reply (both forms) the new serial in place."""
+        if self.offsets is None:
+            self.offsets = (_serial_at(self.reply), _serial_at(self.compressed))
+        stamp = pack("!I", serial & 0xFFFFFFFF)
+        at, compressed_at = self.offsets
+        if at >= 0:
+            self.reply = self.reply[:at] + stamp + self.reply[at + 4 :]
+        if compressed_at >= 0 and self.compressed is not None:
+            self.compressed = (
+                self.compressed[:compressed_at] + stamp + self.compressed[compressed_at + 4 :]
+            )
+        self.serial = serial
 
 
-class Orderings:
-    """A reply whose records' order varies from reply to reply (`--loadbalance`).
-
-    A few orderings are made with CoreDNS's shuffle (wire/shuffle.py) and served in turn, and
-    every `REFRESH` replies one of them is made anew: a hit costs a counter, not a shuffle, and
-    over time the orders are spread as CoreDNS's shuffle spreads them.
-    """
-
-    __slots__ = ("base", "variants", "turn")
-
-    COUNT = 4
-    REFRESH = 256
-
-    def __init__(self, base: bytes) -> None:
-        self.base = base
-        self.variants = [self.shuffled() for _ in range(self.COUNT)]
-        self.turn = 0
-
-    @classmethod
-    def of(cls, reply: bytes) -> Orderings | None:
-        """Orderings of a reply (after its ID), or None if its order never varies."""
-        return cls(reply) if shuffle_reply(b"\x00\x00" + reply) is not None else None
-
-    def shuffled(self) -> bytes:
-        varied = shuffle_reply(b"\x00\x00" + self.base)
-        return self.base if varied is None else varied[2:]
-
-    def current(self, serial: int = 0) -> bytes:
-        """The next ordering (`serial` is for the interface SerialReply shares)."""
-        turn = self.turn = self.turn + 1
-        if turn % self.REFRESH == 0:
-            self.variants[turn // self.REFRESH % self.COUNT] = self.shuffled()
-        return self.variants[turn % self.COUNT]
-
-
-Reply = bytes | SerialReply | Orderings
-
-
-#: A topology-filtered reply and the `TopologyCounts` row its answers count in.
-TopologyReply = tuple[Reply, list[int]]
+def _serial_at(reply: bytes | None) -> int:
+    """Where the SOA serial is in a reply after its ID, or -1."""
+    if reply is None:
+        return -1
+    try:
+        return serial_offset(b"\x00\x00" + reply) - 2
+    except ValueError:  # no SOA in it
+        return -1
 
 
 class TopologyReplies:
     """Replies to one query whose answer depends on the client, by client signature."""
 
-    __slots__ = ("policy", "replies", "by_labels", "held")
+    __slots__ = ("policy", "replies", "by_labels", "held", "words", "size")
 
     #: How many label sets an entry remembers directly (more are still answered, just slower).
     REMEMBERED = 256
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.replies: dict[tuple[object, ...], TopologyReply] = {}
+        self.replies: dict[tuple[object, ...], tuple[Cached, list[int]]] = {}
         #: id(labels) -> reply. Equal label sets are one interned object (store/convert.py);
         #: `held` keeps each remembered one alive, so its id cannot pass to another object.
-        self.by_labels: dict[int, TopologyReply] = {}
+        self.by_labels: dict[int, tuple[Cached, list[int]]] = {}
         self.held: list[Labels] = []
+        self.words: tuple[Dependency, ...] = ()
+        self.size = TOPOLOGY_OVERHEAD
 
-    def get(self, labels: Labels, serial: int) -> tuple[bytes, list[int]] | None:
-        """The reply for a client with these labels, if one is cached, and its counts row."""
+    def get(self, labels: Labels) -> tuple[Cached, list[int]] | None:
+        """The reply for a client with these labels, if one is cached, and the
+        `TopologyCounts` row its answers count in."""
         found = self.by_labels.get(id(labels))
         if found is None:
             found = self.replies.get(self.policy.signature(labels))
@@ -126,64 +220,162 @@ class TopologyReplies:
             if len(self.held) < self.REMEMBERED:
                 self.by_labels[id(labels)] = found
                 self.held.append(labels)
-        reply, row = found
-        if reply.__class__ is bytes:
-            return found  # type: ignore[return-value]
-        return reply.current(serial), row  # type: ignore[union-attr]
+        return found
 
 
-Entry = bytes | SerialReply | Orderings | TopologyReplies
+Entry = Cached | TopologyReplies
 
 
 class ReplyCache:
-    """The cached replies of one transport, and the index of what they depend on."""
+    """The cached replies, the index of what they depend on, and their size in bytes.
 
-    def __init__(self, size: int = TABLE_SIZE) -> None:
-        self.size = size
+    `hits`, `misses` and `evictions` count as they happen (the frontends add their hits);
+    `entries` and `bytes_held` are read off when needed, for metrics.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        #: Replies larger than this are not kept: a few must not take the room of many.
+        self.max_reply_bytes = max(4096, min(65536, max_bytes // 256))
         #: Query key -> entry. Frontends hold a reference: it is only ever emptied in place.
         self.table: dict[bytes, Entry] = {}
-        self.dependents: dict[Dependency, set[bytes]] = {}
+        #: Word -> the key, or the set of keys, of the entries that read it (most words are
+        #: read by one entry: a set for each would cost more than the entry).
+        self.dependents: dict[Dependency, bytes | set[bytes]] = {}
+        self.bytes_held = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    @property
+    def entries(self) -> int:
+        """Replies kept (a topology-filtered name counts once)."""
+        return len(self.table)
 
     def store(
         self,
         key: bytes,
-        reply: Reply,
-        policy: Policy | None,
-        labels: Labels,
-        depends: Iterable[Dependency],
+        cached: Cached,
+        policy: Policy | None = None,
+        labels: Labels = NO_LABELS,
         row: list[int] | None = None,
     ) -> bool:
-        """Keep a reply (after its ID); a topology-filtered one (`policy`) with the counts `row`
-        its hits count in. Returns True if the table had to be emptied first."""
+        """Keep a reply (a topology-filtered one under `policy` for clients with `labels`, with
+        the counts `row` its answers count in); False when it is too large to keep."""
+        if len(cached.reply) > self.max_reply_bytes:
+            return False
         table = self.table
-        emptied = len(table) >= self.size
-        if emptied:
-            self.clear()
+        entry = table.get(key)
         if policy is None:
-            table[key] = reply
+            if entry is not None:
+                self.drop(key)
+            table[key] = cached
+            self.index(key, cached.words)
+            self.bytes_held += cached.size + len(key)
         else:
-            entry = table.get(key)
             if not isinstance(entry, TopologyReplies):
+                if entry is not None:
+                    self.drop(key)
                 entry = table[key] = TopologyReplies(policy)
-            entry.replies[policy.signature(labels)] = (reply, row or [0, 0])
+                self.bytes_held += entry.size + len(key)
+            signature = policy.signature(labels)
+            old = entry.replies.get(signature)
+            if old is not None:  # what the remembered labels point at goes
+                entry.size -= old[0].size
+                self.bytes_held -= old[0].size
+                entry.by_labels.clear()
+                entry.held.clear()
+            entry.replies[signature] = (cached, row or [0, 0])
+            entry.size += cached.size
+            self.bytes_held += cached.size
+            new = tuple(word for word in cached.words if word not in entry.words)
+            entry.words += new
+            self.index(key, new)
+        if self.bytes_held > self.max_bytes:
+            self.evict()
+        return True
+
+    def index(self, key: bytes, words: Iterable[Dependency]) -> None:
+        """List a key under the words its answer read."""
         dependents = self.dependents
-        for word in depends:
+        for word in words:
             keys = dependents.get(word)
             if keys is None:
-                dependents[word] = {key}
-            else:
+                dependents[word] = key
+            elif isinstance(keys, set):
                 keys.add(key)
-        return emptied
+            elif keys != key:
+                dependents[word] = {keys, key}
+
+    def drop(self, key: bytes) -> None:
+        """Drop one entry and its place in the index."""
+        entry = self.table.pop(key, None)
+        if entry is None:
+            return
+        self.bytes_held -= entry.size + len(key)
+        dependents = self.dependents
+        for word in entry.words:
+            keys = dependents.get(word)
+            if isinstance(keys, set):
+                keys.discard(key)
+                if not keys:
+                    del dependents[word]
+            elif keys == key:
+                del dependents[word]
+
+    def evict(self) -> None:
+        """Drop the oldest entries until an eighth of the bound is free."""
+        target = self.max_bytes - self.max_bytes // 8
+        table = self.table
+        while self.bytes_held > target and table:
+            for key in list(islice(table, 256)):
+                self.drop(key)
+                self.evictions += 1
+                if self.bytes_held <= target:
+                    break
 
     def invalidate(self, changes: Iterable[Dependency]) -> None:
         """Drop the entries that read anything `changes` names."""
-        table = self.table
         dependents = self.dependents
         for word in changes:
-            for key in dependents.pop(word, ()):
-                table.pop(key, None)
+            keys = dependents.get(word)
+            if isinstance(keys, bytes):
+                self.drop(keys)
+            elif keys is not None:
+                for key in list(keys):
+                    self.drop(key)
 
     def clear(self) -> None:
         """Drop everything."""
         self.table.clear()
         self.dependents.clear()
+        self.bytes_held = 0
+
+
+def container_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
+    """The memory limit of this container (cgroup v2 `memory.max`, else v1
+    `memory.limit_in_bytes`), or None when there is none."""
+    for name in ("memory.max", "memory/memory.limit_in_bytes", "memory.limit_in_bytes"):
+        try:
+            with open(os.path.join(root, name)) as file:
+                text = file.read().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        # cgroup v1 says "no limit" with a huge number (a page-rounded 2**63 - 1).
+        return value if value < 1 << 60 else None
+    return None
+
+
+def default_max_bytes(share: int, workers: int, fallback: int, root: str = "/sys/fs/cgroup") -> int:
+    """A cache's default bound: 1/`share` of the container's memory limit, split between the
+    `workers` that each keep one; `fallback` per worker without a limit."""
+    limit = container_memory_limit(root)
+    if limit is None:
+        return fallback
+    return max(MIN_MAX_BYTES, limit // share // max(1, workers))

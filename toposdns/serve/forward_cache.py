@@ -13,6 +13,9 @@
   a client that asked for DNSSEC, anything with a TTL of 0, other rcodes.
 - Entries are kept without their OPT record, which is per hop: each client gets its own. A reply
   served from the cache is authoritative (AA set), as CoreDNS's are.
+- Besides CoreDNS's capacities in entries, both caches together hold at most `max_bytes`
+  (each entry counted as its key, its reply and `ENTRY_OVERHEAD`, measured), least recently
+  used first out; a reply larger than `max_reply_bytes` is not kept.
 """
 
 from __future__ import annotations
@@ -52,6 +55,13 @@ NOTIFY, UPDATE = 4, 5  # opcodes
 MINIMAL_TTL = 5
 #: RFC 1982 serial arithmetic window for RRSIG times, as miekg/dns's ValidityPeriod.
 YEAR68 = 1 << 31
+#: The bound when the container sets none, and the share of its memory limit otherwise.
+FORWARD_MAX_BYTES = 16 * 1024 * 1024
+FORWARD_SHARE = 16
+#: What Python spends on an entry beyond its key and reply: the `Entry`, the bytes objects'
+#: headers, its TTL offsets and the LRU's links and slots. Measured with tracemalloc
+#: (tests/unit/test_cache.py holds it to that) and rounded up.
+ENTRY_OVERHEAD = 450
 
 
 class ReplyType(Enum):
@@ -94,6 +104,13 @@ class CacheSettings:
     denial: CachePolicy = CachePolicy(max_ttl=1800)
     #: How long SERVFAIL and NOTIMP are kept (CoreDNS's `servfail` default).
     servfail_ttl: int = 5
+    #: Bytes both caches hold at most, together.
+    max_bytes: int = FORWARD_MAX_BYTES
+
+    @property
+    def max_reply_bytes(self) -> int:
+        """Replies larger than this are not kept: a few must not take the room of many."""
+        return max(4096, min(65536, self.max_bytes // 64))
 
 
 MAX_TTL = 2**31 - 1  # RFC 2181 section 8
@@ -233,6 +250,8 @@ class Entry:
     ttl_offsets: tuple[int, ...]
     #: Which cache holds it ("success" or "denial"), or "" if it is not kept.
     kind: str = ""
+    #: What it costs in memory, key included, as the bound counts it.
+    size: int = 0
 
     def fits(self, limit: int, opt: bytes) -> bool:
         return len(self.reply) + len(opt) <= limit
@@ -257,15 +276,22 @@ class Entry:
 
 
 class ForwardCache:
-    """The success and denial caches of forwarded replies."""
+    """The success and denial caches of forwarded replies, bounded in entries (each, as
+    CoreDNS's) and in bytes (together)."""
 
     def __init__(
         self, settings: CacheSettings = CacheSettings(), clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.success: TLRUCache[bytes, Entry] = _lru(settings.success.capacity, clock)
-        self.denial: TLRUCache[bytes, Entry] = _lru(settings.denial.capacity, clock)
+        self.success = _lru(settings.max_bytes, clock)
+        self.denial = _lru(settings.max_bytes, clock)
+        self.evictions = 0
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes held by both caches, as `Entry.size` counts them."""
+        return int(self.success.currsize + self.denial.currsize)
 
     def get(self, key: bytes) -> Entry | None:
         return self.success.get(key) or self.denial.get(key)
@@ -279,19 +305,44 @@ class ForwardCache:
         out = bytearray(body)
         for offset in offsets:
             out[offset : offset + 4] = stamp
-        entry = Entry(bytes(out), ttl, self.clock(), offsets, kind)
-        if kind:
-            keeping, other = (
-                (self.success, self.denial) if kind == "success" else (self.denial, self.success)
+        size = len(key) + len(out) + 4 * len(offsets) + ENTRY_OVERHEAD
+        entry = Entry(bytes(out), ttl, self.clock(), offsets, kind, size)
+        if len(out) > self.settings.max_reply_bytes:
+            entry.kind = ""
+        if entry.kind:
+            self.success.pop(key, None)
+            self.denial.pop(key, None)
+            keeping, policy = (
+                (self.success, self.settings.success)
+                if kind == "success"
+                else (self.denial, self.settings.denial)
             )
+            if len(keeping) >= policy.capacity:  # CoreDNS's capacity: the least recent goes
+                keeping.popitem()
+                self.evictions += 1
+            self.make_room(size)
             keeping[key] = entry
-            other.pop(key, None)
         return entry
 
+    def make_room(self, size: int) -> None:
+        """Drop expired entries, then the least recently used of the larger cache, until
+        `size` more bytes fit in the bound."""
+        if self.bytes_held + size <= self.settings.max_bytes:
+            return
+        self.success.expire()
+        self.denial.expire()
+        while self.bytes_held + size > self.settings.max_bytes and (self.success or self.denial):
+            larger = self.success if self.success.currsize >= self.denial.currsize else self.denial
+            larger.popitem()
+            self.evictions += 1
 
-def _lru(capacity: int, clock: Callable[[], float]) -> TLRUCache[bytes, Entry]:
+
+def _lru(max_bytes: int, clock: Callable[[], float]) -> TLRUCache[bytes, Entry]:
     return TLRUCache(
-        maxsize=capacity, ttu=lambda _key, entry, _now: entry.stored + entry.ttl, timer=clock
+        maxsize=max_bytes,
+        ttu=lambda _key, entry, _now: entry.stored + entry.ttl,
+        timer=clock,
+        getsizeof=lambda entry: entry.size,
     )
 
 

@@ -1,10 +1,11 @@
 """Per-query metrics under CoreDNS's names, cheap enough for the hot path.
 
 A prometheus_client child costs a lock and a method call per update, several per query. Here a
-cached reply's hit costs one dict lookup and two additions: each cache entry points at the
-counter row of its labels and sizes (`Hits`, shared by every entry alike), and the collector adds
-the rows up only when Prometheus scrapes. A scrape's cost follows the number of distinct rows
-(labels times reply sizes), not the number of cached replies.
+cached reply's hit costs two additions: each cache entry (serve/cache.py `Cached`) points at the
+counter row of its labels and sizes (`Hits`, shared by every entry alike), set when the entry is
+made and gone with it, and the collector adds the rows up only when Prometheus scrapes. A
+scrape's cost follows the number of distinct rows (labels times reply sizes), not the number of
+cached replies.
 
 Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `server` is
 `dns://:PORT`, `zone` is the server block's, `.`):
@@ -64,37 +65,22 @@ class QueryMetrics(Collector):
 
     def __init__(self, server: str) -> None:
         self.server = server
-        #: Per transport, cache key -> the Hits row its hits count in. A topology-filtered
-        #: entry counts every client signature's hits, with the sizes of the first reply.
-        self.hits: dict[object, dict[bytes, Hits]] = {}
-        #: The Hits rows, one per (labels, query size, reply size).
+        #: The Hits rows, one per (labels, query size, reply size), which cached replies point
+        #: at: the counts stay here when the replies go.
         self.rows: dict[tuple[Labels, int, int], Hits] = {}
         #: Everything else, replies built and slow hits, by labels.
         self.totals: dict[Labels, list[float]] = {}
 
-    def hits_for(self, transport: object) -> dict[bytes, Hits]:
-        """The wire-cache hit counters of one transport (frontends keep a reference)."""
-        return self.hits.setdefault(transport, {})
-
-    def observe(
-        self,
-        transport: object,
-        labels: Labels,
-        started: float,
-        query_size: int,
-        reply_size: int,
-        key: bytes = b"",
-    ) -> None:
-        """Count one query answered since `started` (perf_counter). With `key`, the reply went
-        into the cache, and its later hits are counted in its row."""
+    def observe(self, labels: Labels, started: float, query_size: int, reply_size: int) -> None:
+        """Count one query answered since `started` (perf_counter)."""
         self.add(labels, perf_counter() - started, query_size, reply_size)
-        if key:
-            row = self.rows.get((labels, query_size, reply_size))
-            if row is None:
-                row = self.rows[labels, query_size, reply_size] = Hits(
-                    labels, query_size, reply_size
-                )
-            self.hits_for(transport)[key] = row
+
+    def row(self, labels: Labels, query_size: int, reply_size: int) -> Hits:
+        """The Hits row a cached reply's hits count in: queries with these labels and sizes."""
+        row = self.rows.get((labels, query_size, reply_size))
+        if row is None:
+            row = self.rows[labels, query_size, reply_size] = Hits(labels, query_size, reply_size)
+        return row
 
     def add(self, labels: Labels, seconds: float, query_size: int, reply_size: int) -> None:
         """Count one query in the totals."""
@@ -109,13 +95,6 @@ class QueryMetrics(Collector):
     def slow_hit(self, hits: Hits, seconds: float) -> None:
         """A wire-cache hit slower than the first duration bucket: counted in full."""
         self.add(hits.labels, seconds, hits.query_size, hits.reply_size)
-
-    def retire(self, transport: object | None = None) -> None:
-        """Forget which cache keys count where (of one transport, or all), when that cache is
-        emptied; the counts stay in their rows."""
-        for kind, table in self.hits.items():
-            if transport is None or kind == transport:
-                table.clear()
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         """Build the metric families from the rows (called by prometheus_client on scrape)."""
@@ -179,17 +158,15 @@ def _row() -> list[float]:
     return [0.0] * ROW
 
 
-def count_hit(metrics: QueryMetrics, table: dict[bytes, Hits], key: bytes, started: float) -> None:
-    """Count a wire-cache hit (the UDP frontend writes this out inline)."""
-    hits = table.get(key)
-    if hits is not None:
-        seconds = perf_counter() - started
-        if seconds <= FIRST_BOUND:
-            row = hits.row
-            row[0] += 1
-            row[1] += seconds
-        else:
-            metrics.slow_hit(hits, seconds)
+def count_hit(metrics: QueryMetrics, hits: Hits, started: float) -> None:
+    """Count a cache hit in its entry's row (the UDP frontend writes this out inline)."""
+    seconds = perf_counter() - started
+    if seconds <= FIRST_BOUND:
+        row = hits.row
+        row[0] += 1
+        row[1] += seconds
+    else:
+        metrics.slow_hit(hits, seconds)
 
 
 def duration_slot(seconds: float) -> int:

@@ -3,39 +3,44 @@
 `Responder.respond` reads top to bottom as that path:
 
 1. **wire in**: `split_query` cuts a plain query into its cache key (the message after the ID,
-   without EDNS options) and its EDNS options, without decoding it;
+   its name in lower case, without the EDNS buffer size and options) and its EDNS options,
+   without decoding it;
 2. **client placed**, only when the answer depends on the client: `Placer` gives the labels of
    the node a PodLocator puts the source (or a trusted Client Subnet address) on;
-3. **reply found** in the per-transport `ReplyCache` (`found`), or **built** (`built`): from a
-   template when the name certainly does not exist (`negative`, serve/negative.py), else
-   decoded as far as its cached reply needs, resolved by the pure resolver and encoded
-   (`made`); either way cached under the key with what its answer read;
-4. **wire out**: the query's ID, and the query's own EDNS options spliced into the reply's OPT
-   record (so options such as cookies and Client Subnet never defeat the cache).
+3. **reply found** in the `ReplyCache` (`found`), or **built** (`built`): from a template when
+   the name certainly does not exist (`negative`, serve/negative.py), else decoded as far as
+   its cached reply needs, resolved by the pure resolver and encoded (`made`); either way
+   cached, whole, under the key with what its answer read;
+4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
+   it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
+   limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
+   anew (its names are in its own case), not cached again.
 
 Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
 plain queries, BADVERS, other classes, failures, and names for an upstream, which branch off
 to the forwarder (a coroutine). A new snapshot drops only the cached replies that read what it
-changed (`update`).
-"""
+changed (`update`). Buffer sizes are bounded by `--max-udp-size` first, as CoreDNS's `bufsize`
+bounds them."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
+from toposdns.options import Plugin, Setting, none, sets
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
-from toposdns.serve.cache import Orderings, ReplyCache, SerialReply, TopologyReplies
+from toposdns.serve.cache import DEFAULT_MAX_BYTES, Cached, ReplyCache, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.negative import Negatives
 from toposdns.serve.placement import Placer
-from toposdns.serve.query_metrics import QueryMetrics, count_hit, labels_of
+from toposdns.serve.query_metrics import Hits, QueryMetrics, count_hit, labels_of
 from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.serve.transport import TCP4 as TCP4
@@ -44,26 +49,31 @@ from toposdns.serve.transport import TRANSPORTS
 from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
-from toposdns.store.snapshot import Dependency, Snapshot
-from toposdns.store.topology import Labels, Policy
-from toposdns.wire.codes import AA, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
+from toposdns.store.snapshot import Snapshot
+from toposdns.wire.codes import AA, ANY, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import (
     NO_OPTIONS,
     EchoedOptions,
+    buffer_size,
     question_end,
     read_options,
-    splice_options,
+    reply_opt,
     split_query,
 )
 from toposdns.wire.encode import (
     MAX_TCP_SIZE,
+    MAX_UDP_SIZE,
     MIN_UDP_SIZE,
+    bound_buffer,
     encode_badvers,
     encode_bare,
+    encode_forms,
+    encode_minimal_any,
     encode_opt,
     encode_rejection,
     encode_reply,
+    fit,
     udp_limit,
 )
 from toposdns.wire.shuffle import shuffle_reply
@@ -72,10 +82,64 @@ log = logging.getLogger("toposdns")
 
 #: Distinct EDNS option sets remembered (a forwarder's clients each send their own subnet).
 REMEMBERED_OPTIONS = 16_384
+#: Replies larger than this are cached compressed too, for the queries they do not fit whole
+#: (the smallest limit, 512 bytes, less room for a query's EDNS options).
+COMPRESS_OVER = MIN_UDP_SIZE - 100
 
+
+@dataclass(frozen=True, slots=True)
+class AnyOptions:
+    """CoreDNS's `any`: ANY for a name the upstreams would answer gets RFC 8482's minimal
+    reply. On unless `--forward-any`; `any` in a Corefile says so too."""
+
+    minimal: bool = True
+
+
+ANY_PLUGIN: Plugin[AnyOptions] = Plugin(
+    "any",
+    AnyOptions,
+    (
+        Setting("", sets("minimal", none)),
+        Setting(
+            None,
+            lambda options, words, origin: replace(options, minimal=False),
+            "--forward-any",
+            help="forward ANY questions for names outside the zones; by default they get RFC "
+            "8482's minimal answer, a HINFO record, as from CoreDNS's `any` plugin",
+        ),
+    ),
+)
 
 #: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
+
+
+#: Where a query goes first (`route`).
+BADVERS = "BADVERS"
+UPSTREAMS = "upstreams"
+REFUSE = "REFUSED"
+ZONES = "zones"
+
+
+def route(query: Query, zones: tuple[Name, ...], forwarding: bool) -> str:
+    """The first step of every query, in the order CoreDNS takes it: an EDNS version other than
+    0 gets BADVERS before anything looks at it (the server checks it, forwarded or not); a name
+    in no zone goes to the upstreams when there are some; another class than IN is refused
+    unless `forward` is loaded (then the zones answer it with IN records); the rest is the
+    zones'. In the zones, --autopath may complete the name, and --fallthrough may send it
+    upstream after all (`Responder.decoded`)."""
+    if query.edns is not None and query.edns.version != 0:
+        return BADVERS
+    if forwarding and not in_zones(query.name, zones):
+        return UPSTREAMS
+    if query.qclass != CLASS_IN and not forwarding:
+        return REFUSE
+    return ZONES
+
+
+def in_zones(name: Name, zones: tuple[Name, ...]) -> bool:
+    """True if one of the zones holds the name."""
+    return match_zone(tuple(label.lower() for label in name), zones) is not None
 
 
 class Responder:
@@ -90,6 +154,9 @@ class Responder:
         metrics: QueryMetrics | None = None,
         loadbalance: bool = False,
         autopath: AutopathOptions = NO_AUTOPATH,
+        cache_max_bytes: int = DEFAULT_MAX_BYTES,
+        max_udp_size: int = MAX_UDP_SIZE,
+        forward_any: bool = False,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
@@ -98,6 +165,10 @@ class Responder:
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
         self.loadbalance = loadbalance
+        #: `--max-udp-size`: the largest UDP reply, whatever buffer a client announces.
+        self.max_udp_size = max_udp_size
+        #: `--forward-any`: ask the upstreams ANY too, rather than answer RFC 8482's HINFO.
+        self.forward_any = forward_any
         self.autopath = (
             AutoPath(
                 autopath,
@@ -112,7 +183,8 @@ class Responder:
         )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
         self.negatives = None if autopath.enabled else Negatives(config)
-        self.caches = {kind: ReplyCache() for kind in TRANSPORTS}
+        #: The reply cache, one for every transport: replies are cut per query.
+        self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
@@ -123,13 +195,9 @@ class Responder:
         previous, self.snapshot = self.snapshot, snapshot
         self.placer.update(snapshot)
         if snapshot.follows(previous) and snapshot.synced == previous.synced:
-            for cache in self.caches.values():
-                cache.invalidate(snapshot.changes)
-            return
-        for cache in self.caches.values():
-            cache.clear()
-        if self.metrics is not None:
-            self.metrics.retire()
+            self.cache.invalidate(snapshot.changes)
+        else:
+            self.cache.clear()
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
@@ -144,96 +212,128 @@ class Responder:
                 echo = self.remember_options(options)
             except ValueError:  # malformed options: the decoder's FORMERR
                 return self.decoded(data, transport, source, started)
-        reply = self.found(data, key, options, echo, transport, source)
+        reply = self.found(data, key, echo, transport, source, started)
         if reply is None:
-            return self.built(data, key, options, echo, transport, source, started)
-        if self.metrics is not None:
-            if options:  # sizes differ from the cached reply's: counted in full
-                self.counted(data, reply, transport, started, _qtype(data, key))
-            else:
-                count_hit(self.metrics, self.metrics.hits_for(transport), key, started)
+            self.cache.misses += 1
+            return self.built(data, key, echo, transport, source, started)
+        self.cache.hits += 1
         return reply
 
     def found(
         self,
         data: bytes,
         key: bytes,
-        options: bytes,
         echo: EchoedOptions,
         transport: Transport,
         source: str,
+        started: float,
     ) -> bytes | None:
-        """A cached reply to the query, with its ID and OPT record, or None."""
-        entry = self.caches[transport].table.get(key)
+        """A cached reply to the query, with its ID and OPT record, counted; or None."""
+        entry = self.cache.table.get(key)
         if entry is None:
             return None
         via_ecs = False
-        if entry.__class__ is bytes:
-            reply: bytes = entry
-        elif not isinstance(entry, TopologyReplies):
-            reply = entry.current(self.snapshot.serial)  # type: ignore[union-attr]
-        else:
+        row = None
+        labels = NO_LABELS
+        if entry.__class__ is TopologyReplies:
             labels, via_ecs = self.placer.place(source, echo.subnet)
-            found = entry.get(labels, self.snapshot.serial)
+            found = entry.get(labels)
             if found is None:
                 return None
-            reply, row = found
+            cached, row = found
+        else:
+            cached = entry  # type: ignore[assignment]
+        if cached.question != data[12 : question_end(data, key)]:
+            return None  # asked in another letter case: its names are written anew
+        reply = self.rendered(data, key, cached, echo.scoped if via_ecs else echo.plain, transport)
+        if reply is None:
+            return None
+        if row is not None:
             count_topology(row, labels is NO_LABELS)
-        if not options:
-            return data[:2] + reply
-        spliced = data[:2] + splice_options(reply, echo.scoped if via_ecs else echo.plain)
-        # Splicing is exact while the reply stays uncompressed and whole; else it is rebuilt.
-        return spliced if len(spliced) <= _limit(data, key, transport) else None
+        metrics = self.metrics
+        if metrics is not None and cached.hits is not None:
+            hits = cached.hits[transport.slot]
+            if len(data) == hits.query_size and len(reply) == hits.reply_size:
+                count_hit(metrics, hits, started)
+            else:  # options, or cut to another size: counted in full
+                metrics.observe(hits.labels, started, len(data), len(reply))
+        return reply
+
+    def rendered(
+        self, data: bytes, key: bytes, cached: Cached, options: bytes, transport: Transport
+    ) -> bytes | None:
+        """A cached reply as one query gets it: its ID, its OPT record (buffer size, options),
+        cut to its size limit (wire/encode.py `fit`); None when only a new encoding fits."""
+        body = cached.current(self.snapshot.serial)
+        opt = b""
+        limit = MIN_UDP_SIZE
+        if data[11]:  # an OPT record: the buffer size, as CoreDNS's `bufsize` bounds it
+            size = min(buffer_size(data, key), self.max_udp_size)
+            opt = reply_opt(body[-11:], size, options)
+            limit = max(MIN_UDP_SIZE, size)
+        if transport.tcp:
+            limit = MAX_TCP_SIZE
+        compressed = cached.compressed
+        turns = cached.compressed_rotation
+        if turns is not None:  # rotated only when this query gets that form
+            size = len(body) - (11 if opt else 0) + len(opt) + 2
+            if size > limit or transport.fragment_limit and size > transport.fragment_limit:
+                compressed = turns.next()
+        reply = fit(body, compressed, opt, limit, transport.fragment_limit)
+        return None if reply is None else data[:2] + reply
 
     def built(
         self,
         data: bytes,
         key: bytes,
-        options: bytes,
         echo: EchoedOptions,
         transport: Transport,
         source: str,
         started: float,
     ) -> Reply:
-        """The reply to a plain query with none cached. What is cached answers the query
-        without its EDNS options, and this query's own are spliced in, as on a hit. Anything
-        but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
-        decoder's path."""
-        made = self.negative(data, key, transport) or self.made(data, key, echo, transport, source)
+        """The reply to a plain query with none cached, made and cached (for every query of
+        its key, whatever their case, buffer size and options), then served as a hit is.
+        Anything but an answer from the zones (BADVERS, forwarding, another class, a failure)
+        takes the decoder's path."""
+        # A reply kept in another letter case stays: this one is made for this query only.
+        keep = not isinstance(self.cache.table.get(key), Cached)
+        made = self.negative(data, key, keep) or self.made(data, key, echo, source, keep)
         if made is None:
             return self.decoded(data, transport, source, started)
-        reply, qtype, scoped = made
-        if not options:  # the reply is the cached one: its later hits are counted there
-            return self.counted(data, reply, transport, started, qtype, key)
-        spliced = data[:2] + splice_options(reply[2:], echo.scoped if scoped else echo.plain)
-        if len(spliced) > _limit(data, key, transport):  # would be compressed or truncated
+        cached, scoped = made
+        reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
+        if reply is None:  # larger than its cached forms allow for this query
             return self.decoded(data, transport, source, started)
-        return self.counted(data, spliced, transport, started, qtype)
+        return self.counted(data, reply, transport, started, _qtype(data, key))
 
-    def negative(
-        self, data: bytes, key: bytes, transport: Transport
-    ) -> tuple[bytes, int, bool] | None:
+    def negative(self, data: bytes, key: bytes, keep: bool) -> tuple[Cached, bool] | None:
         """NXDOMAIN from templates, for names that certainly do not exist (serve/negative.py),
-        cached as any reply is; None when only the resolver can tell."""
+        cached (if `keep`) as any reply is; None when only the resolver can tell."""
         if self.negatives is None:
             return None
-        found = self.negatives.reply(data, key, self.snapshot, _limit(data, key, transport))
+        found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
-        self.remember(key, transport, reply, depends, serial=True)
-        return reply, qtype, False
+        question = data[12 : question_end(data, key)]
+        hits = self.hit_rows(data, key, reply, qtype)
+        cached = Cached(
+            reply[2:], None, question, tuple(depends), self.snapshot.serial, False, hits
+        )
+        if keep:
+            self.cache.store(key, cached)
+        return cached, False
 
     def made(
-        self, data: bytes, key: bytes, echo: EchoedOptions, transport: Transport, source: str
-    ) -> tuple[bytes, int, bool] | None:
-        """(reply, qtype, whether it depends on the Client Subnet) for a plain query, made by
-        the resolver and cached; None for the decoder's path."""
+        self, data: bytes, key: bytes, echo: EchoedOptions, source: str, keep: bool
+    ) -> tuple[Cached, bool] | None:
+        """(cached reply, whether it depends on the Client Subnet) for a plain query, made by
+        the resolver and cached (if `keep`); None for the decoder's path."""
         try:
-            query = decode_plain(data)
+            query = self.bounded(decode_plain(data))
         except ValueError:
             return None
-        if not self.zones_answer(query):
+        if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
             return None
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
@@ -245,39 +345,63 @@ class Responder:
             if self.autopath is not None and not self.autopath.shared(query, answer):
                 # A pod of the namespace the name names gets another reply: never cached.
                 return None
-            plain = self.encoded(query, answer, transport, 0)
+            whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
             row = None
             if answer.policy is not None:
                 row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
-                count_topology(row, labels is NO_LABELS)
-            serial = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
-            first = self.remember(
-                key, transport, plain, answer.depends, serial, answer.policy, labels, row
+            carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
+            cached = Cached(
+                whole[2:],
+                None if compressed is None else compressed[2:],
+                query.question,
+                tuple(answer.depends),
+                self.snapshot.serial if carries_soa else -1,
+                self.loadbalance and not carries_soa,
+                self.hit_rows(data, key, whole, query.qtype),
             )
+            if keep:
+                self.cache.store(key, cached, answer.policy, labels, row)
+            if row is not None:
+                count_topology(row, labels is NO_LABELS)
         except Exception:
             return None  # the decoder's path says what failed
-        return data[:2] + first, query.qtype, via_ecs and answer.policy is not None
+        return cached, via_ecs and answer.policy is not None
+
+    def hit_rows(
+        self, data: bytes, key: bytes, reply: bytes, qtype: int
+    ) -> tuple[Hits, ...] | None:
+        """The rows a cached reply's hits count in, one per transport: those of a query
+        without EDNS options that gets the reply whole."""
+        metrics = self.metrics
+        if metrics is None:
+            return None
+        # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
+        plugin = "kubernetes" if reply[2] & (AA >> 8) else ""
+        size = len(key) + (6 if data[11] else 2)  # with the ID, and the OPT's size and length
+        return tuple(
+            metrics.row(
+                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin), size, len(reply)
+            )
+            for kind in TRANSPORTS
+        )
 
     def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
         """Decode, place, resolve and encode a query in full; nothing is cached. Every query
         that is not plain, or not answered by the zones, comes this way."""
         try:
-            query = decode_query(data)
+            query = self.bounded(decode_query(data))
         except Dropped:
             return None
         except Rejected as rejected:
             rejection = encode_rejection(rejected.data, rejected.rcode)
             return self.counted(data, rejection, transport, started, 0)
         qtype = query.qtype
-        if query.edns is not None and query.edns.version != 0:
-            # Checked by the server before any plugin sees the query, forwarded or not.
+        where = route(query, self.config.zones, self.forwarder is not None)
+        if where is BADVERS:
             return self.counted(data, encode_badvers(query), transport, started, qtype)
-        if self.forwarder is not None and not self.in_zones(query.name):
-            forwarded = self.forwarded(data, query, transport)
-            return self.counted_later(forwarded, data, transport, started, qtype, "forward")
-        if query.qclass != CLASS_IN and self.forwarder is None:
-            # CoreDNS refuses other classes unless `forward` is loaded; then the zones answer
-            # them with IN records.
+        if where is UPSTREAMS:
+            return self.upstreams(data, query, transport, started)
+        if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         try:
             if self.autopath is not None:
@@ -288,8 +412,7 @@ class Responder:
             labels, via_ecs = self.placer.place(source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
-                forwarded = self.forwarded(data, query, transport)
-                return self.counted_later(forwarded, data, transport, started, qtype, "forward")
+                return self.upstreams(data, query, transport, started)
             # The answer was tailored to the ECS prefix only if it depended on the client.
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
             if answer.chase is not None and self.forwarder is not None:
@@ -303,43 +426,24 @@ class Responder:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
 
-    def zones_answer(self, query: Query) -> bool:
-        """False if the server answers a query before the zones do: BADVERS, another class.
-        (Names outside the zones are told by the resolver's bare REFUSED.)"""
-        return (query.edns is None or query.edns.version == 0) and (
-            query.qclass == CLASS_IN or self.forwarder is not None
-        )
+    def upstreams(self, data: bytes, query: Query, transport: Transport, started: float) -> Reply:
+        """A query the upstreams answer, counted when they have; ANY gets RFC 8482's minimal
+        answer at once instead (CoreDNS's `any`), unless `--forward-any`: the reply an upstream
+        gives ANY is as large as it likes, an open amplifier."""
+        if query.qtype == ANY and not self.forward_any:
+            reply = encode_minimal_any(query)
+            return self.counted(data, reply, transport, started, ANY, plugin="any")
+        forwarded = self.forwarded(data, query, transport)
+        return self.counted_later(forwarded, data, transport, started, query.qtype, "forward")
+
+    def bounded(self, query: Query) -> Query:
+        """The query with its buffer size bounded by `--max-udp-size` (wire/encode.py)."""
+        return bound_buffer(query, self.max_udp_size)
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         return encode_reply(query, answer, limit, transport.fragment_limit, scope)
-
-    def remember(
-        self,
-        key: bytes,
-        transport: Transport,
-        plain: bytes,
-        depends: frozenset[Dependency],
-        serial: bool = False,
-        policy: Policy | None = None,
-        labels: Labels = NO_LABELS,
-        row: list[int] | None = None,
-    ) -> bytes:
-        """Cache a reply (`plain`: to the query without its EDNS options, carrying the SOA
-        serial if `serial`) under its key; return what the query gets of it, after the ID
-        (with `--loadbalance`, an ordering)."""
-        reply: bytes | SerialReply | Orderings = plain[2:]
-        first = plain[2:]
-        if serial:
-            reply = SerialReply(first, self.snapshot.serial)
-        elif self.loadbalance:
-            orderings = Orderings.of(first)
-            if orderings is not None:
-                reply, first = orderings, orderings.current()
-        if self.caches[transport].store(key, reply, policy, labels, depends, row) and self.metrics:
-            self.metrics.retire(transport)
-        return first
 
     def remember_options(self, options: bytes) -> EchoedOptions:
         """Read a query's EDNS options once; ValueError when malformed."""
@@ -356,17 +460,15 @@ class Responder:
         transport: Transport,
         started: float,
         qtype: int,
-        key: bytes = b"",
         plugin: str = "",
     ) -> bytes:
-        """Count a query and its reply (when metrics are on). With `key`, the reply is cached
-        under the query's exact bytes, and its later hits are counted there."""
+        """Count a query and its reply (when metrics are on)."""
         metrics = self.metrics
         if metrics is not None:
             # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
             plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
             labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & RCODE, plugin)
-            metrics.observe(transport, labels, started, len(data), len(reply), key)
+            metrics.observe(labels, started, len(data), len(reply))
         return reply
 
     async def counted_later(
@@ -415,7 +517,7 @@ class Responder:
 
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""
-        return match_zone(tuple(label.lower() for label in name), self.config.zones) is not None
+        return in_zones(name, self.config.zones)
 
     async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
         """A query outside the zones, relayed to an upstream (CoreDNS `forward`)."""
@@ -449,16 +551,6 @@ class Responder:
         if truncated:  # CoreDNS copies the upstream's TC bit
             encoded = encoded[:2] + bytes((encoded[2] | (TC >> 8),)) + encoded[3:]
         return encoded
-
-
-def _limit(data: bytes, key: bytes, transport: Transport) -> int:
-    """The largest uncompressed, whole reply a plain query may get: its buffer size (read from
-    its key, which ends with its OPT record's class and TTL fields, if it has one) and, over
-    UDP, the size past which replies are compressed."""
-    if transport.tcp:
-        return MAX_TCP_SIZE
-    size = max(MIN_UDP_SIZE, (key[-6] << 8) | key[-5]) if data[11] else MIN_UDP_SIZE
-    return min(size, transport.fragment_limit)
 
 
 def _qtype(data: bytes, key: bytes) -> int:

@@ -15,10 +15,12 @@ class Transport:
     tcp: bool
     fragment_limit: int
     family: int  # 1 IPv4, 2 IPv6, as CoreDNS's metrics label it
+    #: Its place in TRANSPORTS (a cached reply's hit counters are kept in that order).
+    slot: int
 
 
-UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4, 1)
-UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6, 2)
-TCP4 = Transport("tcp4", True, 0, 1)
-TCP6 = Transport("tcp6", True, 0, 2)
+UDP4 = Transport("udp4", False, FRAGMENT_LIMIT_V4, 1, 0)
+UDP6 = Transport("udp6", False, FRAGMENT_LIMIT_V6, 2, 1)
+TCP4 = Transport("tcp4", True, 0, 1, 2)
+TCP6 = Transport("tcp6", True, 0, 2, 3)
 TRANSPORTS = (UDP4, UDP6, TCP4, TCP6)

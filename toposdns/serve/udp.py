@@ -10,8 +10,8 @@ from typing import Any, cast
 
 from toposdns.resolve.client import NO_LABELS
 from toposdns.serve.acl import Screen
-from toposdns.serve.cache import Orderings, TopologyReplies
-from toposdns.serve.query_metrics import FIRST_BOUND, count_hit
+from toposdns.serve.cache import Cached, TopologyReplies
+from toposdns.serve.query_metrics import FIRST_BOUND
 from toposdns.serve.responder import UDP4, Responder, Transport
 
 log = logging.getLogger("toposdns")
@@ -23,6 +23,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
 
     def __init__(self, responder: Responder, kind: Transport) -> None:
         self.kind = kind
+        self.slot = kind.slot
         # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
         self.plain_addresses = kind is UDP4
         self.use(responder)
@@ -34,9 +35,9 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def use(self, responder: Responder) -> None:
         """Answer with `responder` from the next datagram on (a reloaded configuration)."""
         self.responder = responder
-        self.cache = responder.caches[self.kind].table  # only ever changed in place
+        self.reply_cache = responder.cache
+        self.table = responder.cache.table  # only ever changed in place
         self.metrics = responder.metrics
-        self.hits = self.metrics.hits_for(self.kind) if self.metrics is not None else {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
@@ -51,42 +52,50 @@ class UdpProtocol(asyncio.DatagramProtocol):
             return
         metrics = self.metrics
         started = perf_counter() if metrics is not None else 0.0
-        key = data[2:]
-        hit = self.cache.get(key)
-        if hit.__class__ is Orderings:  # --loadbalance: the same reply, its records in turn
-            hit = hit.current()
-        if hit.__class__ is bytes:  # the hot path: a reply that is the same for every client
-            transport.sendto(data[:2] + hit, addr)
-            if metrics is not None:
-                # query_metrics.count_hit written out: the call would cost as much as the count.
-                hits = self.hits.get(key)
-                if hits is not None:
-                    seconds = perf_counter() - started
-                    if seconds <= FIRST_BOUND:
-                        row = hits.row
-                        row[0] += 1
-                        row[1] += seconds
-                    else:
-                        metrics.slow_hit(hits, seconds)
-            return
-        responder = self.responder
-        if hit.__class__ is TopologyReplies and self.plain_addresses:
+        # The hot path: a query without OPT record, its name in lower case, whose reply is
+        # cached whole within 512 bytes and in lower case too (`Cached.small`). Its bytes after
+        # the ID are then its key as they are (wire/edns.py plain_key); any other query misses
+        # here and the responder folds its key.
+        entry = self.table.get(data[2:])
+        counts = None
+        if entry.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
-            placed = responder.placer.placed.get(addr[0])
-            locator = None if placed is None else placed.locator
-            labels = NO_LABELS if locator is None else locator.labels
-            cached = None if placed is None else hit.get(labels, responder.snapshot.serial)
-            if cached is not None:
-                reply, counts = cached
-                transport.sendto(data[:2] + reply, addr)
-                # topology_metrics.count written out: the call would cost as much as the count.
+            placed = self.responder.placer.placed.get(addr[0])
+            if placed is not None:  # else the responder places it first
+                locator = placed.locator
+                labels = NO_LABELS if locator is None else locator.labels
+                found = entry.get(labels)
+                if found is not None:
+                    entry, counts = found
+        if type(entry) is Cached and entry.small and not data[11]:
+            cached = entry  # the raw key matched its lower-cased key: the same case
+            rotation = cached.rotation
+            if rotation is None:
+                transport.sendto(data[:2] + cached.reply, addr)
+            elif rotation.orders:  # --loadbalance: the next order, Rotation.next inlined
+                turn = rotation.turn = rotation.turn + 1
+                orders = rotation.orders
+                transport.sendto(data[:2] + orders[turn % len(orders)], addr)
+            else:
+                transport.sendto(data[:2] + rotation.next(), addr)
+            self.reply_cache.hits += 1
+            if counts is not None:
+                # topology_metrics.count written out: the call costs as much as the count.
                 counts[0] += 1
                 if labels is NO_LABELS:  # no locator holds the client's address
                     counts[1] += 1
-                if metrics is not None:
-                    count_hit(metrics, self.hits, key, started)
-                return
-        answer = responder.respond(data, self.kind, addr[0], started)
+            if metrics is not None and cached.hits is not None:
+                # query_metrics.count_hit written out, for the same reason.
+                hits = cached.hits[self.slot]
+                seconds = perf_counter() - started
+                if seconds <= FIRST_BOUND:
+                    row = hits.row
+                    row[0] += 1
+                    row[1] += seconds
+                else:
+                    metrics.slow_hit(hits, seconds)
+            return
+        answer = self.responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)
         elif answer is not None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 Name = tuple[str, ...]
 
 # Record types.
-A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
-    1, 2, 5, 6, 12, 15, 16, 28, 33, 41, 251, 252, 255,
+A, NS, CNAME, SOA, PTR, HINFO, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
+    1, 2, 5, 6, 12, 13, 15, 16, 28, 33, 41, 251, 252, 255,
 )  # fmt: skip
 CLASS_IN = 1
 
@@ -47,5 +47,8 @@ POINTER = 0xC0
 
 # EDNS option codes.
 NSID, CLIENT_SUBNET, EXPIRE, COOKIE, TCP_KEEPALIVE, PADDING = 3, 8, 9, 10, 11, 12
+#: EDNS options CoreDNS echoes back (request.SupportedOptions): NSID, EXPIRE, COOKIE,
+#: TCP-KEEPALIVE and PADDING. Everything else, Client Subnet included, is dropped.
+ECHOED_OPTIONS = frozenset({NSID, EXPIRE, COOKIE, TCP_KEEPALIVE, PADDING})
 #: The OPT TTL field's DO bit.
 DO = 0x8000

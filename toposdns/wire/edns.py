@@ -1,33 +1,34 @@
 """The cheap first look at a query: its cache key, and what its EDNS options ask of the reply.
 
 A plain query (one question with an uncompressed name, no other records but an optional OPT) is
-answered from cached replies without being decoded: the key is the message after its ID, without
-the OPT record's options. The options (cookies, Client Subnet, padding...) differ per client, so
-they are read on their own (`read_options`) and the reply's OPT record is spliced per query
-(`splice_options`). Anything else is not a plain query and takes the full decoder.
+answered from cached replies without being decoded: the key is the message after its ID, its
+name in lower case, without the OPT record's buffer size and options. Letter case and buffer
+size only change the bytes of a reply, never what it says, so they are not allowed to multiply
+what is cached: the reply is cut to each query's buffer as it goes out (wire/encode.py `fit`). The
+options (cookies, Client Subnet, padding...) differ per client, so they are read on their own
+(`read_options`) and the reply's OPT record is written per query (`reply_opt`). Anything else
+is not a plain query and takes the full decoder.
 """
 
 from __future__ import annotations
 
 from struct import pack
 
-from toposdns.wire.codes import CLIENT_SUBNET, COOKIE, EXPIRE, NSID, PADDING, TCP_KEEPALIVE
+from toposdns.wire.codes import CLIENT_SUBNET, ECHOED_OPTIONS
 from toposdns.wire.decode import read_client_subnet, split_options
 
 _ONE_QUESTION = b"\x00\x01\x00\x00\x00\x00\x00\x00"
 _ONE_QUESTION_OPT = b"\x00\x01\x00\x00\x00\x00\x00\x01"
 _ROOT_OPT = b"\x00\x00\x29"
-#: EDNS options CoreDNS echoes back (request.SupportedOptions): NSID, EXPIRE, COOKIE,
-#: TCP-KEEPALIVE and PADDING. Everything else, Client Subnet included, is dropped.
-ECHOED_OPTIONS = frozenset({NSID, EXPIRE, COOKIE, TCP_KEEPALIVE, PADDING})
 
 
 def split_query(data: bytes) -> tuple[bytes, bytes] | None:
     """(cache key, raw EDNS options) of a plain query, or None for any other message.
 
-    The key is everything after the ID up to the OPT record's data length: flags, counts,
-    question, and the OPT's buffer size and flags. None says nothing about validity: the full
-    decoder decides what the message gets.
+    The key is everything after the ID up to the OPT record's data length, but the buffer size:
+    flags, counts, the question with its name in lower case, and the OPT's owner, type and flags
+    (`plain_key` for a query without OPT). None says nothing about validity: the full decoder
+    decides what the message gets.
     """
     if len(data) < 17 or data[2] & 0xF8:  # a response, or an opcode other than QUERY
         return None
@@ -45,20 +46,36 @@ def split_query(data: bytes) -> tuple[bytes, bytes] | None:
         length = data[end]
     end += 5  # the root label, qtype, qclass
     if counts == _ONE_QUESTION:
-        return (data[2:], b"") if end == len(data) else None
+        return (plain_key(data), b"") if end == len(data) else None
     if data[end : end + 3] != _ROOT_OPT or end + 11 > len(data):
         return None
     rdlength = (data[end + 9] << 8) | data[end + 10]
     if end + 11 + rdlength != len(data):
         return None
-    return data[2 : end + 9], data[end + 11 :]
+    key = data[2 : end - 4].lower() + data[end - 4 : end + 3] + data[end + 5 : end + 9]
+    return key, data[end + 11 :]
+
+
+def plain_key(data: bytes) -> bytes:
+    """The cache key of a plain query without OPT record (`split_query`): the flags, counts and
+    name, lower-cased, and the type and class. Of a plain query's flags and counts only the AD
+    bit can change with that, and no reply depends on it; any other message gets a key no plain
+    query has. For a name already in lower case it is the query's bytes after the ID, as they
+    are: the UDP frontend looks those up first."""
+    return data[2:-4].lower() + data[-4:]
 
 
 def question_end(data: bytes, key: bytes) -> int:
     """Where the question of a plain query ends, read off its key: the key runs from the flags
-    to the question's end, then, when there is an OPT record, through that record's 9 bytes
-    before its data length."""
-    return len(key) + 2 - (9 if data[11] else 0)
+    to the question's end, then, when there is an OPT record, through that record's owner, type
+    and flags (7 bytes)."""
+    return len(key) + 2 - (7 if data[11] else 0)
+
+
+def buffer_size(data: bytes, key: bytes) -> int:
+    """The EDNS buffer size a plain query with an OPT record announces."""
+    end = question_end(data, key)
+    return (data[end + 3] << 8) | data[end + 4]
 
 
 class EchoedOptions:
@@ -101,6 +118,7 @@ def read_options(options: bytes) -> EchoedOptions:
     )
 
 
-def splice_options(reply: bytes, rdata: bytes) -> bytes:
-    """A reply whose OPT record, last in the message and empty, gets `rdata` as its options."""
-    return reply[:-2] + pack("!H", len(rdata)) + rdata
+def reply_opt(opt: bytes, size: int, rdata: bytes) -> bytes:
+    """A reply's OPT record (`opt`: one without options, as cached) for one query: its buffer
+    size `size` (CoreDNS echoes the query's) and `rdata` as its options."""
+    return opt[:3] + pack("!H", size) + opt[5:9] + pack("!H", len(rdata)) + rdata

@@ -9,16 +9,21 @@ encoded elsewhere (an upstream's) is cut the same way by `truncate`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from socket import AF_INET, AF_INET6, inet_pton
 from struct import pack
 from typing import cast
 
+from toposdns.options import Plugin, Setting, integer, sets
 from toposdns.resolve.answer import RR, Answer, Soa, Srv
 from toposdns.wire.codes import (
     AA,
     AAAA,
     CNAME,
     COPIED_FLAGS,
+    ECHOED_OPTIONS,
+    HINFO,
+    NOERROR,
     NS,
     OPT,
     POINTER,
@@ -33,18 +38,54 @@ from toposdns.wire.codes import (
 from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
 
 MIN_UDP_SIZE = 512
+#: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
+#: IP fragmentation on any path with an MTU of 1280 or more).
+MAX_UDP_SIZE = 1232
 MAX_TCP_SIZE = 65535
 FRAGMENT_LIMIT_V4 = 1480
 FRAGMENT_LIMIT_V6 = 1220
-#: EDNS options CoreDNS echoes back (request.SupportedOptions): NSID, EXPIRE, COOKIE,
-#: TCP-KEEPALIVE and PADDING. Everything else, ECS included, is dropped.
-ECHOED_OPTIONS = frozenset({3, 9, 10, 11, 12})
 _COMPRESSIBLE = (NS, CNAME, PTR)
+#: Types whose rdata is character-strings (HINFO: CPU and OS, as CoreDNS's `any` writes it).
+_STRINGS = (TXT, HINFO)
 
 
 def udp_limit(edns: Edns | None) -> int:
     """How large a UDP reply may be: the client's EDNS buffer, and never under 512."""
     return max(MIN_UDP_SIZE, edns.udp_size) if edns is not None else MIN_UDP_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class BufsizeOptions:
+    """CoreDNS's `bufsize SIZE` (`--max-udp-size`): the largest UDP reply."""
+
+    size: int = MAX_UDP_SIZE
+
+
+BUFSIZE: Plugin[BufsizeOptions] = Plugin(
+    "bufsize",
+    BufsizeOptions,
+    (
+        Setting(
+            "",
+            sets("size", integer(MIN_UDP_SIZE, MAX_TCP_SIZE, "1232")),
+            "--max-udp-size",
+            "BYTES",
+            "largest UDP reply, whatever buffer a client announces; larger replies are cut, TC "
+            "set, for the client to ask over TCP, as CoreDNS's `bufsize` (default {default}, "
+            "DNS Flag Day 2020)",
+            shows="size",
+        ),
+    ),
+)
+
+
+def bound_buffer(query: Query, max_udp_size: int) -> Query:
+    """The query as CoreDNS's `bufsize` plugin passes it on: a buffer size over `max_udp_size`
+    lowered to it. Replies fit that size, and their OPT records echo it."""
+    edns = query.edns
+    if edns is not None and edns.udp_size > max_udp_size:
+        return query._replace(edns=edns._replace(udp_size=max_udp_size))
+    return query
 
 
 def reply_flags(query: Query, rcode: int, authoritative: bool, truncated: bool = False) -> int:
@@ -111,6 +152,17 @@ def encode_reply(
     return _Writer(query, compress=True).finish(answer, opt, limit)
 
 
+def encode_forms(query: Query, answer: Answer, compress_over: int) -> tuple[bytes, bytes | None]:
+    """A reply to cache, whole: uncompressed, and compressed too if the uncompressed one is
+    larger than `compress_over` bytes, for the queries it would not fit whole (`fit` cuts
+    either to a query's limit)."""
+    opt = encode_opt(query.edns, answer.rcode) if query.edns is not None else b""
+    message = _uncompressed(query, answer, opt)
+    if len(message) <= compress_over:
+        return message, None
+    return message, _Writer(query, compress=True).finish(answer, opt, None)
+
+
 def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
     """The whole reply without name compression: what most replies are, built from the wire
     forms of its names and records, which repeat from reply to reply."""
@@ -135,7 +187,7 @@ def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
 #: Wire forms of names and records already written, bounded by emptying them when full.
 _names: dict[Name, bytes] = {}
 _records: dict[RR, bytes] = {}
-_REMEMBERED = 65_536
+_REMEMBERED = 8192
 
 
 def name_wire(name: Name) -> bytes:
@@ -167,7 +219,7 @@ def _record_wire(rr: RR) -> bytes:
     elif isinstance(data, Soa):
         numbers = pack("!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum)
         rdata = name_wire(data.mname) + name_wire(data.rname) + numbers
-    elif rr.rtype == TXT:
+    elif rr.rtype in _STRINGS:
         texts = [text.encode() for text in cast(tuple[str, ...], data)]
         rdata = b"".join(bytes((len(text),)) + text for text in texts)
     elif rr.rtype in _COMPRESSIBLE:
@@ -179,6 +231,14 @@ def _record_wire(rr: RR) -> bytes:
         _records.clear()
     _records[rr] = wire
     return wire
+
+
+def encode_minimal_any(query: Query) -> bytes:
+    """RFC 8482's answer to ANY, as CoreDNS's `any` plugin gives it: one HINFO record, not
+    authoritative."""
+    hinfo = RR(query.name, HINFO, 8482, ("ANY obsoleted", "See RFC 8482"))
+    answer = Answer(NOERROR, answer=(hinfo,), authoritative=False)
+    return encode_reply(query, answer, MAX_TCP_SIZE)
 
 
 def truncate(message: bytes, limit: int) -> bytes:
@@ -210,6 +270,27 @@ def truncate(message: bytes, limit: int) -> bytes:
     header = message[:2] + bytes((flags, message[3])) + message[4:6]
     counts = pack("!3H", kept[0], kept[1], kept[2] + (1 if opt else 0))
     return header + counts + message[HEADER_SIZE:cut] + opt
+
+
+def fit(
+    whole: bytes, compressed: bytes | None, opt: bytes, limit: int, fragment: int
+) -> bytes | None:
+    """A cached reply as one query gets it, as `encode_reply` would have written it for that
+    query: `whole` (uncompressed) or `compressed`, both complete and ending in a cached OPT
+    record (`opt` replaces it: the query's own) or in none (`opt` is b""), within `limit`
+    bytes; `fragment` > 0 is the UDP fragmentation limit. Both forms start at the flags,
+    without the ID; `limit` and `fragment` count the ID too. None when the reply needs the
+    compressed form and there is none (the caller builds it anew). A compressed reply cut
+    after a record is what the encoder writes for that limit, byte for byte: its names point
+    back only."""
+    kept = len(opt) and 11  # the cached OPT record, without options
+    size = len(whole) - kept + len(opt) + 2
+    if size <= limit and (not fragment or size <= fragment):
+        return whole[: len(whole) - kept] + opt if kept else whole
+    if compressed is None:
+        return None
+    body = compressed[: len(compressed) - kept] if kept else compressed
+    return truncate(b"\x00\x00" + body + opt, limit)[2:]
 
 
 def encode_bare(query: Query, rcode: int) -> bytes:
@@ -301,7 +382,7 @@ class _Writer:
             self.buf += pack(
                 "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
             )
-        elif rr.rtype == TXT:
+        elif rr.rtype in _STRINGS:
             for text in cast(tuple[str, ...], data):
                 raw = text.encode()
                 self.buf += bytes((len(raw),)) + raw

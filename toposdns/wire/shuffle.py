@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import lcm
 from struct import error as StructError
 from struct import unpack_from
 
@@ -194,3 +195,105 @@ def _repacked(reply: bytes, new: list[int]) -> bytes | None:
     except (dnslib.DNSError, PacketError, ValueError, IndexError, StructError, UnicodeError):
         return None
     return packed if len(packed) <= len(reply) else None
+
+
+class Rotation:
+    """A cached reply whose address records take turns at the front (`--loadbalance` on the
+    cache's path). Each section is grouped once as `order` groups it; then, reply after reply,
+    each group of address (and of MX) records is rotated by one: over any n replies each of
+    a group's n records comes first once. That is the balance clients need (most take the
+    first address), at the cost of a join per reply, where a shuffle per reply would cost a
+    parse and draws only a random balance."""
+
+    __slots__ = ("parts", "turn", "orders")
+
+    #: Every order of a reply is made once when they take at most this many bytes together.
+    MADE_ONCE = 16_384
+
+    def __init__(self, parts: list[bytes | list[bytes]]) -> None:
+        #: Bytes that stay, and groups of records that rotate, in reply order.
+        self.parts = parts
+        self.turn = 0
+        #: Every order the reply takes, in turn, when few enough to keep: a reply is then one
+        #: index (the UDP frontend's fast path reads them), else one join.
+        self.orders: tuple[bytes, ...] = ()
+        period = lcm(*(len(part) for part in parts if isinstance(part, list)))
+        if period * self.size() <= self.MADE_ONCE:
+            self.orders = tuple(self.joined(turn) for turn in range(period))
+
+    @classmethod
+    def of(cls, reply: bytes) -> Rotation | None:
+        """The rotation of an uncompressed reply (after its ID), or None if its order never
+        varies, it is not a NOERROR reply, or names in it point into its records."""
+        message = b"\x00\x00" + reply
+        if len(message) < HEADER_SIZE or message[3] & 0x0F != NOERROR:
+            return None
+        try:
+            question_end = read_name(message, HEADER_SIZE)[1] + 4
+            (qtype,) = unpack_from("!H", message, question_end - 4)
+            spans = record_spans(message)
+            if not _self_contained(message, spans, question_end):
+                return None
+        except (ValueError, IndexError, StructError):
+            return None
+        if qtype in (AXFR, IXFR) or any(
+            rtype == OPT and message[at] for _, at, _, rtype, _ in spans
+        ):
+            return None
+        parts: list[bytes | list[bytes]] = [message[2:question_end]]
+        rotates = False
+        for section in range(3):
+            indexes = [i for i, span in enumerate(spans) if span[4] == section]
+            pseudo = [i for i in indexes if section == 2 and spans[i][3] in PSEUDO]
+            indexes = [i for i in indexes if i not in pseudo]
+            cnames, rest, addresses, mail = _groups([spans[i][3] for i in indexes])
+            for group, rotating in (
+                (cnames, False),
+                (rest, False),
+                (addresses, True),
+                (mail, True),
+            ):
+                records = [message[spans[indexes[g]][0] : spans[indexes[g]][2]] for g in group]
+                if rotating and len(records) > 1:
+                    parts.append(records)
+                    rotates = True
+                elif records:
+                    parts.append(b"".join(records))
+            parts += [message[spans[i][0] : spans[i][2]] for i in pseudo]
+        if not rotates:
+            return None
+        merged: list[bytes | list[bytes]] = []
+        for part in parts:
+            if isinstance(part, bytes) and merged and isinstance(merged[-1], bytes):
+                merged[-1] += part
+            else:
+                merged.append(part)
+        return cls(merged)
+
+    def next(self) -> bytes:
+        """The reply (after its ID) in the next order."""
+        turn = self.turn = self.turn + 1
+        orders = self.orders
+        return orders[turn % len(orders)] if orders else self.joined(turn)
+
+    def joined(self, turn: int) -> bytes:
+        """The reply with each group rotated `turn` places."""
+        out: list[bytes] = []
+        for part in self.parts:
+            if isinstance(part, bytes):
+                out.append(part)
+            else:
+                at = turn % len(part)
+                out += part[at:]
+                out += part[:at]
+        return b"".join(out)
+
+    def size(self) -> int:
+        """Bytes of one order (the cache counts `held`)."""
+        return sum(
+            len(part) if isinstance(part, bytes) else sum(map(len, part)) for part in self.parts
+        )
+
+    def held(self) -> int:
+        """Bytes held, for the cache's accounting: the parts, and the orders made once."""
+        return self.size() + sum(map(len, self.orders))

@@ -1,0 +1,108 @@
+"""Per-query metrics: the counts equal the queries sent, per rcode, whichever path answered
+them (the UDP fast path, the responder's cache, a new reply), with and without EDNS options,
+across cluster changes. Hit counters live in the cache entries they count."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import dnslib
+
+from tests.differential import Frontends
+from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from toposdns.serve.query_metrics import QueryMetrics
+from toposdns.serve.responder import TCP4, UDP4, Responder
+
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "api", "namespace": "shop"},
+    "spec": {"clusterIP": "10.96.0.9", "ports": [{"name": "http", "port": 80}]},
+}
+
+
+def query(name: str, cookie: bytes | None = None, edns: bool = False) -> bytes:
+    q = dnslib.DNSRecord.question(name)
+    q.header.id = random.getrandbits(16)
+    if cookie is not None:
+        q.add_ar(dnslib.EDNS0(udp_len=1232, opts=[dnslib.EDNSOption(10, cookie)]))
+    elif edns:
+        q.add_ar(dnslib.EDNS0(udp_len=1232))
+    return bytes(q.pack())
+
+
+def responses(metrics: QueryMetrics) -> Counter[str]:
+    """coredns_dns_responses_total by rcode, as a scrape reads it."""
+    counts: Counter[str] = Counter()
+    for family in metrics.collect():
+        if family.name == "coredns_dns_responses":
+            for sample in family.samples:
+                counts[sample.labels["rcode"]] += int(sample.value)
+    return counts
+
+
+def served(run: object) -> None:
+    asyncio.run(run)  # type: ignore[arg-type]
+
+
+def test_hits_after_a_first_query_with_a_cookie_are_counted() -> None:
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics)
+        frontends = Frontends(responder)
+        frontends.over_udp(UDP4, query("web.shop.svc.cluster.local", b"12345678"), "127.0.0.1")
+        for _ in range(5):  # the same key: EDNS, without options
+            data = query("web.shop.svc.cluster.local", edns=True)
+            frontends.over_udp(UDP4, data, "127.0.0.1")
+        assert responses(metrics) == {"NOERROR": 6}
+
+    served(run())
+
+
+def test_a_service_that_appears_is_counted_noerror() -> None:
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics)
+        frontends = Frontends(responder)
+        frontends.over_udp(UDP4, query("api.shop.svc.cluster.local", edns=True), "127.0.0.1")
+        frontends.over_udp(UDP4, query("api.shop.svc.cluster.local", edns=True), "127.0.0.1")
+        responder.update(snapshot_of([*SHOP_WEB, SERVICE]))
+        # The first query after the change carries a cookie: the new entry is made by it.
+        frontends.over_udp(UDP4, query("api.shop.svc.cluster.local", b"abcdefgh"), "127.0.0.1")
+        for _ in range(4):
+            data = query("api.shop.svc.cluster.local", edns=True)
+            frontends.over_udp(UDP4, data, "127.0.0.1")
+        assert responses(metrics) == {"NXDOMAIN": 2, "NOERROR": 5}
+
+    served(run())
+
+
+def test_counts_equal_the_queries_sent_per_rcode_across_changes() -> None:
+    async def run() -> None:
+        rng = random.Random(5)
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics)
+        frontends = Frontends(responder)
+        sent: Counter[str] = Counter()
+        names = ["web", "api", "nope", "WEB", "Api"]
+        for round_number in range(6):
+            objects = [*SHOP_WEB, SERVICE] if round_number % 2 else SHOP_WEB
+            responder.update(snapshot_of(objects))
+            for _ in range(60):
+                name = rng.choice(names)
+                exists = name.lower() == "web" or (name.lower() == "api" and round_number % 2)
+                cookie = rng.choice((None, None, b"12345678", rng.randbytes(8)))
+                data = query(f"{name}.shop.svc.cluster.local", cookie, edns=rng.random() < 0.3)
+                if rng.random() < 0.2:
+                    reply = responder.respond(data, TCP4, "127.0.0.1")
+                    assert isinstance(reply, bytes)
+                else:
+                    (reply,) = frontends.over_udp(UDP4, data, "127.0.0.1")
+                rcode = dnslib.RCODE.get(dnslib.DNSRecord.parse(reply).header.rcode)
+                assert rcode == ("NOERROR" if exists else "NXDOMAIN")
+                sent[rcode] += 1
+        assert responses(metrics) == sent
+
+    served(run())
