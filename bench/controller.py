@@ -1,18 +1,27 @@
 """Measure the PodLocator controller on a large cluster served by the stand-in API server.
 
-Four phases:
+The cluster (`--layout`): 5,000 Nodes and 150,000 running Pods, 30 per node, one of them
+hostNetwork (the node's address),
 
-1. cold start: 5,000 Nodes and 100,000 running Pods in the API and no PodLocator; start
-   `python -m toposdns controller` and time, from the process start: /ready 200, the first
-   locator written, and all 105,000 locators written (100,000 pod + 5,000 node locators);
-   count the write requests (POST/PUT/DELETE on podlocators) in the stand-in's request log;
-   then check every locator against `desired()` / `node_locator()`;
-2. one node's zone label changes: time until every locator on that node (its pods' and its
-   node locator) carries the new zone; writes counted (expected: pods on the node + 1);
-3. a status-only update of every node (heartbeat, condition, images): writes counted over a
-   settle period (expected: 0);
-4. SIGTERM (exit code, lease released), then a restart: time until every key has been
-   reconciled again, and the writes that took (expected: 0, all locators are right).
+- `spec`: each node has `spec.podCIDRs` (a /24) and its pods' addresses lie inside it, but for
+  one pod in 2,000, whose address is outside every range (a secondary pool);
+- `calico`: no `spec.podCIDRs`; each node has two /26 IPAM blocks, shuffled over 10.64.0.0/12,
+  and 5% of the pods have an address borrowed from another node's block.
+
+Phases, against `python -m toposdns controller` with the given `--controller-arg`s:
+
+1. cold start, no PodLocator yet: time, from the process start, to /ready 200, the first
+   locator and the last; the write requests (POST/PUT/DELETE on podlocators) in the stand-in's
+   request log; then every pod address and node address is placed as the DNS server places
+   (an exact address, else the longest prefix, claimed once) over the locators written, and
+   must land on its own node (`misplaced`);
+2. one node's zone label changes: time until every locator on that node carries the new zone;
+   the writes;
+3. a status-only update of every node (heartbeat, condition, images): the writes (expected 0);
+4. a rollout: 10% of the pods deleted and as many created (new names, new addresses inside
+   their nodes' ranges, none borrowed): the writes, and placement checked again;
+5. SIGTERM (exit code, lease released), then a restart: time until every key has been
+   reconciled again, and the writes (expected 0).
 
 The API is the test suite's stand-in (`FakeApiServer`), in a thread of this process (it owns one
 core of the two this was measured on; the controller the other).
@@ -33,8 +42,9 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +58,8 @@ from bench.harness import (
     toposdns_command,
 )
 from bench.live_server import ready
-from toposdns.controller.config import ControllerConfig
-from toposdns.controller.desired import content_of, desired, node_locator
+from toposdns.store.builder import build_snapshot
+from toposdns.store.convert import convert_object
 
 NAMESPACE = "toposdns"
 ZONE = "topology.kubernetes.io/zone"
@@ -58,7 +68,15 @@ REGION = "region-1"
 POLL = 0.05
 STOP_TIMEOUT = 10.0
 WRITES = ("POST", "PUT", "DELETE")
+#: The controller's log lines that tell where a cold start's time went.
+MILESTONE = re.compile(r"listed \d+|leading|stopped leading|writing node locators|reconcil")
 RECONCILED_LINE = re.compile(r"every locator reconciled in ([\d.]+)s: (\d+) created")
+#: One pod in this many has an address outside every node's range (`spec` layout).
+OUTSIDE_EVERY = 2000
+#: The share of pods on a borrowed address (`calico` layout).
+BORROWED_SHARE = 0.05
+CALICO_POOL = ipaddress.IPv4Network("10.64.0.0/12")
+BLOCK = 64
 
 JSON = dict[str, Any]
 
@@ -70,8 +88,9 @@ def _uid(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def make_node(i: int, rng: random.Random) -> JSON:
-    """A node as a kubelet registers it (labels, addresses, conditions, capacity, images)."""
+def make_node(i: int, rng: random.Random, cidr: str | None) -> JSON:
+    """A node as a kubelet registers it (labels, addresses, conditions, capacity, images), with
+    the pod range the node IPAM controller gave it (`cidr`), if any."""
     name = f"node-{i:05d}"
     ip = str(ipaddress.IPv4Address(int(ipaddress.IPv4Address("172.16.0.10")) + i))
     conditions = [
@@ -103,7 +122,10 @@ def make_node(i: int, rng: random.Random) -> JSON:
             },
             "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
         },
-        "spec": {"podCIDR": f"10.{128 + i // 256}.{i % 256}.0/24", "providerID": f"aws:///{name}"},
+        "spec": {
+            **({"podCIDR": cidr, "podCIDRs": [cidr]} if cidr else {}),
+            "providerID": f"aws:///{name}",
+        },
         "status": {
             "addresses": [
                 {"type": "InternalIP", "address": ip},
@@ -128,12 +150,13 @@ def make_node(i: int, rng: random.Random) -> JSON:
     }
 
 
-def make_pod(i: int, ns: str, node: JSON, rng: random.Random) -> JSON:
-    """A running pod of a Deployment, about 1.7 KB of JSON as the API server returns it."""
+def make_pod(i: int, ns: str, node: JSON, ip: str | None, rng: random.Random) -> JSON:
+    """A running pod of a Deployment, about 1.9 KB of JSON as the API server returns it; on
+    the host's network when `ip` is None."""
     app = f"app-{i // 10:05d}"
     name = f"{app}-7d9f8b6c5d-{_uid(rng)[:5]}"
-    ip = str(ipaddress.IPv4Address(int(ipaddress.IPv4Address("10.128.0.1")) + i))
     host_ip = node["status"]["addresses"][0]["address"]
+    ip = ip or host_ip
     started = "2026-11-22T00:00:00Z"
     return {
         "apiVersion": "v1",
@@ -166,6 +189,7 @@ def make_pod(i: int, ns: str, node: JSON, rng: random.Random) -> JSON:
                     "imagePullPolicy": "IfNotPresent",
                 }
             ],
+            **({"hostNetwork": True} if ip == host_ip else {}),
             "restartPolicy": "Always",
             "serviceAccountName": "default",
             "schedulerName": "default-scheduler",
@@ -206,16 +230,67 @@ def make_pod(i: int, ns: str, node: JSON, rng: random.Random) -> JSON:
     }
 
 
-def generate(
-    n_nodes: int, n_pods: int, n_namespaces: int, seed: int
-) -> tuple[list[JSON], list[JSON]]:
-    """Nodes, and pods spread round-robin over them (pods / nodes per node) and namespaces."""
-    rng = random.Random(seed)
-    nodes = [make_node(i, rng) for i in range(n_nodes)]
-    pods = [
-        make_pod(i, f"ns-{i % n_namespaces:02d}", nodes[i % n_nodes], rng) for i in range(n_pods)
-    ]
-    return nodes, pods
+class Cluster:
+    """The nodes and pods of a layout, and each node's free pod addresses (for a rollout)."""
+
+    def __init__(self, layout: str, n_nodes: int, n_pods: int, n_namespaces: int, seed: int):
+        self.rng = random.Random(seed)
+        self.layout = layout
+        self.n_namespaces = n_namespaces
+        #: Each node's pod addresses (as integers) not in use.
+        self.free: list[list[int]] = []
+        self.nodes: list[JSON] = []
+        #: The node whose range (`spec`) or block (`calico`) holds an address, by its network.
+        self.owner: dict[int, int] = {}
+        blocks = self.rng.sample(range(CALICO_POOL.num_addresses // BLOCK), 2 * n_nodes)
+        for i in range(n_nodes):
+            if layout == "spec":
+                cidr = ipaddress.IPv4Network(f"10.{128 + i // 256}.{i % 256}.0/24")
+                self.free.append([int(a) for a in cidr.hosts()][1:])  # .1 is the gateway
+                self.owner[int(cidr.network_address)] = i
+                self.nodes.append(make_node(i, self.rng, str(cidr)))
+            else:
+                own = [
+                    int(CALICO_POOL.network_address) + b * BLOCK for b in blocks[2 * i : 2 * i + 2]
+                ]
+                self.free.append([start + k for start in own for k in range(BLOCK)])
+                self.owner.update(dict.fromkeys(own, i))
+                self.nodes.append(make_node(i, self.rng, None))
+        for free in self.free:
+            self.rng.shuffle(free)
+        self.pods: list[JSON] = []
+        self.borrowed = self.outside = 0
+        for i in range(n_pods):
+            node = i % n_nodes
+            host = i // n_nodes == 0  # the first pod of each node: a DaemonSet's, hostNetwork
+            self.pods.append(self.new_pod(i, node, host, mixed=True))
+
+    def new_pod(self, i: int, node: int, host: bool = False, mixed: bool = False) -> JSON:
+        """Pod number `i` on node number `node`; with `mixed`, a share of them outside their
+        node's range (`spec`) or on a borrowed address (`calico`)."""
+        ip: str | None = None
+        if not host:
+            free = self.free[node]
+            if mixed and self.layout == "spec" and i % OUTSIDE_EVERY == OUTSIDE_EVERY - 1:
+                ip = str(ipaddress.IPv4Address("100.64.0.0") + self.outside)
+                self.outside += 1
+            else:
+                if mixed and self.layout == "calico" and self.rng.random() < BORROWED_SHARE:
+                    free = self.free[self.rng.randrange(len(self.free))]
+                    self.borrowed += free is not self.free[node]
+                ip = str(ipaddress.IPv4Address(free.pop()))
+        ns = f"ns-{i % self.n_namespaces:02d}"
+        return make_pod(i, ns, self.nodes[node], ip, self.rng)
+
+    def release(self, pod: JSON) -> None:
+        """The pod is gone: its address is free again, in the range or block it came from."""
+        if pod["spec"].get("hostNetwork"):
+            return
+        value = int(ipaddress.IPv4Address(pod["status"]["podIP"]))
+        size = 256 if self.layout == "spec" else BLOCK
+        node = self.owner.get(value // size * size)
+        if node is not None:
+            self.free[node].insert(0, value)  # taken last, as IPAMs prefer unused addresses
 
 
 # --------------------------------------------------------------------------- the controller
@@ -223,6 +298,17 @@ def generate(
 
 class Controller(ServerProcess):
     """`toposdns controller` against the stand-in, its probes on `http_port`."""
+
+    def queue_depth(self) -> float | None:
+        """toposdns_controller_queue_depth from /metrics (None: no answer)."""
+        try:
+            url = f"http://{HOST}:{self.http_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5.0) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return None
+        found = re.search(r"^toposdns_controller_queue_depth ([\d.e+]+)$", text, re.M)
+        return float(found[1]) if found else None
 
     def __init__(self, kubeconfig: Path, extra: Sequence[str]) -> None:
         self.http_port = free_port()
@@ -252,34 +338,54 @@ def count_writes(server: FakeApiServer, since: int = 0) -> dict[str, int]:
     return counts
 
 
-def verify(
-    server: FakeApiServer, nodes: list[JSON], pods: list[JSON], config: ControllerConfig
-) -> int:
-    """How many locators differ from what the pods and nodes call for (0 when all are right)."""
-    by_name = {n["metadata"]["name"]: n for n in nodes}
+def placer(locators: Iterable[JSON]) -> Callable[[str], str | None]:
+    """Where the DNS server places addresses given these locators: the server's own placement
+    (`Snapshot.place`: an exact `addresses` match first, else the longest `cidrs` prefix that
+    holds the address, claimed by one locator only) over a snapshot of them. Returns a function
+    from an address to its node name (None: unplaced)."""
+    snapshot = build_snapshot([convert_object(loc) for loc in locators], serial=1)
+
+    def place(address: str) -> str | None:
+        locator = snapshot.place(address).locator
+        return locator.node_name if locator is not None else None
+
+    return place
+
+
+def misplaced(server: FakeApiServer) -> int:
+    """How many pod and node addresses the written locators do not place on their own node."""
+    place = placer(server.objects("podlocators"))
     wrong = 0
-    for pod in pods:
-        meta = pod["metadata"]
-        stored = server.get("podlocators", meta["namespace"], meta["name"])
-        current = server.get("pods", meta["namespace"], meta["name"]) or pod
-        want = desired(current, by_name[pod["spec"]["nodeName"]], config)
-        wrong += stored is None or want is None or content_of(stored) != content_of(want)
-    for node in nodes:
-        stored = server.get("podlocators", NAMESPACE, node["metadata"]["name"])
-        want = node_locator(server.get("nodes", None, node["metadata"]["name"]) or node, config)
-        wrong += stored is None or want is None or content_of(stored) != content_of(want)
+    for pod in server.objects("pods"):
+        for entry in pod["status"]["podIPs"]:
+            wrong += place(entry["ip"]) != pod["spec"]["nodeName"]
+    for node in server.objects("nodes"):
+        for entry in node["status"]["addresses"]:
+            if entry["type"] == "InternalIP":
+                wrong += place(entry["address"]) != node["metadata"]["name"]
     return wrong
+
+
+def locator_counts(server: FakeApiServer) -> dict[str, int]:
+    """PodLocators stored, node and pod ones."""
+    locators = server.objects("podlocators")
+    nodes = sum("toposdns.io/locator" in loc["metadata"]["labels"] for loc in locators)
+    return {"node": nodes, "pod": len(locators) - nodes}
 
 
 def run(args: argparse.Namespace) -> JSON:
     result: JSON = {
         **machine(),
+        "layout": args.layout,
         "nodes": args.nodes,
         "pods": args.pods,
         "writes_per_second": args.writes_per_second,
+        "controller_args": args.controller_arg,
     }
-    log(f"generating {args.nodes:,} nodes and {args.pods:,} pods")
-    nodes, pods = generate(args.nodes, args.pods, args.namespaces, args.seed)
+    log(f"generating {args.nodes:,} nodes and {args.pods:,} pods ({args.layout})")
+    cluster = Cluster(args.layout, args.nodes, args.pods, args.namespaces, args.seed)
+    nodes, pods = cluster.nodes, cluster.pods
+    result["borrowed"], result["outside"] = cluster.borrowed, cluster.outside
     sizes = {"pod": mean_json_bytes(pods[:1000]), "node": mean_json_bytes(nodes[:100])}
     result["object_bytes"] = sizes
     server = FakeApiServer(leases=True)
@@ -297,12 +403,12 @@ def run(args: argparse.Namespace) -> JSON:
         own_cpu = self_cpu_seconds()
         proc = Controller(kubeconfig, extra)
         result["cold"] = cold_start(server, proc, own_cpu, args)
-        result["cold"]["wrong_locators"] = verify(
-            server, nodes, pods, ControllerConfig(namespace=NAMESPACE)
-        )
-        log(f"verified: {result['cold']['wrong_locators']} locators wrong")
-        result["label_change"] = label_change(server, proc, nodes, pods, args)
+        result["cold"]["locators"] = locator_counts(server)
+        result["cold"]["misplaced"] = misplaced(server)
+        log(f"cold start: {result['cold']['locators']}, {result['cold']['misplaced']} misplaced")
+        result["label_change"] = label_change(server, proc, nodes, args)
         result["status_churn"] = status_churn(server, proc, nodes, args)
+        result["rollout"] = rollout(server, proc, cluster, args)
         result["cold"]["vmhwm_end_mb"], result["cold"]["vmrss_end_mb"] = proc.memory()
         result["exit_code"] = proc.stop(STOP_TIMEOUT)
         lease = server.get("leases", NAMESPACE, "toposdns-controller")
@@ -329,69 +435,62 @@ def self_cpu_seconds() -> float:
 def cold_start(
     server: FakeApiServer, proc: Controller, own_cpu: float, args: argparse.Namespace
 ) -> JSON:
-    """1. From the process start: /ready, the first locator, all locators; then settle.
-    `own_cpu`: this process's CPU seconds just before the controller started."""
-    expected = args.pods + args.nodes
+    """1. From the process start: /ready, the first locator, every key reconciled (the
+    controller's log line: its queue ran empty). `own_cpu`: this process's CPU seconds just
+    before the controller started."""
     deadline = proc.started + args.timeout
     ready_at = first_at = None
-    while True:
+    while (reconciled := proc.find(RECONCILED_LINE)) is None:
         now = time.monotonic()
         if now > deadline:
             raise TimeoutError(
-                f"{server.count('podlocators'):,} of {expected:,} locators after "
-                f"{args.timeout:.0f} s:\n{proc.tail()}"
+                f"{server.count('podlocators'):,} locators after {args.timeout:.0f} s:\n"
+                f"{proc.tail()}"
             )
         proc.check_alive()
-        count = server.count("podlocators")
-        if first_at is None and count:
+        if first_at is None and server.count("podlocators"):
             first_at = now - proc.started
         if ready_at is None and proc.ready():
             ready_at = time.monotonic() - proc.started
-        if count >= expected and ready_at is not None:
-            all_at = now - proc.started
-            break
         time.sleep(POLL)
-    cold = count_writes(server)
+    writes = count_writes(server)
     hwm, rss = proc.memory()
     cpu = proc.cpu_seconds()
     standin_cpu = self_cpu_seconds() - own_cpu
-    log(f"all {expected:,} locators after {all_at:.1f} s; settling")
-    settle_end = time.monotonic() + 60
-    while proc.find(RECONCILED_LINE) is None and time.monotonic() < settle_end:
-        time.sleep(POLL)
-    time.sleep(1.0)
-    reconciled = proc.find(RECONCILED_LINE)
+    log(f"every key reconciled after {reconciled[0]:.1f} s; settling")
+    time.sleep(args.settle)
     result = {
         "ready_s": ready_at,
         "first_write_s": first_at,
-        "all_written_s": all_at,
-        "controller_reconciled_s": float(reconciled[1][1]) if reconciled else None,
-        "writes": cold,
+        "all_written_s": reconciled[0],
+        "controller_reconciled_s": float(reconciled[1][1]),
+        "writes": writes,
         "writes_after_settling": count_writes(server),
         "controller_cpu_s": cpu,
         "standin_cpu_s": standin_cpu,
         "vmhwm_mb": hwm,
         "vmrss_mb": rss,
+        "milestones": [
+            f"{at:.1f} s {line.split(' ', 3)[-1]}"
+            for at, line in proc.lines
+            if MILESTONE.search(line)
+        ],
     }
     log(f"cold start: {result}")
     return result
 
 
 def label_change(
-    server: FakeApiServer,
-    proc: Controller,
-    nodes: list[JSON],
-    pods: list[JSON],
-    args: argparse.Namespace,
+    server: FakeApiServer, proc: Controller, nodes: list[JSON], args: argparse.Namespace
 ) -> JSON:
     """2. One node's zone changes: time until all its locators carry it, and the writes."""
     node = copy.deepcopy(server.get("nodes", None, nodes[len(nodes) // 2]["metadata"]["name"]))
     assert node is not None
     name = node["metadata"]["name"]
-    keys = [(NAMESPACE, name)] + [
-        (p["metadata"]["namespace"], p["metadata"]["name"])
-        for p in pods
-        if p["spec"]["nodeName"] == name
+    keys = [
+        (loc["metadata"]["namespace"], loc["metadata"]["name"])
+        for loc in server.objects("podlocators")
+        if loc["nodeName"] == name
     ]
     mark = len(server.requests)
     node["metadata"]["labels"][ZONE] = "zone-moved"
@@ -415,6 +514,54 @@ def label_change(
         "writes": count_writes(server, mark),
     }
     log(f"label change: {result}")
+    return result
+
+
+def rollout(
+    server: FakeApiServer, proc: Controller, cluster: Cluster, args: argparse.Namespace
+) -> JSON:
+    """4. A tenth of the pods replaced by new ones (new names, free addresses in their nodes'
+    ranges, on random nodes; a freed address is taken again last): the writes, counted until a
+    marker pod created last (on a borrowed address, so it needs a locator) has its locator and
+    the controller's queue has stayed empty for a second, plus a settle period."""
+    mark = len(server.requests)
+    rng = random.Random(args.seed + 1)
+    gone = rng.sample(range(len(cluster.pods)), len(cluster.pods) // 10)
+    start = time.perf_counter()
+    for i in gone:
+        old = cluster.pods[i]
+        server.delete("pods", old["metadata"]["namespace"], old["metadata"]["name"])
+        cluster.release(old)
+    for n, i in enumerate(gone):
+        node = rng.randrange(len(cluster.nodes))
+        cluster.pods[i] = cluster.new_pod(len(cluster.pods) + n, node)
+        server.add(cluster.pods[i])
+    lent = str(ipaddress.IPv4Address(cluster.free[1][-1]))  # node 1's: a borrowed address
+    marker = make_pod(0, "bench", cluster.nodes[0], lent, cluster.rng)
+    server.add(marker)
+    events_s = time.perf_counter() - start
+    deadline = time.monotonic() + args.event_timeout
+    while server.get("podlocators", "bench", marker["metadata"]["name"]) is None:
+        proc.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the rollout's marker has no locator:\n{proc.tail()}")
+        time.sleep(POLL)
+    # Then until the queue has stayed empty for a second (the writes the events call for).
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        quiet = quiet + 1 if proc.queue_depth() == 0 else 0
+        time.sleep(0.5)
+    time.sleep(args.settle)
+    writes = count_writes(server, mark)
+    writes["POST"] -= 1  # the marker's
+    server.delete("pods", "bench", marker["metadata"]["name"])
+    result = {
+        "replaced": len(gone),
+        "events_s": events_s,
+        "writes": writes,
+        "misplaced": misplaced(server),
+    }
+    log(f"rollout: {result}")
     return result
 
 
@@ -445,7 +592,7 @@ def status_churn(
 
 
 def restart(server: FakeApiServer, proc: Controller, mark: int, args: argparse.Namespace) -> JSON:
-    """4. After a restart every locator is reconciled again, and all are right already;
+    """5. After a restart every locator is reconciled again, and all are right already;
     `mark`: the request log's length before it started."""
     deadline = proc.started + args.timeout
     while (found := proc.find(RECONCILED_LINE)) is None:
@@ -459,31 +606,45 @@ def restart(server: FakeApiServer, proc: Controller, mark: int, args: argparse.N
     return result
 
 
+def _writes(w: dict[str, int]) -> str:
+    return f"{w['POST']:,} POST, {w['PUT']:,} PUT, {w['DELETE']:,} DELETE, {w['GET']:,} GET"
+
+
 def table(r: JSON) -> str:
-    c, lc, sc, rs = r["cold"], r["label_change"], r["status_churn"], r["restart"]
+    c, lc, sc, ro, rs = (
+        r[k] for k in ("cold", "label_change", "status_churn", "rollout", "restart")
+    )
     cw, lw, sw, rw = c["writes"], lc["writes"], sc["writes"], rs["writes"]
+    mixed = (
+        f"{r['outside']:,} pods outside every range"
+        if r["layout"] == "spec"
+        else f"{r['borrowed']:,} pods on borrowed addresses"
+    )
     rows = [
         ("date / machine", f"{r['date']}, nproc {r['nproc']}, {r['cpu']}, Python {r['python']}"),
         (
             "cluster",
-            f"{r['nodes']:,} nodes, {r['pods']:,} pods ({r['object_bytes']['pod']} B / pod, "
-            f"{r['object_bytes']['node']} B / node as JSON); --writes-per-second "
-            f"{r['writes_per_second']:g}",
+            f"{r['layout']} layout: {r['nodes']:,} nodes, {r['pods']:,} pods ({mixed}; "
+            f"{r['object_bytes']['pod']} B / pod, {r['object_bytes']['node']} B / node as JSON)",
+        ),
+        (
+            "controller",
+            " ".join([f"--writes-per-second {r['writes_per_second']:g}", *r["controller_args"]]),
         ),
         ("cold: /ready 200", f"{c['ready_s']:.1f} s after process start"),
         ("cold: first locator", f"{c['first_write_s']:.1f} s"),
         (
-            "cold: all locators",
-            f"{c['all_written_s']:.1f} s ({r['pods'] + r['nodes']:,}; controller's own count "
-            f"from leading+synced to queue empty: {c['controller_reconciled_s']} s)",
+            "cold: every key reconciled",
+            f"{c['all_written_s']:.1f} s after process start ({c['controller_reconciled_s']} s "
+            "from leading+synced to an empty queue)",
         ),
         (
-            "cold: requests",
-            f"{cw['POST']:,} POST, {cw['PUT']:,} PUT, {cw['DELETE']:,} DELETE, {cw['GET']:,} GET "
-            f"(after settling: {c['writes_after_settling']['POST']:,} POST, "
-            f"{c['writes_after_settling']['PUT']:,} PUT)",
+            "cold: locators written",
+            f"{c['locators']['node']:,} node + {c['locators']['pod']:,} pod; requests: "
+            f"{_writes(cw)} (after settling: {_writes(c['writes_after_settling'])})",
         ),
-        ("cold: wrong locators", f"{c['wrong_locators']}"),
+        ("cold: addresses misplaced", f"{c['misplaced']}"),
+        ("cold: controller log", "; ".join(c["milestones"])),
         (
             "cold: controller",
             f"CPU {c['controller_cpu_s']:.0f} s (stand-in: {c['standin_cpu_s']:.0f} s), "
@@ -492,22 +653,23 @@ def table(r: JSON) -> str:
         ),
         (
             "label change: all updated",
-            f"{lc['seconds'] * 1000:.0f} ms ({lc['locators_on_node']} locators on {lc['node']})",
-        ),
-        (
-            "label change: requests",
-            f"{lw['PUT']} PUT, {lw['POST']} POST, {lw['DELETE']} DELETE, {lw['GET']} GET",
+            f"{lc['seconds'] * 1000:.0f} ms ({lc['locators_on_node']} locators on "
+            f"{lc['node']}); {_writes(lw)}",
         ),
         (
             "status churn: requests",
             f"{sw['PUT'] + sw['POST'] + sw['DELETE']} writes after {sc['node_updates']:,} node "
             f"status updates ({sc['settle_s']:g} s settle)",
         ),
+        (
+            "rollout",
+            f"{ro['replaced']:,} pods replaced: {_writes(ro['writes'])}; "
+            f"{ro['misplaced']} addresses misplaced after",
+        ),
         ("SIGTERM", f"exit {r['exit_code']}, lease released: {r['lease_released']}"),
         (
             "restart: every key reconciled",
-            f"{rs['reconciled_s']:.1f} s after process start; "
-            f"{rw['POST'] + rw['PUT'] + rw['DELETE']} writes, {rw['GET']} GET",
+            f"{rs['reconciled_s']:.1f} s after process start; {_writes(rw)}",
         ),
     ]
     width = max(len(k) for k, _ in rows)
@@ -517,16 +679,24 @@ def table(r: JSON) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--nodes", type=int, default=5_000)
-    p.add_argument("--pods", type=int, default=100_000)
+    p.add_argument("--pods", type=int, default=150_000)
+    p.add_argument(
+        "--layout",
+        choices=("spec", "calico"),
+        default="spec",
+        help="spec: node podCIDRs; calico: two /26 IPAM blocks per node, 5%% borrowed addresses",
+    )
     p.add_argument("--namespaces", type=int, default=50)
     p.add_argument(
         "--writes-per-second",
         type=float,
-        default=0.0,
-        help="the controller's rate limit (default 0: none, to measure the controller itself)",
+        default=50.0,
+        help="the controller's rate limit (default %(default)g, the controller's own default)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the cold start")
-    p.add_argument("--event-timeout", type=float, default=60.0, help="seconds for the label change")
+    p.add_argument(
+        "--event-timeout", type=float, default=120.0, help="seconds for a label change or rollout"
+    )
     p.add_argument("--settle", type=float, default=3.0, help="seconds to wait for stray writes")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -297,7 +297,7 @@ async def ask(port: int, rng: random.Random) -> Seen:
     send = dns.asyncquery.tcp if tcp else dns.asyncquery.udp
     try:
         reply = await send(query, HOST, port=port, source=source, timeout=QUERY_TIMEOUT)
-    except (dns.exception.DNSException, OSError, ValueError):
+    except (dns.exception.DNSException, OSError, EOFError, ValueError):  # EOF: TCP closed
         return dataclasses.replace(seen, done=time.monotonic())
     echoed = [o for o in reply.options if isinstance(o, dns.edns.ECSOption)]
     return dataclasses.replace(

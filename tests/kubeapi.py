@@ -553,6 +553,12 @@ class FakeApiServer:
         with self._lock:
             self._failures.clear()
 
+    def objects(self, resource: str) -> list[JSON]:
+        """Copies of every stored object of `resource`."""
+        rt = self._type_named(resource)
+        with self._lock:
+            return copy.deepcopy(list(self._objects[rt.resource].values()))
+
     def count(self, resource: str) -> int:
         """How many objects of `resource` are stored now."""
         rt = self._type_named(resource)

@@ -65,15 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_controller_parser(commands: argparse._SubParsersAction[Any]) -> None:
-    from toposdns.controller.config import DEFAULT_LABEL_KEYS, LeaseSettings
+    from toposdns.controller.config import DEFAULT_LABEL_KEYS, LeaseSettings, add_cidr_options
 
     lease = LeaseSettings()
     controller = commands.add_parser(
         "controller",
-        help="maintain a PodLocator per pod and per node (leader-elected)",
-        description="Watch Pods and Nodes and keep one PodLocator per pod that has an IP and a "
-        "node, and one per node in --namespace. Replicas elect a leader with a Lease; only "
-        "the leader writes.",
+        help="maintain a PodLocator per node, and per pod its node's does not place "
+        "(leader-elected)",
+        description="Watch Pods and Nodes and keep one PodLocator per node in --namespace "
+        "(its InternalIPs and pod ranges), and one per pod that has an IP and a node and that "
+        "its node's locator does not place (--pod-locators). Replicas elect a leader with a "
+        "Lease; only the leader writes.",
     )
     controller.add_argument(
         "--kubeconfig",
@@ -135,6 +137,7 @@ def _add_controller_parser(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="N",
         help="API write rate limit, token bucket (default %(default)g; 0: no limit)",
     )
+    add_cidr_options(controller)
     _add_log_options(controller)
 
 
@@ -230,18 +233,23 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from toposdns.kube.client import ConnectError
+    from toposdns.open_files import fit_open_files
     from toposdns.serve.loop import LoopError
     from toposdns.server import run, serve
     from toposdns.workers.supervisor import WorkerError, supervise
 
     configure_logging(args.log_level, args.log_format)
     try:
-        config = serve_config(args)
+        config = fit_open_files(serve_config(args))
     except ConfigError as exc:
         print(f"toposdns serve: {exc}", file=sys.stderr)
         return 2
     try:
-        corefile = None if args.corefile is None else (args.corefile, lambda: serve_config(args))
+        corefile = (
+            None
+            if args.corefile is None
+            else (args.corefile, lambda: fit_open_files(serve_config(args)))
+        )
         run(supervise(config, corefile) if config.workers > 1 else serve(config, corefile))
     except SnapshotError as exc:
         log.error("cannot start: %s", exc)

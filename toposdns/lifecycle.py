@@ -2,6 +2,10 @@
 shutdown. `toposdns serve` (one process, or the supervisor and each worker of `--workers N`)
 and `toposdns controller` all live it the same way:
 
+- **before**: from the first line of `python -m toposdns`, `exit_on_signals` makes SIGTERM and
+  SIGINT end the process at once (exit 0), until `catch_signals` takes them over. As PID 1 in a
+  container, a process without a handler for a signal never gets it: a SIGTERM during a slow
+  first sync would otherwise be lost, and the pod would wait out its grace period.
 - **startup**: inside `async with Lifecycle() as life:`, the owner opens what it needs and says
   on `life.stack` how to close each; long-running tasks start with `life.start()`.
 - **main loop**: `await life.main_loop()` returns on SIGTERM or SIGINT (once `catch_signals()`
@@ -17,12 +21,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
 #: How long a cancelled task may take to end at shutdown.
 CANCEL_TIMEOUT = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGINT end the process at once (exit 0), whatever it is doing, until a
+    `Lifecycle` catches them, as they end a Go program such as CoreDNS: the startup has no
+    client to finish with, and unwinding it (a module half imported, API calls under way)
+    could take longer than the pod's grace period."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _exit)
+
+
+def _exit(signum: int, frame: object) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(f"stopped by {signal.Signals(signum).name} before serving", file=sys.stderr)
+        sys.stderr.flush()
+    os._exit(0)
 
 
 class Lifecycle:
@@ -49,7 +72,7 @@ class Lifecycle:
     def catch_signals(self) -> None:
         """SIGTERM and SIGINT call `stop()` from now on (until the event loop closes)."""
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self.stop)
 
     def stop(self, now: bool = False) -> None:

@@ -173,3 +173,9 @@ CONTROLLER_LOCATORS = Gauge(
     "PodLocators managed by toposdns that the controller sees, by kind (pod, node).",
     ["kind"],
 )
+CONTROLLER_POD_LOCATORS = Gauge(
+    "toposdns_controller_pod_locators",
+    "Pods the leader gives a PodLocator of their own, by reason (all-mode, no-node-cidrs, "
+    "outside-node-cidrs, borrowed, node-locator-pending).",
+    ["reason"],
+)

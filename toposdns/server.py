@@ -13,7 +13,6 @@ import gc
 import ipaddress
 import logging
 import platform
-import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -61,9 +60,6 @@ log = logging.getLogger("toposdns")
 
 #: A Corefile to reload: its path, and how to read it into a configuration.
 Corefile = tuple[Path, Callable[[], ServeConfig]]
-
-# Open files besides forwarded queries and TCP clients: listeners, HTTP, the API, logs.
-FILES_RESERVE = 64
 
 
 def own_addresses(host: str) -> tuple[str, ...]:
@@ -240,7 +236,6 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
-    raise_open_files_limit(config)
     read_bytes = None if corefile is None else corefile_bytes(corefile[0])
     snapshot = Snapshot(synced=config.snapshot.path is not None)
     dns = DnsServer(config, answering(config), snapshot)
@@ -433,28 +428,6 @@ async def start_http(
 def zones(config: ServeConfig) -> str:
     """The zones served, as the "serving DNS" line lists them."""
     return ", ".join(name_text(zone) for zone in config.kubernetes.zones)
-
-
-def raise_open_files_limit(config: ServeConfig) -> None:
-    """Raise the soft limit on open files to the hard one, as Go programs (CoreDNS) do at start;
-    warn when even that leaves too few for the forwarded queries and TCP connections allowed
-    (the limit is per process: each worker of `--workers N` may use that many)."""
-    forwarding = config.forward.max_concurrent if config.upstreams else 0
-    needed = config.tcp.max_connections + forwarding
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    if soft != resource.RLIM_INFINITY and soft < needed + FILES_RESERVE:
-        log.warning(
-            "the open files limit (%d) is below what --max-concurrent and --tcp-max-connections "
-            "allow (%d + %d): raise it (ulimit -n) or lower those; past the limit forwarded "
-            "queries get SERVFAIL",
-            soft,
-            needed,
-            FILES_RESERVE,
-        )
 
 
 async def _wait_for_sync(

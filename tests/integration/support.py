@@ -42,8 +42,11 @@ class ServerFailed(RuntimeError):
 class Server(ServerProcess):
     """One `toposdns serve` process on loopback, with its stderr collected by a thread."""
 
-    def __init__(self, snapshot: Path | None, args: tuple[str, ...] = ()) -> None:
-        """Serve `snapshot`; None serves from the cluster (pass --kubeconfig in `args`)."""
+    def __init__(
+        self, snapshot: Path | None, args: tuple[str, ...] = (), wrapper: tuple[str, ...] = ()
+    ) -> None:
+        """Serve `snapshot`; None serves from the cluster (pass --kubeconfig in `args`).
+        `wrapper` is a command that runs the server, such as `prlimit --nofile=N:N --`."""
         self.snapshot = snapshot
         self.args = args
         self.host = ""
@@ -52,9 +55,12 @@ class Server(ServerProcess):
         # One process unless a test asks for workers (the default follows the machine's CPUs).
         workers = [] if any(arg.startswith("--workers") for arg in args) else ["--workers", "1"]
         super().__init__(
-            toposdns_command(
-                "serve", *source, "--listen", "127.0.0.1:0", "--lameduck", "0", *workers, *args
-            )
+            [
+                *wrapper,
+                *toposdns_command(
+                    "serve", *source, "--listen", "127.0.0.1:0", "--lameduck", "0", *workers, *args
+                ),
+            ]
         )
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:

@@ -1,7 +1,9 @@
-"""TCP framing, pipelining, idle timeout and the connection cap, with raw sockets."""
+"""TCP framing, pipelining, idle timeout and the connection cap, shared fairly among sources,
+with raw sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -17,8 +19,10 @@ pytestmark = pytest.mark.integration
 
 
 @contextmanager
-def connect(server: Server, timeout: float = 2.0) -> Iterator[socket.socket]:
-    sock = socket.create_connection(server.address, timeout=timeout)
+def connect(
+    server: Server, timeout: float = 2.0, source: str = "127.0.0.1"
+) -> Iterator[socket.socket]:
+    sock = socket.create_connection(server.address, timeout=timeout, source_address=(source, 0))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         yield sock
@@ -124,36 +128,64 @@ def test_idle_connection_is_closed(start_server: StartServer) -> None:
             time.sleep(0.3)
 
 
-def test_connection_cap(start_server: StartServer) -> None:
+def test_connection_cap_closes_the_oldest_idle_connection(start_server: StartServer) -> None:
+    # A cap of 8: a source holds 2 at most; past either bound the oldest idle one is closed.
+    server = start_server("--tcp-max-connections", "8")
+    name = "frontend.shop.svc.cluster.local."
+    with (
+        connect(server, source="127.0.0.2") as first,
+        connect(server, source="127.0.0.2") as second,
+    ):
+        assert addresses(ask(first, name)) == {"10.96.10.10"}
+        assert addresses(ask(second, name)) == {"10.96.10.10"}
+        time.sleep(0.05)  # the second answered last: the first is idle the longest
+        with connect(server, source="127.0.0.2") as third:
+            assert addresses(ask(third, name)) == {"10.96.10.10"}
+            waited = closed_by_peer(first, timeout=2.0)
+            assert waited is not None and waited < 1.0, "the oldest idle one was kept"
+            assert addresses(ask(second, "web-0.web.shop.svc.cluster.local.")) == {"10.244.1.10"}
+    server.wait_for_log(r"INFO closed an idle TCP connection of 127\.0\.0\.2: 2 open", timeout=2)
+
+
+def test_connections_under_way_are_not_closed_to_make_room(start_server: StartServer) -> None:
     server = start_server("--tcp-max-connections", "2")
-    with connect(server) as first, connect(server) as second:
-        # Both are accepted and counted once they have been answered.
-        assert addresses(ask(first, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
-        assert addresses(ask(second, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
-        with connect(server) as third:
-            query = dns.message.make_query("frontend.shop.svc.cluster.local.", "A")
-            try:
-                third.sendall(framed(query))
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            waited = closed_by_peer(third, timeout=2.0)
-            assert waited is not None and waited < 1.0, "the third connection was not closed"
-        assert addresses(ask(first, "web-0.web.shop.svc.cluster.local.")) == {"10.244.1.10"}
-        assert addresses(ask(second, "web-1.web.shop.svc.cluster.local.")) == {"10.244.2.11"}
+    with connect(server) as busy:
+        busy.send(b"\x00")  # a message under way
+        with connect(server) as refused:
+            waited = closed_by_peer(refused, timeout=2.0)
+            assert waited is not None and waited < 1.0, "the second connection was not closed"
+        busy.send(framed(dns.message.make_query("frontend.shop.svc.cluster.local.", "A"))[1:])
+        assert addresses(recv_framed(busy)) == {"10.96.10.10"}
     server.wait_for_log(
-        r"WARNING refused a TCP connection from 127.0.0.1: 2 already open", timeout=2.0
+        r"WARNING refused a TCP connection from 127\.0\.0\.1: 1 already open from it", timeout=2
     )
-    # Once those two are gone, a new connection is served again.
-    deadline = time.monotonic() + 3.0
-    while True:
-        try:
-            with connect(server) as again:
-                assert addresses(ask(again, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
-            break
-        except (ConnectionError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+
+
+def test_one_source_cannot_keep_others_out(start_server: StartServer) -> None:
+    """1,024 connections from one source, half silent and half with a message begun, leave
+    another source's queries answered at once."""
+    server = start_server()
+    held: list[socket.socket] = []
+    try:
+        for i in range(1024):
+            sock = socket.create_connection(
+                server.address, timeout=2.0, source_address=("127.0.0.2", 0)
+            )
+            held.append(sock)
+            if i % 2:
+                with contextlib.suppress(OSError):
+                    sock.send(b"\x00")
+        started = time.monotonic()
+        answered = 0
+        for _ in range(8):
+            with connect(server, source="127.0.0.3") as sock:
+                answered += addresses(ask(sock, "frontend.shop.svc.cluster.local.")) == {
+                    "10.96.10.10"
+                }
+        assert answered == 8 and time.monotonic() - started < 4
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def trickle(sock: socket.socket, data: bytes, every: float, budget: float) -> float | None:
@@ -200,7 +232,12 @@ def test_slow_clients_do_not_hold_the_connection_cap(start_server: StartServer) 
     refusals meanwhile are logged as two lines rather than one per connection, and TCP and
     UDP answer throughout and after."""
     server = start_server("--tcp-max-connections", "20", "--tcp-read-timeout", "1")
-    slow = [socket.create_connection(server.address, timeout=2.0) for _ in range(20)]
+    # Five sources of four each: the cap is reached before any source's share (five).
+    slow = [
+        socket.create_connection(server.address, timeout=2.0, source_address=(f"127.0.1.{i}", 0))
+        for i in range(1, 6)
+        for _ in range(4)
+    ]
     try:
         for sock in slow:
             sock.send(b"\x00")  # the first byte of a length prefix, and no more

@@ -169,6 +169,33 @@ def test_a_killed_worker_is_started_again(start_server: StartServer) -> None:
     assert metric(metrics(port), "toposdns_worker_restarts_total") == {"": 1}
 
 
+def test_a_worker_that_keeps_ending_is_started_again_with_backoff(
+    start_server: StartServer,
+) -> None:
+    server = start(start_server)
+    port = http_port(server)
+    for delay in (1, 2, 4):  # each time soon after its start: the delay doubles
+        killed = worker_pids(server)[1]
+        lines = server.line_count()
+        os.kill(killed, signal.SIGKILL)
+        server.wait_for_log(
+            rf"worker 1 \(pid {killed}\) was killed by signal SIGKILL; starting it again in "
+            rf"{delay}s, as it ended soon after its start$",
+            start=lines,
+        )
+        if delay == 4:
+            status, reason = http_get(port, "/ready")
+            assert status == 503 and re.fullmatch(
+                r"workers not serving the latest data: 1 \(ended soon after its start; "
+                r"starting again in [34]s of 4s\)",
+                reason,
+            ), reason
+        server.wait_for_log(r"worker 1 \(pid \d+\) serving", start=lines, timeout=delay + 5)
+    restarts = [line for line in server.log().splitlines() if "starting it again" in line]
+    assert len(restarts) == 3  # one line per restart
+    assert wait_until(lambda: http_get(port, "/ready") == (200, "OK"), timeout=2.0)
+
+
 def test_sigterm_lameduck_covers_every_worker(start_server: StartServer) -> None:
     server = start(start_server, "--lameduck", "2s")
     port = http_port(server)
@@ -198,7 +225,7 @@ def test_workers_end_with_their_supervisor(tmp_path: Path) -> None:
         server.wait_ready()
         pids = worker_pids(server).values()
         os.kill(server.pid, signal.SIGKILL)  # the supervisor only, no time to stop anything
-        assert wait_until(lambda: not [pid for pid in pids if alive(pid)], timeout=5.0)
+        assert wait_until(lambda: not [pid for pid in pids if alive(pid)], timeout=1.0)
     finally:
         server.stop()
 

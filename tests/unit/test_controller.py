@@ -33,7 +33,14 @@ WRITES = ("POST", "PUT", "DELETE")
 MANAGED = {"app.kubernetes.io/managed-by": "toposdns"}
 
 
-def node(name: str, zone: str, ip: str, **extra: Any) -> dict[str, Any]:
+#: Each node's pod range, as the node IPAM controller assigns them (pods of nK are 10.K.0.x).
+POD_CIDRS = {f"n{k}": [f"10.{k}.0.0/24"] for k in range(1, 10)}
+
+
+def node(
+    name: str, zone: str, ip: str, cidrs: list[str] | None = None, **extra: Any
+) -> dict[str, Any]:
+    cidrs = POD_CIDRS.get(name, []) if cidrs is None else cidrs
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -41,6 +48,7 @@ def node(name: str, zone: str, ip: str, **extra: Any) -> dict[str, Any]:
             "name": name,
             "labels": {"kubernetes.io/hostname": name, ZONE: zone, "beta.kubernetes.io/os": "l"},
         },
+        "spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs} if cidrs else {},
         "status": {
             "addresses": [
                 {"type": "InternalIP", "address": ip},
@@ -96,7 +104,10 @@ def kubeconfig(api: FakeApiServer, tmp_path: Path) -> Path:
 
 
 def config(identity: str, **overrides: Any) -> ControllerConfig:
+    # Most scenarios are about writing locators (per pod, the most writes); those about which
+    # pods need one run `auto` explicitly.
     settings: dict[str, Any] = dict(
+        pod_locators="all",
         namespace=NS,
         lease=LEASE,
         identity=identity,
@@ -172,6 +183,7 @@ def test_a_pod_appears_moves_finishes_and_disappears(api: FakeApiServer, kubecon
             n1 = get(api, NS, "n1")
             assert n1 is not None
             assert n1["addresses"] == ["10.0.0.1"] and n1["nodeName"] == "n1"
+            assert n1["cidrs"] == ["10.1.0.0/24"]
             assert n1["metadata"]["labels"] == {**MANAGED, "toposdns.io/locator": "node"}
             assert n1["nodeLabels"] == {"kubernetes.io/hostname": "n1", ZONE: "z1"}
 
@@ -573,3 +585,197 @@ def test_an_unreachable_api_is_one_line_down_and_one_back(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     others = [m for m in warnings if m not in down and not m.startswith("stopped leading")]
     assert [m for m in others if not re.match(r"\d+ locator writes? to retry", m)] == []
+
+
+# ----- which pods need a locator of their own (--pod-locators auto, --node-cidrs) -----
+
+
+def reasons() -> dict[str, float]:
+    found = {
+        r: REGISTRY.get_sample_value("toposdns_controller_pod_locators", {"reason": r})
+        for r in ("no-node-cidrs", "outside-node-cidrs", "borrowed", "node-locator-pending")
+    }
+    return {r: n for r, n in found.items() if n}
+
+
+def pod_locators(api: FakeApiServer) -> set[str]:
+    return {
+        f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        for obj in api.objects("podlocators")
+        if "toposdns.io/locator" not in obj["metadata"]["labels"]
+    }
+
+
+def test_auto_writes_node_ranges_and_a_locator_only_where_they_do_not_place(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    api.modify(node("n2", "z2", "10.0.0.2", cidrs=["10.2.0.0/24", "fd00:2::/64"]))
+    api.add(pod("inside", "n1", "10.1.0.5"))
+    api.add(pod("dual", "n2", "10.2.0.5", podIPs=[{"ip": "10.2.0.5"}, {"ip": "fd00:2::5"}]))
+    api.add(pod("borrowed", "n1", "10.2.0.9"))  # inside n2's range
+    api.add(pod("outside", "n1", "10.9.0.1"))
+    host = pod("host", "n1", "10.0.0.1")  # hostNetwork: the node locator's own address
+    host["spec"]["hostNetwork"] = True
+    api.add(host)
+
+    async def scenario() -> None:
+        async with running(kubeconfig, pod_locators="auto") as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 4, what="2 node + 2 pod locators")
+            await asyncio.sleep(0.1)
+            assert pod_locators(api) == {"shop/borrowed", "shop/outside"}
+            n2 = get(api, NS, "n2")
+            assert n2 is not None and n2["cidrs"] == ["10.2.0.0/24", "fd00:2::/64"]
+            assert reasons() == {"borrowed": 1, "outside-node-cidrs": 1}
+
+            # A node registers before the IPAM controller gives it a range: its pods need
+            # their own locators until then, and not after.
+            api.add(node("n3", "z3", "10.0.0.3", cidrs=[]))
+            api.add(pod("early", "n3", "10.3.0.7"))
+            await until(lambda: get(api, "shop", "early"), what="a locator without a range")
+            assert reasons()["no-node-cidrs"] == 1
+            api.modify(node("n3", "z3", "10.0.0.3"))
+            await until(lambda: get(api, "shop", "early") is None, what="placed by the range")
+            n3 = get(api, NS, "n3")
+            assert n3 is not None and n3["cidrs"] == ["10.3.0.0/24"]
+
+            # A node recreated with another range (podCIDRs are set once): the exceptions
+            # follow, both ways.
+            api.delete("nodes", None, "n1")
+            api.add(node("n1", "z1", "10.0.0.1", cidrs=["10.9.0.0/24"]))
+            await until(
+                lambda: pod_locators(api) == {"shop/borrowed", "shop/inside"}, what="follow"
+            )
+            assert reasons() == {"borrowed": 1, "outside-node-cidrs": 1}
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_locator_goes_only_once_its_node_locator_places_the_pod(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    pods = [pod(f"p{i}", f"n{1 + i % 2}", f"10.{1 + i % 2}.0.{i + 1}") for i in range(20)]
+    for p in pods:
+        api.add(p)
+
+    async def scenario() -> None:
+        # As an earlier version left them: a locator per pod, node locators without ranges.
+        async with running(kubeconfig, pod_locators="all") as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 22)
+        for name in ("n1", "n2"):
+            old = get(api, NS, name)
+            assert old is not None
+            del old["cidrs"]
+            api.modify(old)
+        mark = len(api.requests)
+        async with running(kubeconfig, pod_locators="auto", workers=4) as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 2, what="pod locators deleted")
+        done = [r for r in writes(api, mark)]
+        assert sorted(r.method for r in done) == ["DELETE"] * 20 + ["PUT"] * 2
+        for r in done:
+            if r.method == "DELETE":
+                name = r.path.rsplit("/", 1)[1]
+                node_put = next(
+                    i for i, w in enumerate(done) if w.path.endswith(f"/n{1 + int(name[1:]) % 2}")
+                )
+                assert node_put < done.index(r), f"{name} deleted before its node's range"
+
+    asyncio.run(scenario())
+
+
+def test_none_writes_node_locators_only(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.add(pod("outside", "n1", "10.9.0.1"))
+    api.add(locator("outside", "shop"))
+
+    async def scenario() -> None:
+        async with running(kubeconfig, pod_locators="none") as controller:
+            await until(lambda: controller.active)
+            await until(lambda: get(api, "shop", "outside") is None)
+            await until(lambda: api.count("podlocators") == 2)
+            assert reasons() == {}
+
+    asyncio.run(scenario())
+
+
+def calico_pod(name: str, node_name: str, ip: str) -> dict[str, Any]:
+    return pod(name, node_name, ip, ns="calico")
+
+
+def test_learned_ranges_follow_ipam_blocks_and_a_borrowed_address(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    # Calico IPAM: each node has /26 blocks of 10.5.1.0/24 and leaves spec.podCIDRs empty; n2
+    # has borrowed an address of n1's block.
+    api.modify(node("n1", "z1", "10.0.0.1", cidrs=[]))
+    api.modify(node("n2", "z2", "10.0.0.2", cidrs=[]))
+    for i in range(4):
+        api.add(calico_pod(f"a{i}", "n1", f"10.5.1.{i + 1}"))
+        api.add(calico_pod(f"b{i}", "n2", f"10.5.1.{65 + i}"))
+    api.add(calico_pod("lent", "n2", "10.5.1.9"))
+
+    async def scenario() -> None:
+        async with running(kubeconfig, pod_locators="auto", node_cidrs="learned") as controller:
+            await until(lambda: controller.active)
+            await until(lambda: api.count("podlocators") == 3)
+            await asyncio.sleep(0.1)
+            assert pod_locators(api) == {"calico/lent"}
+            n1, n2 = get(api, NS, "n1"), get(api, NS, "n2")
+            assert n1 is not None and n1["cidrs"] == ["10.5.1.0/26"]
+            assert n2 is not None and n2["cidrs"] == ["10.5.1.64/26"]
+            assert reasons() == {"borrowed": 1}
+
+            # A rollout: every pod of n1 replaced by one at another address of its block.
+            mark = len(api.requests)
+            for i in range(4):
+                api.delete("pods", "calico", f"a{i}")
+            for i in range(4):
+                api.add(calico_pod(f"a{i}-new", "n1", f"10.5.1.{i + 20}"))
+            await asyncio.sleep(0.3)
+            assert writes(api, mark) == []
+
+            # A third node's block appears in the same /24: it gets the shortest prefix that
+            # holds its pods only, until a fourth node's pods share it.
+            api.add(node("n3", "z3", "10.0.0.3", cidrs=[]))
+            api.add(calico_pod("c0", "n3", "10.5.1.130"))
+            await until(lambda: (get(api, NS, "n3") or {}).get("cidrs") == ["10.5.1.128/25"])
+            api.add(node("n4", "z1", "10.0.0.4", cidrs=[]))
+            api.add(calico_pod("d0", "n4", "10.5.1.200"))
+            await until(lambda: (get(api, NS, "n4") or {}).get("cidrs") == ["10.5.1.192/26"])
+            await until(lambda: (get(api, NS, "n3") or {}).get("cidrs") == ["10.5.1.128/26"])
+            assert pod_locators(api) == {"calico/lent"}
+
+        # A restart learns what the node locators say and writes nothing.
+        mark = len(api.requests)
+        async with running(kubeconfig, pod_locators="auto", node_cidrs="learned") as controller:
+            await until(lambda: controller.active)
+            await asyncio.sleep(0.3)
+        assert writes(api, mark) == []
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("node_cidrs", ["spec", "learned"])
+def test_node_locators_are_written_while_the_pods_are_being_listed(
+    api: FakeApiServer, kubeconfig: Path, node_cidrs: str
+) -> None:
+    api.add(pod("outside", "n1", "10.9.0.1"))
+    api.fail_next("pods", 500, count=10_000)  # the list of every pod, still arriving
+
+    async def scenario() -> None:
+        async with running(kubeconfig, pod_locators="auto", node_cidrs=node_cidrs) as controller:
+            await until(lambda: {"nodes", "podlocators"} <= controller.state.listed)
+            if node_cidrs == "spec":  # node locators depend on nodes alone
+                await until(lambda: get(api, NS, "n1") and get(api, NS, "n2"), what="early")
+            else:  # learnt ranges need the pods
+                await asyncio.sleep(0.3)
+                assert api.count("podlocators") == 0
+            assert not controller.state.synced and get(api, "shop", "outside") is None
+            api.clear_failures()
+            if node_cidrs == "spec":
+                await until(lambda: get(api, "shop", "outside"), what="the pod's, once listed")
+            else:  # the pod's address is all n1 has: its range
+                await until(lambda: (get(api, NS, "n1") or {}).get("cidrs") == ["10.9.0.0/24"])
+
+    asyncio.run(scenario())

@@ -383,6 +383,8 @@ def test_lease_timings_follow_client_go_rules(lease: LeaseSettings) -> None:
         (["--writes-per-second", "-1"], "--writes-per-second -1"),
         (["--http", "nowhere"], "--http nowhere: expected HOST:PORT"),
         (["--lease-duration", "soon"], "--lease-duration soon: expected a duration"),
+        (["--pod-locators", "some"], "--pod-locators some: expected one of auto, all, none"),
+        (["--node-cidrs", "guess"], "--node-cidrs guess: expected one of spec, learned, auto"),
     ],
 )
 def test_bad_flags_are_refused_with_the_flag_named(

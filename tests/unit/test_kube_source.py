@@ -287,6 +287,28 @@ def test_a_dropped_watch_resumes_from_the_last_event(api: FakeApiServer, tmp_pat
     asyncio.run(scenario())
 
 
+def test_each_dropped_watch_is_resumed_without_a_growing_backoff(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Watches the API server accepted and then dropped (it restarts again and again) are
+    started again after the first backoff step each time, not after one that doubled with
+    every drop."""
+    settings = WatchSettings(inactivity=5.0, watch_seconds=30, backoff_initial=0.2,
+                             backoff_max=30.0, page_size=50)  # fmt: skip
+
+    async def scenario() -> None:
+        async with running(api.write_kubeconfig(tmp_path / "kubeconfig"), settings) as run:
+            await run.until(lambda: run.snapshot.synced)
+            for i in range(1, 7):  # doubling from 0.2 s, the sixth would wait 6.4-9.6 s
+                await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
+                await asyncio.to_thread(api.restart)
+                api.modify(service("svc0", f"10.96.6.{i}"))
+                await run.until(lambda: run.answer(svc0) == [f"10.96.6.{i}"], 5.0)  # noqa: B023
+
+    svc0 = "svc0.shop.svc.cluster.local"
+    asyncio.run(scenario())
+
+
 def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:
     settings = WatchSettings(
         inactivity=0.3, watch_seconds=30, backoff_initial=0.05, backoff_max=0.1, page_size=50

@@ -39,7 +39,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("reload", ("reload.py",)),
     (
         "assembly",
-        ("config.py", "corefile.py", "server.py", "workers/messages.py", "controller/*"),
+        (
+            "config.py",
+            "corefile.py",
+            "open_files.py",
+            "server.py",
+            "workers/messages.py",
+            "controller/*",
+        ),
     ),
     ("processes", ("workers/worker.py", "workers/supervisor.py")),
     ("command line", ("cli.py", "__main__.py")),

@@ -1,10 +1,12 @@
-"""The PodLocator controller: one locator per running pod and per node, leader-elected.
+"""The PodLocator controller: a locator per node with its pod ranges, and one per running pod
+that those do not place; leader-elected.
 
 Layers, each usable alone:
 
 - `desired`: pure functions from a Pod and its Node (raw objects) to the locator they need;
-- `state`: the caches the reflectors fill (slim pods, nodes, locators) and what to reconcile
-  when they change;
+- `cidrs`: node pod ranges, longest-prefix placement, and ranges learnt from pod addresses;
+- `state`: the caches the reflectors fill (slim pods, nodes, locators), which pods need a
+  locator of their own, and what to reconcile when they change;
 - `reconcile`: the one write (create, update, delete or none) from the actual locator to the
   desired one, a pure function;
 - `queue`: a de-duplicating, delaying work queue of locator keys, and a token bucket;

@@ -3,7 +3,10 @@
 Every replica watches Pods, Nodes and PodLocators (so its caches are warm and a failover is
 quick); only the leader writes. Writing starts once the first lists of all three have arrived
 and this replica leads: then every key is reconciled once (which also deletes the strays left
-while no controller ran), and after that each key whose pod, node or locator changes.
+while no controller ran), and after that each key whose pod, node or locator changes. With
+`--node-cidrs spec` the node locators depend on Nodes alone, and they are what places most
+pods: the leader writes them as soon as Nodes and PodLocators are listed, while the list of
+every Pod (the longest by far) is still arriving.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class Controller:
         )
         self.writer = LocatorWriter(apis, self.state, config, self.bucket, self.elector.may_write)
         self.active = False
+        #: Writing node locators only, before the pods are listed.
+        self.early = False
         self.stopping = False
         self._workers: list[asyncio.Task[None]] = []
         self._resync_started: float | None = None
@@ -113,29 +118,45 @@ class Controller:
 
     def _update(self) -> None:
         """Start or stop the writers as leadership and sync come and go."""
-        should = self.elector.leading and self.state.synced and not self.stopping
+        leading = self.elector.leading and not self.stopping
+        should = leading and self.state.synced
         if should and not self.active:
             self.active = True
             keys = self.state.keys()
             log.info("reconciling every locator (%d keys) as leader", len(keys))
             self._resync_started = time.monotonic()
+            self._start(keys)
+        elif leading and not self.active and not self.early and self._nodes_first():
+            self.early = True
+            keys = {(self.config.namespace, name) for name in self.state.nodes}
+            log.info("writing node locators (%d) while pods are being listed", len(keys))
+            self._start(keys)
+        elif not leading and (self.active or self.early):
+            self._deactivate()
+
+    def _nodes_first(self) -> bool:
+        """True when node locators can be written before the pods are listed."""
+        listed = self.state.listed
+        return self.config.node_cidrs == "spec" and {"nodes", "podlocators"} <= listed
+
+    def _start(self, keys: Iterable[Key]) -> None:
+        """Queue the keys, and start the writers unless they run already."""
+        if not self._workers:
             self.writer.counts = dict.fromkeys(self.writer.counts, 0)
-            for key in keys:
-                self.queue.add(key, self.config.coalesce)
             self._workers = [
                 asyncio.create_task(self._work(), name=f"locator writer {i}")
                 for i in range(max(1, self.config.workers))
             ]
-        elif not should and self.active:
-            self._deactivate()
+        for key in keys:
+            self.queue.add(key, self.config.coalesce)
 
     def _deactivate(self) -> list[asyncio.Task[None]]:
         """Stop the writers and forget the queue; returns the cancelled tasks."""
         workers, self._workers = self._workers, []
         for task in workers:
             task.cancel()
-        if self.active:
-            self.active = False
+        if self.active or self.early:
+            self.active = self.early = False
             self.queue.clear()
         return workers
 
@@ -143,9 +164,19 @@ class Controller:
         if self.active:
             for key in keys:
                 self.queue.add(key, self.config.coalesce)
+        elif self.early:
+            # Only node locators: a pod's is not known before the pods are listed.
+            namespace, nodes = self.config.namespace, self.state.nodes
+            for key in keys:
+                if key[0] == namespace and key[1] in nodes:
+                    self.queue.add(key, self.config.coalesce)
 
     async def _work(self) -> None:
         while True:
+            # Most keys need no write (pods their node's locator places), and a sync that
+            # writes nothing never waits: without this, a pass over every pod would keep the
+            # Lease renewals and the watches from running.
+            await asyncio.sleep(0)
             key = await self.queue.get()
             try:
                 await self.writer.sync(key)
@@ -198,11 +229,13 @@ async def run_controller(config: ControllerConfig) -> None:
             port = await http.listen(*config.http, ("/health", "/ready", "/metrics"))
             log.info("serving /health, /ready and /metrics on %s:%d", config.http[0], port)
         log.info(
-            "controller %s: locators for pods and nodes, node locators and Lease %s in "
-            "namespace %s",
+            "controller %s: node locators (pod ranges: --node-cidrs %s) and Lease %s in "
+            "namespace %s; pod locators: --pod-locators %s",
             controller.identity,
+            config.node_cidrs,
             config.lease.name,
             config.namespace,
+            config.pod_locators,
         )
         life.catch_signals()
         task = life.start(controller.run(), "controller")

@@ -7,9 +7,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from toposdns.kube.names import is_dns_label, is_dns_subdomain, qualified_name_errors
-from toposdns.options import ConfigError, Origin, address_value, duration_value
+from toposdns.options import ConfigError, Origin, address_value, choice, duration_value
 
 #: The node labels topology needs, copied by default.
 DEFAULT_LABEL_KEYS = (
@@ -19,6 +20,13 @@ DEFAULT_LABEL_KEYS = (
 )
 #: client-go's leader election jitter factor: the renew deadline must exceed retry period x this.
 JITTER_FACTOR = 1.2
+
+#: `--pod-locators`: which pods get a locator of their own.
+POD_LOCATOR_MODES = ("auto", "all", "none")
+#: `--node-cidrs`: where a node's pod ranges come from.
+NODE_CIDR_MODES = ("spec", "learned", "auto")
+PodLocatorMode = Literal["auto", "all", "none"]
+NodeCidrMode = Literal["spec", "learned", "auto"]
 
 _KEY_CHARS = re.compile(r"[-A-Za-z0-9_./]+")
 
@@ -79,6 +87,12 @@ class ControllerConfig:
     http: tuple[str, int] | None = None
     #: The kubeconfig to use (None: in-cluster, else ~/.kube/config).
     kubeconfig: Path | None = None
+    #: Which pods get a locator of their own: `auto`, those their node's locator does not
+    #: place; `all`; `none`.
+    pod_locators: PodLocatorMode = "auto"
+    #: Where node locators' `cidrs` come from: `spec` (Node.spec.podCIDRs), `learned` (from
+    #: the pods' addresses), `auto` (spec where set, else learned).
+    node_cidrs: NodeCidrMode = "spec"
 
 
 def check_namespace(namespace: str) -> str:
@@ -152,6 +166,28 @@ def check_rate(rate: float) -> float:
     return rate
 
 
+def add_cidr_options(parser: argparse.ArgumentParser) -> None:
+    """`--pod-locators` and `--node-cidrs`, on `toposdns controller`'s command line."""
+    defaults = ControllerConfig(namespace="default")
+    parser.add_argument(
+        "--pod-locators",
+        metavar="|".join(POD_LOCATOR_MODES),
+        default=defaults.pod_locators,
+        help="which pods get a PodLocator of their own: auto, those whose addresses their "
+        "node's locator does not place (outside its pod ranges, or inside another node's); "
+        "all; none (default %(default)s)",
+    )
+    parser.add_argument(
+        "--node-cidrs",
+        metavar="|".join(NODE_CIDR_MODES),
+        default=defaults.node_cidrs,
+        help="the pod ranges node locators carry: spec (Node.spec.podCIDRs), learned (aligned "
+        "prefixes from where each node's pods are: IPv4 /24 to /26, IPv6 /64 to /120, for "
+        "Calico IPAM blocks or AWS VPC CNI prefixes), auto (spec where set, else learned) "
+        "(default %(default)s)",
+    )
+
+
 def controller_config(args: argparse.Namespace) -> ControllerConfig:
     """`toposdns controller`'s settings from its parsed command line, every one validated."""
     return ControllerConfig(
@@ -172,8 +208,14 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         writes_per_second=check_rate(args.writes_per_second),
         http=address_value(args.http, Origin("--http", args.http)),
         kubeconfig=args.kubeconfig,
+        pod_locators=_choice(args.pod_locators, "--pod-locators", POD_LOCATOR_MODES),
+        node_cidrs=_choice(args.node_cidrs, "--node-cidrs", NODE_CIDR_MODES),
     )
 
 
 def _seconds(text: str, flag: str) -> float:
     return duration_value(text, Origin(flag, text))
+
+
+def _choice(value: str, flag: str, modes: tuple[str, ...]) -> Any:
+    return choice(*modes)([value], Origin(flag, value))

@@ -1,7 +1,8 @@
 """What the locators should be: pure functions of Pods and Nodes (raw API objects), no I/O.
 
-A pod gets a locator when it has an IP and a node, and has not finished; a node gets one when it
-has an InternalIP. Only the node labels the configuration selects are copied, so that a node's
+A pod may have a locator when it has an IP and a node, and has not finished (whether it needs
+one is the state's question: `--pod-locators`); a node gets one when it has an InternalIP or pod
+ranges (`cidrs`). Only the node labels the configuration selects are copied, so that a node's
 other labels (and its status, which changes every few seconds) never cause a write.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from toposdns.controller.cidrs import MAX_CIDRS, usable_cidr
 from toposdns.controller.config import ControllerConfig, LabelFilter
 from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 
@@ -25,8 +27,8 @@ MAX_ADDRESSES = 8
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 Object = dict[str, Any]
-#: What is compared to decide whether a locator needs a write: addresses, nodeName, nodeLabels,
-#: the controller's own labels and the owner references.
+#: What is compared to decide whether a locator needs a write: addresses, cidrs, nodeName,
+#: nodeLabels, the controller's own labels and the owner references.
 Content = tuple[Any, ...]
 
 
@@ -38,16 +40,20 @@ class PodFacts:
     node_name: str
     addresses: tuple[str, ...]
     finished: bool
+    #: Its addresses are its node's (`spec.hostNetwork`).
+    host_network: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What of a Node matters to locators: its selected labels and InternalIPs."""
+    """What of a Node matters to locators: its selected labels, InternalIPs and pod ranges."""
 
     name: str
     uid: str
     labels: tuple[tuple[str, str], ...]
     addresses: tuple[str, ...]
+    #: `spec.podCIDRs` (or the older `spec.podCIDR`), canonical, the usable ones.
+    cidrs: tuple[str, ...] = ()
 
 
 def usable_address(text: Any) -> str | None:
@@ -100,20 +106,31 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
     listed = status.get("podIPs")
     listed = listed if isinstance(listed, list) else []
     ips = [e.get("ip") for e in listed if isinstance(e, Mapping)]
-    # A hostNetwork pod's IPs are its node's. It keeps its locator all the same: a client at
-    # that address is then found by the pod locator or by the node locator, and both name the
-    # same node and labels, so either answer is right.
+    # A hostNetwork pod's IPs are its node's: the node locator places them. With
+    # `--pod-locators all` it keeps a locator all the same; both name the same node and labels.
     return PodFacts(
         uid=_text(meta.get("uid")),
         node_name=_text(spec.get("nodeName")),
         addresses=_addresses(ips or [status.get("podIP")]),
         finished=status.get("phase") in FINISHED_PHASES,
+        host_network=spec.get("hostNetwork") is True,
     )
 
 
+def _cidrs(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    listed = spec.get("podCIDRs")
+    texts = listed if isinstance(listed, list) and listed else [spec.get("podCIDR")]
+    found: list[str] = []
+    for text in texts:
+        cidr = usable_cidr(text)
+        if cidr is not None and cidr not in found:
+            found.append(sys.intern(cidr))
+    return tuple(found[:MAX_CIDRS])
+
+
 def node_facts(node: Mapping[str, Any], labels: LabelFilter) -> NodeFacts:
-    """The facts of a raw Node: the selected labels and the usable InternalIPs."""
-    meta, status = _mapping(node.get("metadata")), _mapping(node.get("status"))
+    """The facts of a raw Node: the selected labels, the usable InternalIPs and pod ranges."""
+    meta, spec, status = (_mapping(node.get(f)) for f in ("metadata", "spec", "status"))
     listed = status.get("addresses")
     internal = [
         a.get("address")
@@ -126,6 +143,7 @@ def node_facts(node: Mapping[str, Any], labels: LabelFilter) -> NodeFacts:
         uid=_text(meta.get("uid")),
         labels=tuple((sys.intern(k), sys.intern(v)) for k, v in selected.items()),
         addresses=_addresses(internal),
+        cidrs=_cidrs(spec),
     )
 
 
@@ -165,12 +183,16 @@ def pod_locator_of(
     }
 
 
-def node_locator_of(namespace: str, node: NodeFacts) -> Object | None:
-    """The locator of a node, in the controller's namespace (None without an InternalIP).
+def node_locator_of(
+    namespace: str, node: NodeFacts, cidrs: tuple[str, ...] | None = None
+) -> Object | None:
+    """The locator of a node, in the controller's namespace: its InternalIPs, and its pod
+    ranges (`cidrs`, by default the node's own `spec.podCIDRs`); None with neither.
 
     Its owner is the Node, so that deleting the node deletes it too (a namespaced object may
     have a cluster-scoped owner)."""
-    if not node.addresses or not node.name:
+    cidrs = node.cidrs if cidrs is None else cidrs
+    if not (node.addresses or cidrs) or not node.name:
         return None
     metadata: Object = {
         "name": node.name,
@@ -179,21 +201,26 @@ def node_locator_of(namespace: str, node: NodeFacts) -> Object | None:
     }
     if node.uid:
         metadata["ownerReferences"] = [_owner("Node", node.name, node.uid)]
-    return {
+    locator: Object = {
         "apiVersion": POD_LOCATOR.api_version,
         "kind": POD_LOCATOR.kind,
         "metadata": metadata,
-        "addresses": list(node.addresses),
-        "nodeName": node.name,
-        "nodeLabels": dict(node.labels),
     }
+    if node.addresses:  # the CRD wants at least one when the field is there
+        locator["addresses"] = list(node.addresses)
+    if cidrs:
+        locator["cidrs"] = list(cidrs)
+    locator["nodeName"] = node.name
+    locator["nodeLabels"] = dict(node.labels)
+    return locator
 
 
 def desired(
     pod: Mapping[str, Any], node: Mapping[str, Any] | None, config: ControllerConfig
 ) -> Object | None:
-    """The PodLocator a raw Pod should have, given the raw Node it runs on (None if unknown);
-    None when the pod needs none (no IP, no node, finished, or its node unknown)."""
+    """The PodLocator a raw Pod has when it has one of its own (always with `--pod-locators
+    all`), given the raw Node it runs on (None if unknown); None when the pod can have none
+    (no IP, no node, finished, or its node unknown)."""
     meta = _mapping(pod.get("metadata"))
     facts = pod_facts(pod)
     node_info = node_facts(node, config.labels) if node is not None else None
@@ -201,8 +228,10 @@ def desired(
 
 
 def node_locator(node: Mapping[str, Any], config: ControllerConfig) -> Object | None:
-    """The PodLocator a raw Node should have in the controller's namespace (None: none)."""
-    return node_locator_of(config.namespace, node_facts(node, config.labels))
+    """The PodLocator a raw Node should have in the controller's namespace (None: none), with
+    its `spec.podCIDRs` unless `--node-cidrs learned` (learnt ranges are the state's)."""
+    facts = node_facts(node, config.labels)
+    return node_locator_of(config.namespace, facts, () if config.node_cidrs == "learned" else None)
 
 
 def content_of(locator: Mapping[str, Any]) -> Content:
@@ -211,10 +240,12 @@ def content_of(locator: Mapping[str, Any]) -> Content:
     meta = _mapping(locator.get("metadata"))
     labels = _mapping(meta.get("labels"))
     addresses = locator.get("addresses")
+    cidrs = locator.get("cidrs")
     node_labels = _mapping(locator.get("nodeLabels"))
     owners = meta.get("ownerReferences")
     return (
         tuple(_text(a) for a in addresses) if isinstance(addresses, list) else None,
+        tuple(_text(c) for c in cidrs) if isinstance(cidrs, list) else None,
         _text(locator.get("nodeName")),
         _shared(tuple(sorted((_text(k), _text(v)) for k, v in node_labels.items()))),
         _shared(tuple(labels.get(k) for k in OWN_LABELS)),

@@ -1,18 +1,41 @@
 """The controller's view of the cluster: slim caches of Pods, Nodes and PodLocators.
 
 `ClusterState` is the reflectors' sink (source/watch.py). It keeps only what decides a locator
-(`PodFacts`, `NodeFacts`, `LocatorState`), indexes pods by node, and reports the locator keys
-whose desired or actual state changed, so that a pod's status churn or a node's heartbeat
-(which change nothing kept here) cost no reconcile at all.
+(`PodFacts`, `NodeFacts`, `LocatorState`), indexes pods by node and by address range, and reports
+the locator keys whose desired or actual state changed, so that a pod's status churn or a node's
+heartbeat (which change nothing kept here) cost no reconcile at all.
+
+It also decides which pods need a locator of their own (`--pod-locators auto`): those whose
+addresses the node locators do not place on their node, asked of the node locators as wanted
+and, before a pod locator is deleted, as written, so that a pod is never left unplaced while
+its node's new ranges wait in the queue. With `--node-cidrs learned` or `auto` it learns ranges
+from the pods (cidrs.learn), one address group at a time, when a locator is next wanted, so a
+burst of pod events costs one learning per group.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from toposdns.controller.cidrs import (
+    LEARN_LENGTHS,
+    MAX_CIDRS,
+    Assignment,
+    Prefix,
+    PrefixIndex,
+    group_of,
+    groups_within,
+    learn,
+    point_of,
+    prefix_of,
+    text_of,
+    usable_cidr,
+)
 from toposdns.controller.config import ControllerConfig
 from toposdns.controller.desired import (
     OWN_LABELS,
@@ -28,7 +51,7 @@ from toposdns.controller.desired import (
     pod_locator_of,
 )
 from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
-from toposdns.metrics import CONTROLLER_LOCATORS
+from toposdns.metrics import CONTROLLER_LOCATORS, CONTROLLER_POD_LOCATORS
 from toposdns.source.watch import Resource, custom_resource, object_key
 
 log = logging.getLogger("toposdns")
@@ -44,6 +67,14 @@ LOCATORS = custom_resource(POD_LOCATOR)
 WATCHED = (PODS, NODES, LOCATORS)
 #: A listed object as `ClusterState.prepare` keeps it: its key, and its facts.
 Prepared = tuple[Key, Any]
+
+#: Why a pod has a locator of its own (the `reason` label of toposdns_controller_pod_locators).
+ALL_MODE = "all-mode"  # --pod-locators all
+NO_NODE_CIDRS = "no-node-cidrs"  # its node locator has no ranges
+OUTSIDE = "outside-node-cidrs"  # an address in none of its node's ranges, nor another's
+BORROWED = "borrowed"  # an address inside another node's range (Calico lends addresses)
+PENDING = "node-locator-pending"  # placed by its node's wanted ranges, not yet written ones
+REASONS = (ALL_MODE, NO_NODE_CIDRS, OUTSIDE, BORROWED, PENDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +130,36 @@ class ClusterState:
         self,
         config: ControllerConfig,
         changed: Callable[[Iterable[Key]], None] = lambda keys: None,
-        synced: Callable[[], None] = lambda: None,
+        listed: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.changed = changed
-        self.on_synced = synced
+        #: Called when a resource has been listed for the first time.
+        self.on_listed = listed
         self.pods: dict[Key, PodFacts] = {}
         self.nodes: dict[str, NodeFacts] = {}
         self.locators: dict[Key, LocatorState] = {}
         self.pods_on: dict[str, set[Key]] = {}  # node name -> keys of the pods on it
         self.listed: set[str] = set()
         self._counts = {"pod": 0, "node": 0}
+        #: The ranges each node locator should carry, and those in an index.
+        self.cidrs: dict[str, tuple[str, ...]] = {}
+        self.wanted = PrefixIndex()
+        #: The addresses and ranges of the node locators as written, and those in an index.
+        self.written: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
+        self.written_index = PrefixIndex()
+        #: Keys of the pods with an address in each learning group.
+        self.groups: dict[Prefix, set[Key]] = {}
+        self.learning = config.node_cidrs != "spec"
+        self.learned: dict[Prefix, Assignment] = {}
+        self.learned_of: dict[str, set[Prefix]] = {}
+        self._dirty: set[Prefix] = set()
+        self._seeded = False
+        #: Why each pod that needs a locator of its own needs it.
+        self.reasons: dict[Key, str] = {}
+        self._reason_counts: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
+        for reason in REASONS:
+            CONTROLLER_POD_LOCATORS.labels(reason).set(0)
 
     @property
     def synced(self) -> bool:
@@ -127,17 +177,236 @@ class ClusterState:
         if namespace == self.config.namespace:
             node = self.nodes.get(name)
             if node is not None:
-                return node_locator_of(namespace, node)
+                # Its learnt ranges lie where its pods are, or where its ranges were.
+                groups = {group_of((p[0], p[2])) for p in self.learned_of.get(name, ())}
+                for on in self.pods_on.get(name, ()):
+                    groups |= self._groups_of(self.pods[on])
+                self.relearn(groups)
+                return node_locator_of(namespace, node, self.cidrs.get(name, ()))
         pod = self.pods.get(key)
-        if pod is None:
-            return None
-        return pod_locator_of(namespace, name, pod, self.nodes.get(pod.node_name))
+        if pod is not None:
+            self.relearn(self._groups_of(pod))  # the ranges that may place it
+        locator = None
+        if pod is not None:
+            locator = pod_locator_of(namespace, name, pod, self.nodes.get(pod.node_name))
+        reason = self._reason(key, pod) if locator is not None and pod is not None else None
+        self._set_reason(key, reason)
+        return locator if reason is not None else None
 
     def keys(self) -> set[Key]:
         """Every key that may need a locator written or deleted."""
         keys = set(self.pods) | set(self.locators)
         keys.update((self.config.namespace, name) for name in self.nodes)
         return keys
+
+    def _reason(self, key: Key, pod: PodFacts) -> str | None:
+        """Why the pod needs a locator of its own (None: its node's places it)."""
+        mode = self.config.pod_locators
+        if mode != "auto":
+            return ALL_MODE if mode == "all" else None
+        node = pod.node_name
+        reason = self._unplaced(pod, self.wanted, self.nodes[node].addresses, self.cidrs.get(node))
+        if reason is not None:
+            return reason
+        have = self.locators.get(key)
+        if have is None or not have.managed or have.is_node:
+            return None  # nothing to delete: the node locator will place it when written
+        # Delete the pod's locator only once the node's locator that replaces it is written.
+        addresses, cidrs = self.written.get(node, (frozenset(), ()))
+        return PENDING if self._unplaced(pod, self.written_index, addresses, cidrs) else None
+
+    @staticmethod
+    def _unplaced(
+        pod: PodFacts, index: PrefixIndex, exact: Iterable[str], cidrs: tuple[str, ...] | None
+    ) -> str | None:
+        """Why node locators with these ranges (and the pod's node's `exact` addresses) do not
+        place every address of the pod on its node, as the DNS server places: an exact
+        address first, else the longest prefix, claimed by one node only."""
+        for address in pod.addresses:
+            if address in exact:
+                continue
+            owners = index.owners(point_of(address))
+            if owners == {pod.node_name}:
+                continue
+            if owners:
+                return BORROWED
+            return OUTSIDE if cidrs else NO_NODE_CIDRS
+        return None
+
+    def _set_reason(self, key: Key, reason: str | None) -> None:
+        old = self.reasons.pop(key, None) if reason is None else self.reasons.get(key)
+        if old == reason:
+            return
+        if reason is not None:
+            self.reasons[key] = reason
+            self._reason_counts[reason] += 1
+            CONTROLLER_POD_LOCATORS.labels(reason).set(self._reason_counts[reason])
+        if old is not None:
+            self._reason_counts[old] -= 1
+            CONTROLLER_POD_LOCATORS.labels(old).set(self._reason_counts[old])
+
+    # ----- node ranges -----
+
+    def _node_cidrs(self, name: str) -> tuple[str, ...]:
+        """The ranges the node's locator should carry."""
+        node = self.nodes.get(name)
+        if node is None:
+            return ()
+        if not self._learns(node):
+            return node.cidrs
+        learned = sorted(self.learned_of.get(name, ()), key=lambda p: (p[0], p[2], p[1]))
+        return tuple(sys.intern(text_of(p)) for p in learned[:MAX_CIDRS])
+
+    def _learns(self, node: NodeFacts) -> bool:
+        """True if the node's ranges are learnt (`--node-cidrs learned`, or `auto` and no
+        spec.podCIDRs)."""
+        return self.learning and not (self.config.node_cidrs == "auto" and node.cidrs)
+
+    def _update_cidrs(self, name: str) -> set[Key]:
+        """Bring the node's wanted ranges up to date; the keys whose locator that may move."""
+        old, new = self.cidrs.get(name, ()), self._node_cidrs(name)
+        if old == new:
+            return set()
+        if new:
+            self.cidrs[name] = new
+        else:
+            self.cidrs.pop(name, None)
+        moved = set(old) ^ set(new)
+        for text in old:
+            self.wanted.remove(prefix_of(text), name)
+        for text in new:
+            self.wanted.add(prefix_of(text), name)
+        return {(self.config.namespace, name)} | self._pods_within(moved)
+
+    def _pods_within(self, cidrs: Iterable[str]) -> set[Key]:
+        """The pods with an address in the learning groups that these ranges overlap."""
+        keys: set[Key] = set()
+        for text in cidrs:
+            for group in groups_within(prefix_of(text), self.groups):
+                keys |= self.groups.get(group, set())
+        return keys
+
+    def _update_written(self, key: Key, state: LocatorState | None) -> set[Key]:
+        """Note a node locator as written; the keys of the pods whose placement that moves."""
+        if key[0] != self.config.namespace:
+            return set()
+        node = key[1]
+        addresses, cidrs = (
+            (
+                frozenset(state.content[0] or ()),
+                # What an API server without the CRD's checks may hold: only what places.
+                tuple(c for c in state.content[1] or () if usable_cidr(c) == c),
+            )
+            if state is not None and state.managed and state.is_node
+            else (frozenset(), ())
+        )
+        old = self.written.pop(node, (frozenset(), ()))
+        if addresses or cidrs:
+            self.written[node] = (addresses, cidrs)
+        if old == (addresses, cidrs):
+            return set()
+        for text in old[1]:
+            self.written_index.remove(prefix_of(text), node)
+        for text in cidrs:
+            self.written_index.add(prefix_of(text), node)
+        return self.pods_on.get(node, set()) | self._pods_within(set(old[1]) ^ set(cidrs))
+
+    # ----- learning -----
+
+    def relearn(self, groups: Iterable[Prefix] | None = None) -> None:
+        """Learn the ranges again in the address groups whose pods or nodes changed (of
+        `groups` only, if given), and report the locators that moves.
+
+        `want` learns only the groups the key depends on: a pass over every key then spreads
+        the learning of a whole cluster over the keys, between which the event loop runs."""
+        if not self._dirty or not self.synced:
+            return
+        touched = self._seed() if not self._seeded else set()
+        todo = list(self._dirty if groups is None else self._dirty.intersection(groups))
+        for group in todo:
+            self._dirty.discard(group)
+            before = self.learned.get(group, {})
+            after = learn(group, self._points(group), self._eligible, before)
+            if after == before:
+                continue
+            for prefix, node in before.items():
+                self.learned_of[node].discard(prefix)
+                touched.add(node)
+            for prefix, node in after.items():
+                self.learned_of.setdefault(node, set()).add(prefix)
+                touched.add(node)
+            if after:
+                self.learned[group] = after
+            else:
+                self.learned.pop(group, None)
+        keys: set[Key] = set()
+        for node in touched:
+            if not self.learned_of.get(node):
+                self.learned_of.pop(node, None)
+            keys |= self._update_cidrs(node)
+        if keys:
+            self.changed(keys)
+
+    def _seed(self) -> set[str]:
+        """Start from the learnt ranges the node locators carry (written by an earlier
+        controller), so that a restart learns the same and writes nothing; returns the nodes
+        seeded."""
+        self._seeded = True
+        seeded: set[str] = set()
+        for node, (_, cidrs) in self.written.items():
+            facts = self.nodes.get(node)
+            if facts is None or not self._learns(facts):
+                continue
+            for text in cidrs:
+                prefix = prefix_of(text)
+                version, length, value = prefix
+                shortest, longest = LEARN_LENGTHS[version]
+                if shortest <= length <= longest:
+                    group = group_of((version, value))
+                    self.learned.setdefault(group, {})[prefix] = node
+                    self.learned_of.setdefault(node, set()).add(prefix)
+                    self._dirty.add(group)
+                    seeded.add(node)
+        return seeded
+
+    def _eligible(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is not None and self._learns(node)
+
+    def _points(self, group: Prefix) -> list[tuple[int, str]]:
+        """(address, node) of every pod address in the group that a range may place: not of
+        a hostNetwork pod (those are the node's own addresses), sorted."""
+        points = []
+        for key in self.groups.get(group, ()):
+            pod = self.pods[key]
+            if pod.host_network or pod.finished or not pod.node_name:
+                continue
+            for address in pod.addresses:
+                point = point_of(address)
+                if group_of(point) == group:
+                    points.append((point[1], pod.node_name))
+        points.sort()
+        return points
+
+    @staticmethod
+    def _groups_of(pod: PodFacts) -> set[Prefix]:
+        return {group_of(point_of(address)) for address in pod.addresses}
+
+    def _regroup(self, key: Key, pod: PodFacts | None, add: bool) -> None:
+        """Index (or unindex) the pod's addresses by learning group."""
+        if pod is None:
+            return
+        for group in self._groups_of(pod):
+            if add:
+                self.groups.setdefault(group, set()).add(key)
+            else:
+                members = self.groups.get(group)
+                if members is not None:
+                    members.discard(key)
+                    if not members:
+                        del self.groups[group]
+            if self.learning:
+                self._dirty.add(group)
 
     # ----- the reflectors' sink -----
 
@@ -176,16 +445,16 @@ class ClusterState:
                 for k in self.locators.keys() | states.keys()
                 if self.locators.get(k) != states.get(k)
             }
-            for key in changed:
-                self._set_locator(key, states.get(key))
+            for key in list(changed):
+                changed |= self._set_locator(key, states.get(key))
         first = resource.name not in self.listed
         self.listed.add(resource.name)
         if first:
             log.info("%s: listed %d", resource.name, len(items))
         if changed:
             self.changed(changed)
-        if first and self.synced:
-            self.on_synced()
+        if first:
+            self.on_listed()
 
     def upsert(self, resource: Resource, obj: Object) -> None:
         """An object was added or modified."""
@@ -206,8 +475,7 @@ class ClusterState:
             state = locator_state(obj)
             cached = self.locators.get(key)
             if cached != state and not (cached and _older(state.version, cached.version)):
-                self._set_locator(key, state)
-                self.changed((key,))
+                self.changed({key} | self._set_locator(key, state))
 
     def delete(self, resource: Resource, obj: Object) -> None:
         """An object was deleted (`obj` is its last state)."""
@@ -226,8 +494,7 @@ class ClusterState:
             meta = obj.get("metadata")
             version = str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
             if cached is not None and not _older(version, cached.version):
-                self._set_locator(key, None)
-                self.changed((key,))
+                self.changed({key} | self._set_locator(key, None))
 
     # ----- what the writer learnt -----
 
@@ -236,12 +503,16 @@ class ClusterState:
 
         Newer than the watch has delivered; a later watch event for an older version is
         skipped (see `_older`)."""
-        self._set_locator(key, locator_state(obj) if obj is not None else None)
+        moved = self._set_locator(key, locator_state(obj) if obj is not None else None)
+        if moved:
+            self.changed(moved)
 
     # ----- internals -----
 
     def _set_pod(self, key: Key, pod: PodFacts | None) -> None:
         old = self.pods.pop(key, None)
+        self._regroup(key, old, add=False)
+        self._regroup(key, pod, add=True)
         if old is not None and old.node_name:
             on = self.pods_on.get(old.node_name)
             if on is not None:
@@ -255,13 +526,19 @@ class ClusterState:
 
     def _set_node(self, name: str, node: NodeFacts | None) -> set[Key]:
         """Store a node; returns the keys of the locators that depend on it."""
-        if node is None:
-            self.nodes.pop(name, None)
-        else:
+        old = self.nodes.pop(name, None)
+        if node is not None:
             self.nodes[name] = node
-        return {(self.config.namespace, name)} | self.pods_on.get(name, set())
+        if self.learning and (old is None or node is None or old.cidrs != node.cidrs):
+            # Whether its ranges are learnt, and from which pods, may have changed.
+            for key in self.pods_on.get(name, ()):
+                self._dirty.update(self._groups_of(self.pods[key]))
+            self._dirty.update(group_of((p[0], p[2])) for p in self.learned_of.get(name, ()))
+        keys = {(self.config.namespace, name)} | self.pods_on.get(name, set())
+        return keys | self._update_cidrs(name)
 
-    def _set_locator(self, key: Key, state: LocatorState | None) -> None:
+    def _set_locator(self, key: Key, state: LocatorState | None) -> set[Key]:
+        """Store a locator; returns the keys of the pods whose placement it moves."""
         old = self.locators.pop(key, None)
         if old is not None and old.managed:
             self._counts["node" if old.is_node else "pod"] -= 1
@@ -271,3 +548,4 @@ class ClusterState:
                 self._counts["node" if state.is_node else "pod"] += 1
         for kind, count in self._counts.items():
             CONTROLLER_LOCATORS.labels(kind).set(count)
+        return self._update_written(key, state)

@@ -1,4 +1,4 @@
-"""The TCP frontend (RFC 7766): 2-byte length framing, pipelining, timeouts, connection cap.
+"""The TCP frontend (RFC 7766): 2-byte length framing, pipelining, timeouts, a fair cap.
 
 Queries on one connection are answered in the order they arrive; each answer is written as soon
 as it is ready, so a client may send many queries without waiting.
@@ -7,6 +7,13 @@ Two timers bound a connection, as miekg/dns (under CoreDNS) bounds its reads: a 
 no message under way is closed once idle for the idle timeout, counted from its last whole
 message; once a message's first byte is in, the whole message must follow within the read
 timeout. A client trickling bytes therefore holds a slot for seconds, not indefinitely.
+
+The cap is shared fairly: one source address holds at most a quarter of it (`SHARE`). A new
+connection past either bound closes the oldest idle connection (none under way, no answer
+pending) of that source, or of the source holding the most, to make room (RFC 7766 §6.2.3
+lets a server close idle connections when it needs to); only when none is idle is the new
+one refused. One client opening connections without end therefore neither holds every slot
+nor keeps others out.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ log = logging.getLogger("toposdns")
 #: Queries one connection may have waiting for an upstream; past that its queries are read only
 #: as those are answered, so one pipelining client cannot hold every forwarding slot.
 MAX_PENDING = 32
+#: The part of the connection cap one source address may hold.
+SHARE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +77,9 @@ TCP: Plugin[TcpOptions] = Plugin(
             sets("max_connections", integer(1, 1_000_000, "1024")),
             "--tcp-max-connections",
             "N",
-            "refuse TCP connections beyond this many (default {default})",
+            "keep at most this many TCP connections open, a quarter of them from one "
+            "address; past that a new one closes the oldest idle one, or is refused "
+            "(default {default})",
             shows="max_connections",
         ),
     ),
@@ -77,15 +88,18 @@ TCP: Plugin[TcpOptions] = Plugin(
 
 
 class TcpLimits:
-    """Shared by all connections of one listener."""
+    """Shared by all connections of one listener: the open ones, in the order they opened, in
+    all and by source address."""
 
     def __init__(
         self, max_connections: int, idle_timeout: float, read_timeout: float = 3.0
     ) -> None:
         self.max_connections = max_connections
+        self.per_source = max(1, max_connections // SHARE)
         self.idle_timeout = idle_timeout
         self.read_timeout = read_timeout
-        self.open = 0
+        self.connections: dict[TcpProtocol, None] = {}
+        self.by_source: dict[str, dict[TcpProtocol, None]] = {}
         self.refused = Tally(
             log,
             logging.WARNING,
@@ -98,6 +112,56 @@ class TcpLimits:
             "closed a TCP connection %s",
             "closed %d more TCP connections in the last %gs, the last %s",
         )
+        self.evicted = Tally(
+            log,
+            logging.INFO,
+            "closed an idle TCP connection %s",
+            "closed %d more idle TCP connections in the last %gs to make room, the last %s",
+        )
+
+    @property
+    def open(self) -> int:
+        """Connections open."""
+        return len(self.connections)
+
+    def admit(self, connection: TcpProtocol, source: str) -> bool:
+        """Count a new connection in, closing an idle one to make room if a bound is reached;
+        False (not counted) when none is idle."""
+        mine = self.by_source.get(source)
+        if mine is not None and len(mine) >= self.per_source:
+            if not self._evict(mine, f"of {source}: {len(mine)} open from it, its share"):
+                self.refused.add(
+                    f"from {source}: {len(mine)} already open from it (a quarter of "
+                    "--tcp-max-connections)"
+                )
+                return False
+        elif len(self.connections) >= self.max_connections:
+            if not self._evict(self.connections, f"for {source}: {self.open} open"):
+                self.refused.add(f"from {source}: {self.open} already open (--tcp-max-connections)")
+                return False
+        self.connections[connection] = None
+        self.by_source.setdefault(source, {})[connection] = None
+        return True
+
+    def release(self, connection: TcpProtocol, source: str) -> None:
+        """Count a connection out (closed, or closing)."""
+        if self.connections.pop(connection, 0) is None:
+            mine = self.by_source[source]
+            del mine[connection]
+            if not mine:
+                del self.by_source[source]
+
+    def _evict(self, among: dict[TcpProtocol, None], why: str) -> bool:
+        """Close the connection idle the longest among `among`, of the source holding the most
+        connections; False if none is idle."""
+        idle = [connection for connection in among if connection.idle]
+        if not idle:
+            return False
+        by_source = self.by_source
+        oldest = max(idle, key=lambda c: (len(by_source[c.source]), -c.last_active))
+        self.evicted.add(f"{why} (--tcp-max-connections)")
+        oldest.close()
+        return True
 
 
 class TcpProtocol(asyncio.Protocol):
@@ -118,23 +182,30 @@ class TcpProtocol(asyncio.Protocol):
         self.started = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.wake_at = 0.0
-        self.counted = False
+        self.source = ""
         self.pending: set[asyncio.Task[None]] = set()
         self.writing_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio's.
         self.transport = cast(asyncio.Transport, transport)
-        if self.limits.open >= self.limits.max_connections:
-            self.limits.refused.add(
-                f"from {self.peer()}: {self.limits.open} already open (--tcp-max-connections)"
-            )
+        self.source = self.peer()
+        self.last_active = time.monotonic()
+        if not self.limits.admit(self, self.source):
             self.transport.abort()
             return
-        self.limits.open += 1
-        self.counted = True
-        self.last_active = time.monotonic()
         self.wake(self.last_active + self.limits.idle_timeout)
+
+    @property
+    def idle(self) -> bool:
+        """No message under way and no answer pending: closing it loses nothing."""
+        return not self.buffer and not self.pending
+
+    def close(self) -> None:
+        """Close the connection (made room for another): counted out at once."""
+        self.limits.release(self, self.source)
+        if self.transport is not None:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
@@ -250,6 +321,4 @@ class TcpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        if self.counted:
-            self.limits.open -= 1
-            self.counted = False
+        self.limits.release(self, self.source)

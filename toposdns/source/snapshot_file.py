@@ -7,22 +7,28 @@ the file, the object and the reason, so that a reload never serves half an edit.
 The file is bounded before it is trusted. Only a regular file is opened (never a device or a
 FIFO, even through a symlink), of at most `max_bytes`. Only a whole file is served: it must
 parse completely and hold at least one object, and YAML must end with a line break (a write cut
-short ends mid-line; JSON cut short does not parse). YAML aliases are refused and nesting is
-bounded, so that the work stays linear in the file's size. A reload reads and parses in a
-thread, so DNS keeps answering however large the file.
+short ends mid-line; JSON cut short does not parse). Nesting is bounded, and so is what YAML
+aliases stand for, as Kubernetes' own YAML reader bounds it (PyYAML's `yaml.dump` writes an
+alias wherever two objects share a dict; a "billion laughs" file is refused).
+
+YAML is read one object at a time: each item of a List (and each document) is converted to its
+slim record as soon as it is parsed, and its parse tree dropped, so loading takes little more
+memory than the records it keeps. A reload reads and parses in a thread, so DNS keeps answering
+however large the file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +36,14 @@ from typing import Any, TypeVar
 import yaml
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent
+from yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
@@ -46,6 +59,11 @@ log = logging.getLogger("toposdns")
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 #: Far deeper than any Kubernetes object nests.
 MAX_DEPTH = 100
+#: go-yaml's bound on aliases (used by Kubernetes' YAML reader): past `ALIASED_MIN` nodes that
+#: aliases stand for and `DECODED_MIN` nodes in all, at most this share of an object may come
+#: from aliases: 99% up to ALIAS_RATIO_LOW nodes, falling to 10% at ALIAS_RATIO_HIGH.
+ALIASED_MIN, DECODED_MIN = 100, 1000
+ALIAS_RATIO_LOW, ALIAS_RATIO_HIGH = 400_000, 4_000_000
 
 T = TypeVar("T")
 
@@ -65,31 +83,125 @@ except ImportError:  # pragma: no cover - depends on how PyYAML was built
 
 class _Loader(Composer, SafeConstructor, Resolver, _Parser):
     """libyaml's parser under PyYAML's own composer, which can bound the depth (libyaml's
-    composer recurses in C: 100,000 `[` crash the process) and refuse aliases (each stands for
-    a whole subtree, so a small file could stand for an unbounded one)."""
+    composer recurses in C: 100,000 `[` crash the process) and what aliases stand for (each
+    stands for a whole subtree, so a small file could stand for an unbounded one).
 
-    def __init__(self, stream: str) -> None:
+    `decoded` counts the nodes of the object being read, each alias counted as the nodes it
+    stands for, `aliased` those that aliases stand for: the objects built share what an alias
+    names, so memory does not grow with them, but the work of reading them would."""
+
+    def __init__(self, stream: bytes) -> None:
         _Parser.__init__(self, stream)
         Composer.__init__(self)
         SafeConstructor.__init__(self)
         Resolver.__init__(self)
         self.depth = 0
+        self.decoded = 0
+        self.aliased = 0
+        #: Nodes each anchor of the document stands for.
+        self.sizes: dict[str, int] = {}
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         event = self.peek_event()
-        problem = None
+        mark: Any = getattr(event, "start_mark", None)  # libyaml's own Mark type
         if isinstance(event, AliasEvent):
-            problem = "YAML aliases (*name) are not supported"
-        elif self.depth >= MAX_DEPTH:
-            problem = f"nested deeper than {MAX_DEPTH} levels"
-        if problem is not None:
-            mark: Any = getattr(event, "start_mark", None)  # libyaml's own Mark type
-            raise ComposerError(None, None, problem, mark)
+            node = super().compose_node(parent, index)
+            size = self.sizes.get(event.anchor or "", 1)
+            self.decoded += size
+            self.aliased += size
+            if _excessive_aliasing(self.decoded, self.aliased):
+                raise ComposerError(
+                    None,
+                    None,
+                    f"excessive aliasing: {self.aliased} of {self.decoded} nodes come from "
+                    "aliases (*name), more than Kubernetes reads",
+                    mark,
+                )
+            return node
+        if self.depth >= MAX_DEPTH:
+            raise ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
         self.depth += 1
+        start = self.decoded
+        self.decoded += 1
         try:
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
             self.depth -= 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self.sizes[anchor] = self.decoded - start
+        return node
+
+    def read(self) -> Any:
+        """The next value: composed, constructed, its parse tree dropped."""
+        self.decoded = self.aliased = 0
+        return self.construct_document(self.compose_node(None, None))
+
+    def objects(self) -> Iterator[Any]:
+        """The objects of the stream, one at a time: the items of a document that is a list,
+        or of a List, and other documents whole."""
+        self.get_event()  # stream start
+        while not self.check_event(StreamEndEvent):
+            self.get_event()  # document start
+            if self.check_event(SequenceStartEvent):
+                self.get_event()
+                while not self.check_event(SequenceEndEvent):
+                    yield from _objects([[self.read()]])
+                self.get_event()
+            elif self.check_event(MappingStartEvent):
+                yield from self._mapping_objects()
+            else:
+                yield from _objects([self.read()])
+            self.get_event()  # document end
+            self.anchors = {}
+            self.sizes = {}
+
+    def _mapping_objects(self) -> Iterator[Any]:
+        """A document that is a mapping: a List's items one at a time, else the object."""
+        self.get_event()
+        top: dict[Any, Any] = {}
+        waiting: list[Any] = []  # items without a kind, until the List's kind is known
+        streamed = False
+        while not self.check_event(MappingEndEvent):
+            key = self.read()
+            if key == "items" and self.check_event(SequenceStartEvent):
+                streamed = True
+                self.get_event()
+                while not self.check_event(SequenceEndEvent):
+                    item = self.read()
+                    kind = top.get("kind")
+                    if isinstance(item, dict) and "kind" not in item and kind is None:
+                        waiting.append(item)
+                    else:
+                        yield from _list_items({**top, "items": [item]}, _list_kind(kind))
+                self.get_event()
+            else:
+                top[key] = self.read()
+        self.get_event()
+        kind = top.get("kind")
+        if not streamed:
+            yield from _objects([top])
+        elif waiting:
+            yield from _list_items({**top, "items": waiting}, _list_kind(kind))
+
+
+def _list_kind(kind: Any) -> str:
+    """The kind of a List's items read off the List's kind, if it names one."""
+    return kind if isinstance(kind, str) and kind.endswith("List") else "List"
+
+
+def _excessive_aliasing(decoded: int, aliased: int) -> bool:
+    """go-yaml's test (`allowedAliasRatio`), which Kubernetes' YAML reader applies."""
+    if aliased <= ALIASED_MIN or decoded <= DECODED_MIN:
+        return False
+    if decoded <= ALIAS_RATIO_LOW:
+        allowed = 0.99
+    elif decoded >= ALIAS_RATIO_HIGH:
+        allowed = 0.10
+    else:
+        share = (decoded - ALIAS_RATIO_LOW) / (ALIAS_RATIO_HIGH - ALIAS_RATIO_LOW)
+        allowed = 0.99 - 0.89 * share
+    return aliased / decoded > allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,33 +298,38 @@ def parse_records(path: Path, data: bytes) -> list[Record]:
     """Parse and convert the bytes of a file (`path` names it in errors); SnapshotError if
     they are not a whole snapshot."""
     try:
-        text = data.decode("utf-8")
+        data.decode("utf-8")  # checked, not kept: the parsers read the bytes
     except UnicodeDecodeError as exc:
         raise SnapshotError(f"{path}: not UTF-8 text: {exc}") from None
-    if not text.strip():
+    if not data.strip():
         raise SnapshotError(f"{path}: empty; a snapshot holds at least one object")
-    is_json = text.lstrip().startswith(("{", "["))
+    is_json = data.lstrip().startswith((b"{", b"["))
+    cut = not is_json and not data.endswith((b"\n", b"\r"))
     try:
-        if is_json:
-            documents: list[Any] = [json.loads(text)]
-        else:
-            # The stubs list only PyYAML's own loaders.
-            documents = list(yaml.load_all(text, Loader=_Loader))  # type: ignore[arg-type]
+        objects = _objects([json.loads(data)]) if is_json else _Loader(data).objects()
+        records = _convert(path, objects)
+    except SnapshotError:
+        if cut:  # the last object is likely cut short: say why
+            raise _cut_short(path) from None
+        raise
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{path}: not valid YAML or JSON: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise SnapshotError(f"{path}: not valid YAML or JSON: nested too deeply") from None
     except ValueError as exc:  # bad JSON, or a YAML value its tag cannot hold (2024-13-45)
         raise SnapshotError(f"{path}: not valid YAML or JSON: {exc}") from None
-    if not is_json and not text.endswith(("\n", "\r")):
-        raise SnapshotError(
-            f"{path}: ends mid-line, as a file still being written does; write the file to a "
-            "temporary name, then rename it into place (if it is whole, end it with a newline)"
-        )
-    records = _convert(path, documents)
+    if cut:
+        raise _cut_short(path)
     if not records:
         raise SnapshotError(f"{path}: holds no objects; a snapshot holds at least one")
     return records
+
+
+def _cut_short(path: Path) -> SnapshotError:
+    return SnapshotError(
+        f"{path}: ends mid-line, as a file still being written does; write the file to a "
+        "temporary name, then rename it into place (if it is whole, end it with a newline)"
+    )
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -224,19 +341,29 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def _convert(path: Path, documents: list[Any]) -> list[Record]:
+def _convert(path: Path, objects: Iterable[Any]) -> list[Record]:
+    """Each object converted as it comes (and then dropped); SnapshotError for a bad one, once
+    the rest of the file has parsed (a syntax error further on is the one to report)."""
     records: list[Record] = []
     seen: set[tuple[str, str, str]] = set()
+    remaining = iter(objects)
+    problem = ""
     try:
-        for raw in _objects(documents):
+        for raw in remaining:
             record = convert_object(raw)
             key = (type(record).__name__, getattr(record, "namespace", ""), record.name)
             if key in seen:
-                raise SnapshotError(f"{path}: {describe(raw)}: appears twice; keep one")
+                problem = f"{describe(raw)}: appears twice; keep one"
+                break
             seen.add(key)
             records.append(record)
     except ObjectError as exc:
-        raise SnapshotError(f"{path}: {exc}; fix or remove that object") from None
+        problem = f"{exc}; fix or remove that object"
+    if problem:
+        with contextlib.suppress(ObjectError):
+            for _ in remaining:
+                pass
+        raise SnapshotError(f"{path}: {problem}")
     return records
 
 

@@ -138,12 +138,16 @@ class Reflector:
         #: (resuming from an older one would replay changes already served, and answers would
         #: go back in time until the replay caught up). None: list first.
         self.version: str | None = None
+        #: Whether the API server accepted the current watch: the backoff starts over when
+        #: one that did breaks off (an API server restart), instead of growing with each.
+        self.accepted = False
 
     async def run(self) -> None:
         """Forever: list when needed, watch, back off on failures."""
         name = self.resource.name
         delay = self.settings.backoff_initial
         while True:
+            self.accepted = False
             try:
                 if self.version is None:
                     self.version = await self.list()
@@ -160,6 +164,9 @@ class Reflector:
                 reason = "timeout" if isinstance(exc, TimeoutError) else "error"
                 WATCH_RESTARTS.labels(name, reason).inc()
                 API_ERRORS.labels(name).inc()
+                if self.accepted:
+                    # The API server was answering: a new failure, not more of the last one.
+                    delay = self.settings.backoff_initial
                 pause = delay * random.uniform(1.0, 1.5)
                 # No answer at all: the outage is logged once, for every resource together.
                 unanswered = isinstance(exc, NETWORK_ERRORS) and not isinstance(exc, Stalled)
@@ -222,6 +229,7 @@ class Reflector:
             if response.status != 200:
                 data = await response.read()
                 raise ApiError(self.resource.name, response.status, message_of(decode(data)))
+            self.accepted = True
             pending = b""
             while True:
                 try:

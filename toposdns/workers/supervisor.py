@@ -7,7 +7,9 @@
   memory. Once each says it serves, the reservation is closed and the port announced.
 - **main loop**: each change the source publishes goes to every worker, in order: the store
   builder's journal of changes for the cluster, the whole snapshot for a reloaded file. A worker
-  that ends is logged and forked again from the data as it is then. /ready is OK once the data
+  that ends is logged and forked again from the data as it is then; one that keeps ending soon
+  after its start is forked again after a delay that doubles each time (1 s up to
+  `MAX_BACKOFF`), one line per restart, and /ready names it meanwhile. /ready is OK once the data
   has synced and every worker serves the latest change; /metrics sums the workers' metrics and
   the supervisor's own; /explain answers from the supervisor's data, the same as the workers'.
 - **shutdown**: /ready fails at once; the workers are told to stop and go on answering for
@@ -39,7 +41,6 @@ from toposdns.server import (
     Corefile,
     answering,
     kept_where,
-    raise_open_files_limit,
     report_conflicts,
     report_invalid_policies,
     report_restart,
@@ -73,8 +74,11 @@ log = logging.getLogger("toposdns")
 
 #: How long the workers may take to bind the port at startup.
 START_TIMEOUT = 10.0
-#: A worker that ends sooner than this after its start is forked again only after this long.
+#: A worker that ends sooner than `STABLE` after its start is forked again only after a delay:
+#: this long the first time, doubled each time it ends that soon again, up to MAX_BACKOFF.
 RESTART_DELAY = 1.0
+MAX_BACKOFF = 32.0
+STABLE = 30.0
 #: How long a /metrics scrape waits for the workers; a late one counts with its last figures.
 SCRAPE_TIMEOUT = 2.0
 #: How long a worker may take past the lameduck to exit before it is killed.
@@ -143,6 +147,8 @@ class Supervisor:
         self.batch = 0
         self.port = config.bind.port
         self.workers: dict[int, Worker] = {}
+        #: Slots waiting to be forked again after a crash: (delay, monotonic time of the fork).
+        self.backoff: dict[int, tuple[float, float]] = {}
         self.started = False
         self.failure: str | None = None
         #: Set when a worker starts serving or ends.
@@ -156,7 +162,6 @@ class Supervisor:
 
     async def run(self) -> None:
         config = self.config
-        raise_open_files_limit(config)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
         async with self.life as life:
@@ -300,10 +305,23 @@ class Supervisor:
             await self.restart(worker.slot)
         else:
             WORKER_RESTARTS.inc()
-            log.warning("worker %d (pid %d) %s; starting it again", worker.slot, worker.pid, how)
-            if time.monotonic() - worker.started < RESTART_DELAY:
-                await asyncio.sleep(RESTART_DELAY)
+            delay = self.restart_delay(worker)
+            when = f" in {delay:g}s, as it ended soon after its start" if delay else ""
+            log.warning(
+                "worker %d (pid %d) %s; starting it again%s", worker.slot, worker.pid, how, when
+            )
+            self.backoff[worker.slot] = (delay, time.monotonic() + delay)
+            await asyncio.sleep(delay)
             await self.restart(worker.slot)
+
+    def restart_delay(self, worker: Worker) -> float:
+        """How long to wait before forking a worker that ended again: none if it had run for
+        STABLE seconds, else double the last delay (RESTART_DELAY at first, MAX_BACKOFF at most)."""
+        now = time.monotonic()
+        if now - worker.started >= STABLE:
+            return 0.0
+        previous = self.backoff.get(worker.slot, (0.0, 0.0))[0]
+        return min(MAX_BACKOFF, max(RESTART_DELAY, previous * 2))
 
     async def renew(self) -> None:
         """Start every worker again from the data as it is now, one after another: each old
@@ -414,13 +432,21 @@ class Supervisor:
         if not self.current.synced:
             return "kubernetes"
         behind = [
-            str(slot)
+            self.describe(slot)
             for slot in range(1, self.config.workers + 1)
             if (worker := self.workers.get(slot)) is None
             or not worker.serving
             or worker.applied < self.batch
         ]
         return f"workers not serving the latest data: {', '.join(behind)}" if behind else None
+
+    def describe(self, slot: int) -> str:
+        """A worker's slot, and when it is forked again if it is waiting after crashes."""
+        delay, due = self.backoff.get(slot, (0.0, 0.0))
+        left = due - time.monotonic()
+        if slot in self.workers or left <= 0:
+            return str(slot)
+        return f"{slot} (ended soon after its start; starting again in {left:.0f}s of {delay:g}s)"
 
     async def exposition(self) -> bytes:
         """/metrics: the supervisor's metrics and every worker's, summed, and each worker's
