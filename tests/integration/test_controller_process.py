@@ -66,7 +66,10 @@ def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
         assert "toposdns_controller_leader 1.0" in metrics
         assert 'toposdns_controller_writes_total{result="ok",verb="create"} 1.0' in metrics
         assert 'toposdns_controller_locators{kind="node"} 1.0' in metrics
-        assert "toposdns_controller_queue_depth 0.0" in metrics
+        # The key leaves the queue just after its write is seen.
+        assert wait_until(
+            lambda: "toposdns_controller_queue_depth 0.0" in http_get(port, "/metrics")[1], 5, 0.02
+        ), "queue drained"
         assert http_get(port, "/health")[0] == 200
 
         process.send_signal(signal.SIGTERM)
