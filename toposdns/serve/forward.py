@@ -66,7 +66,6 @@ from toposdns.wire.codes import (
     CNAME,
     FORMERR,
     OPT,
-    POINTER,
     RCODE,
     RCODE_NAMES,
     REFUSED,
@@ -75,7 +74,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
-from toposdns.wire.decode import record_spans
+from toposdns.wire.decode import read_name, record_spans
 from toposdns.wire.encode import truncate
 
 __all__ = [
@@ -413,14 +412,7 @@ class Forwarder:
 
 def question_end(data: bytes) -> int:
     """The offset just after a query's question (name, type, class)."""
-    end = HEADER_SIZE
-    while True:
-        length = data[end]
-        if length >= POINTER:  # a compression pointer ends the name
-            return end + 6
-        if length == 0:
-            return end + 5
-        end += 1 + length
+    return read_name(data, HEADER_SIZE)[1] + 4
 
 
 def cache_key(data: bytes, end: int, edns: bool) -> bytes:
