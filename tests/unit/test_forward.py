@@ -13,9 +13,10 @@ import dnslib
 import pytest
 
 from toposdns.serve import forward
-from toposdns.serve.forward import Forwarder, cache_key, question_end, upstream_query
+from toposdns.serve.forward import Forwarder, cache_key, upstream_query
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, check_reply
 from toposdns.wire.codes import FORMERR, REFUSED, SERVFAIL
+from toposdns.wire.decode import question_end
 
 QUERY = dnslib.DNSRecord.question("www.example.test.", "A")
 QUERY.header.id = 0x4242

@@ -74,7 +74,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
-from toposdns.wire.decode import read_name, record_spans
+from toposdns.wire.decode import question_end, record_spans
 from toposdns.wire.encode import truncate
 
 __all__ = [
@@ -408,11 +408,6 @@ class Forwarder:
             return whole, whole_message
         finally:
             self.loops.answered(qid, question)
-
-
-def question_end(data: bytes) -> int:
-    """The offset just after a query's question (name, type, class)."""
-    return read_name(data, HEADER_SIZE)[1] + 4
 
 
 def cache_key(data: bytes, end: int, edns: bool) -> bytes:

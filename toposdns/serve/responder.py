@@ -56,7 +56,7 @@ from toposdns.wire.edns import (
     NO_OPTIONS,
     EchoedOptions,
     buffer_size,
-    question_end,
+    plain_question_end,
     read_options,
     reply_opt,
     split_query,
@@ -243,7 +243,7 @@ class Responder:
             cached, row = found
         else:
             cached = entry  # type: ignore[assignment]
-        if cached.question != data[12 : question_end(data, key)]:
+        if cached.question != data[12 : plain_question_end(data, key)]:
             return None  # asked in another letter case: its names are written anew
         reply = self.rendered(data, key, cached, echo.scoped if via_ecs else echo.plain, transport)
         if reply is None:
@@ -315,7 +315,7 @@ class Responder:
         if found is None:
             return None
         reply, qtype, depends = found
-        question = data[12 : question_end(data, key)]
+        question = data[12 : plain_question_end(data, key)]
         hits = self.hit_rows(data, key, reply, qtype)
         cached = Cached(
             reply[2:], None, question, tuple(depends), self.snapshot.serial, False, hits
@@ -561,5 +561,5 @@ class Responder:
 
 def _qtype(data: bytes, key: bytes) -> int:
     """The qtype of a plain query, for its metrics labels."""
-    end = question_end(data, key)
+    end = plain_question_end(data, key)
     return (data[end - 4] << 8) | data[end - 3]
