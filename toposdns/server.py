@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
-from toposdns import __version__
+from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
@@ -96,7 +96,7 @@ def plugins(config: ServeConfig) -> list[str]:
 def report_server(config: ServeConfig, port: int) -> None:
     """coredns_build_info, and coredns_plugin_enabled for the server block `.:PORT`, as
     CoreDNS's prometheus plugin sets them at startup."""
-    BUILD_INFO.labels(__version__, "", f"python{platform.python_version()}").set(1)
+    BUILD_INFO.labels(__version__, build_revision(), f"python{platform.python_version()}").set(1)
     PLUGIN_ENABLED.clear()
     for name in plugins(config):
         PLUGIN_ENABLED.labels(f"dns://:{port}", ".", "", name).set(1)

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, service, wait_until
 from tests.kubeapi import FakeApiServer
 from tests.upstream import stub_upstream
+from toposdns import REVISION_VARIABLE
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +42,8 @@ COREDNS_SERIES = [
 TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 #: Names forwarded once each: the garbage upstream is tried for one of them but once in 2**10.
 FORWARDED_ONCE = 10
+#: The git commit an image build passes in (any 40 hex digits).
+REVISION = "0123456789abcdef0123456789abcdef01234567"
 UPSTREAM = {("www.example.test", "A"): ["www.example.test. 300 IN A 192.0.2.10"]}
 
 
@@ -101,6 +104,7 @@ def running(
                 "--workers",
                 request.param,
             ),
+            wrapper=("env", f"{REVISION_VARIABLE}={REVISION}"),  # as the image sets it
         )
         try:
             server.wait_ready(30)  # connecting to the API takes a while on a loaded machine
@@ -143,6 +147,8 @@ def test_coredns_series_are_present_with_their_labels(
 
     server_label = f"dns://:{server.port}"
     assert value("coredns_build_info") == 1  # once, whatever the number of workers
+    (info,) = families["coredns_build_info"].samples
+    assert info.labels["revision"] == REVISION  # the image's build argument
     enabled = {s.labels["name"] for s in families["coredns_plugin_enabled"].samples}
     assert enabled == {
         "errors",
