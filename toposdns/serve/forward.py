@@ -283,7 +283,9 @@ class Forwarder:
         CACHE_REQUESTS.labels(self.server, CACHE_ZONES, "").inc()
         if cached is not None:
             CACHE_HITS.labels(self.server, cached.kind, CACHE_ZONES, "").inc()
-            return truncate(cached.render(data[:2], self.clock(), opt, ad, hit=True), limit)
+            return truncate(
+                cached.render(data[:2], self.clock(), opt, ad, True, data[HEADER_SIZE:end]), limit
+            )
         CACHE_MISSES.labels(self.server, CACHE_ZONES, "").inc()
         if self.outstanding >= self.max_concurrent:
             FORWARD_MAX_CONCURRENT_REJECTS.inc()
@@ -304,7 +306,9 @@ class Forwarder:
                 log.info("forwarding: %d queries in flight; accepting again", self.outstanding)
         if isinstance(outcome, int):
             return outcome
-        return truncate(outcome.render(data[:2], self.clock(), opt, ad, hit=False), limit)
+        return truncate(
+            outcome.render(data[:2], self.clock(), opt, ad, False, data[HEADER_SIZE:end]), limit
+        )
 
     async def close(self) -> None:
         """Stop health probes."""
@@ -411,11 +415,13 @@ class Forwarder:
 
 
 def cache_key(data: bytes, end: int, edns: bool) -> bytes:
-    """What the answer depends on, as CoreDNS's cache keys it: the question (as asked), RD, CD
-    and DO. Not the transport nor the client's buffer size: the cache keeps whole answers, cut
-    per client. Client-specific EDNS options (cookies) are left out."""
+    """What the answer depends on, as CoreDNS's cache keys it: the question with its name in
+    lower case (so that random letter case, as 0x20-randomizing resolvers send, cannot multiply
+    the entries or pass the cache by), RD, CD and DO. Not the transport nor the client's buffer
+    size: the cache keeps whole answers, cut per client. Client-specific EDNS options (cookies)
+    are left out."""
     do = _do_bit(data) if edns else 0
-    return bytes((data[2] & 0x01, data[3] & 0x10, do)) + data[HEADER_SIZE:end]
+    return bytes((data[2] & 0x01, data[3] & 0x10, do)) + data[HEADER_SIZE:end].lower()
 
 
 def _do_bit(data: bytes) -> int:

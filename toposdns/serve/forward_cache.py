@@ -256,10 +256,16 @@ class Entry:
     def fits(self, limit: int, opt: bytes) -> bool:
         return len(self.reply) + len(opt) <= limit
 
-    def render(self, qid: bytes, now: float, opt: bytes, ad: bool, hit: bool) -> bytes:
-        """The reply for one client: its ID, TTLs counted down, its OPT record if it sent one;
-        AD cleared when it asked for neither DNSSEC nor AD; AA set when it comes from the cache."""
+    def render(
+        self, qid: bytes, now: float, opt: bytes, ad: bool, hit: bool, question: bytes = b""
+    ) -> bytes:
+        """The reply for one client: its ID, its `question` in the letter case it asked (the
+        key folds case; the records keep the case of the reply cached, as CoreDNS's cache
+        does), TTLs counted down, its OPT record if it sent one; AD cleared when it asked for
+        neither DNSSEC nor AD; AA set when it comes from the cache."""
         out = bytearray(qid + self.reply[2:])
+        if question:  # the same name but for case: the same length
+            out[12 : 12 + len(question)] = question
         elapsed = int(now - self.stored)
         if elapsed:
             remaining = pack("!I", max(0, self.ttl - elapsed))
