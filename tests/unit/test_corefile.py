@@ -179,7 +179,16 @@ REFUSED = [
     (".:53 {\n  kubernetes {\n    ttl 3601\n  }\n}\n", "Corefile:3: ttl 3601: must be between"),
     (".:53 {\n  kubernetes {\n    pods maybe\n  }\n}\n", "Corefile:3: pods maybe: expected one"),
     (".:53 {\n  kubernetes\n  kubernetes\n}\n", "Corefile:3: kubernetes: given twice"),
-    (".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n", "Corefile:4: .:54: a second server"),
+    (
+        ".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n",
+        "Corefile:4: .:54: a server block on a second port",
+    ),
+    # kubeadm-era split: the cluster zone in its own block, the rest forwarded by another
+    (
+        "cluster.local:53 {\n  kubernetes\n}\n.:53 {\n  forward . 1.1.1.1\n}\n",
+        "Corefile:4: .:53: a second server block on the same port (the first is at line 1): "
+        "toposdns serves one block; put its plugins in one .:PORT block",
+    ),
     (".:53 {\n  kubernetes\n", "Corefile:1: .:53: this block is never closed"),
     (".:53 {\n  health { lameduck 5s }\n}\n", "Corefile:2: {: a { must end its line"),
     (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin"),
