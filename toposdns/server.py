@@ -140,6 +140,8 @@ class DnsServer:
         self.forwarder = make_forwarder(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
+        if self.metrics is not None:  # read off whichever responder serves when scraped
+            self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
         self.server = ""
@@ -161,6 +163,7 @@ class DnsServer:
             cache_bounds(config)[0],
             config.bufsize.size,
             not config.any.minimal,
+            config.cache,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -172,8 +175,6 @@ class DnsServer:
         config = kept_where(config, old)
         if (old.forward, old.cache) != (config.forward, config.cache):
             retired, self.forwarder = self.forwarder, make_forwarder(config)
-            if self.forwarder is not None:
-                self.forwarder.set_server(self.server)
             if retired is not None:  # closed once the queries it has are done
                 task = asyncio.create_task(self.retire(retired))
                 self.retiring.add(task)
@@ -224,8 +225,6 @@ class DnsServer:
             protocol.screen = self.screen
         if self.metrics is not None:
             self.metrics.server = server
-        if self.forwarder is not None:
-            self.forwarder.set_server(server)
         return port
 
 
