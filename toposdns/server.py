@@ -44,6 +44,7 @@ from toposdns.serve.forward import Forwarder
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
+from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
@@ -90,6 +91,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("loadbalance")
     if config.autopath.enabled:
         names.append("autopath")
+    if config.log.enabled:
+        names.append("log")
     return names
 
 
@@ -451,15 +454,22 @@ async def serve_dns(
     is at each datagram and connection, until the stack closes; returns their port."""
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
-    protocol = UdpProtocol(dns.responder, kind)
+    limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
+    connection: Callable[[], TcpProtocol]
+    if dns.config.log.enabled:  # the logging frontends; without `log`, the plain ones
+        query_log = QueryLog(dns.config.log)
+        protocol: UdpProtocol = LoggedUdpProtocol(dns.responder, kind, query_log)
+        connection = lambda: LoggedTcpProtocol(  # noqa: E731
+            dns.responder, limits, stream, query_log, dns.screen
+        )
+    else:
+        protocol = UdpProtocol(dns.responder, kind)
+        connection = lambda: TcpProtocol(dns.responder, limits, stream, dns.screen)  # noqa: E731
     protocol.screen = dns.screen
     udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
     dns.udp.append(protocol)
     stack.callback(udp.close)
-    limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
-    tcp = await loop.create_server(
-        lambda: TcpProtocol(dns.responder, limits, stream, dns.screen), sock=tcp_sock, backlog=1024
-    )
+    tcp = await loop.create_server(connection, sock=tcp_sock, backlog=1024)
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)
     return int(udp_sock.getsockname()[1])
