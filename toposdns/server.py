@@ -301,6 +301,7 @@ def where(config: ServeConfig) -> dict[str, object]:
         "prometheus address": config.prometheus.address,
         "workers": config.toposdns.workers,
         "http": config.toposdns.http,
+        "log": config.log,  # the frontends are chosen at startup
     }
 
 
@@ -315,6 +316,7 @@ def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
         health=replace(config.health, address=running.health.address),
         ready=running.ready,
         prometheus=running.prometheus,
+        log=running.log,
         toposdns=replace(
             config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
         ),
