@@ -16,10 +16,11 @@ from toposdns.serve.responder import UDP4, Responder, Transport
 
 log = logging.getLogger("toposdns")
 
-#: With metrics on, one datagram in this many is timed. A clock read costs as much as a cache hit
-#: where the clock is a system call (as on many VMs), and a hit takes the same few microseconds
-#: every time: an untimed hit counts the duration of the last timed one, which keeps each
-#: bucket's count an unbiased estimate and the number of queries exact.
+#: With metrics on, one fast-path cache hit in this many is timed (every other query is). A
+#: clock read costs as much as such a hit where the clock is a system call (as on many VMs),
+#: and a hit takes the same few microseconds every time: an untimed hit counts the duration of
+#: the last timed one, which keeps each bucket's count an unbiased estimate and the number of
+#: queries exact.
 TIMED_EVERY = 16
 
 
@@ -44,7 +45,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.reply_cache = responder.cache
         self.table = responder.cache.table  # only ever changed in place
         self.metrics = responder.metrics
-        #: Datagrams until the next timed one, and the last timed cache hit's duration.
+        #: Fast-path hits until the next timed one, and the last timed hit's duration.
         self.untimed = 0
         self.hit_seconds = 0.0
 
@@ -112,8 +113,9 @@ class UdpProtocol(asyncio.DatagramProtocol):
                 else:
                     metrics.slow_hit(hits, seconds)
             return
-        if metrics is not None and not started:  # every other query is timed
-            started = perf_counter()
+        if metrics is not None:  # every other query is timed, and the next hit too
+            self.untimed = 0
+            started = started or perf_counter()
         answer = self.responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)
