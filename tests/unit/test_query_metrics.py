@@ -11,6 +11,8 @@ from collections import Counter
 import dnslib
 import pytest
 
+import toposdns.serve.query_metrics as query_metrics_module
+import toposdns.serve.udp as udp_module
 from tests.differential import Frontends
 from tests.helpers import SHOP_WEB, config_of, snapshot_of
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
@@ -169,3 +171,35 @@ def test_cache_counts_equal_the_queries_sent_across_changes(disabled: bool) -> N
             assert got["entries success"] + got["entries denial"] == kept
 
     served(run())
+
+
+def test_one_udp_hit_in_sixteen_reads_the_clock_and_every_hit_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = []
+
+    def clock() -> float:
+        reads.append(1)
+        return 1000.0 + len(reads) * 1e-6  # each timed hit takes 1 µs
+
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics)
+        frontends = Frontends(responder)
+        for _ in range(1 + 16 * 4):  # built, then 64 hits on the fast path
+            frontends.over_udp(UDP4, query("web.shop.svc.cluster.local"), "127.0.0.1")
+        assert responses(metrics) == {"NOERROR": 65}
+        (family,) = (
+            f for f in metrics.collect() if f.name == "coredns_dns_request_duration_seconds"
+        )
+        samples = {
+            s.name: s.value for s in family.samples if s.labels.get("le") in (None, "0.00025")
+        }
+        assert samples["coredns_dns_request_duration_seconds_bucket"] == 65
+        assert samples["coredns_dns_request_duration_seconds_count"] == 65
+        assert samples["coredns_dns_request_duration_seconds_sum"] == pytest.approx(65e-6)
+
+    monkeypatch.setattr(udp_module, "perf_counter", clock)
+    monkeypatch.setattr(query_metrics_module, "perf_counter", clock)
+    served(run())
+    assert len(reads) <= 2 * (1 + 65 // 16) + 2, "a clock read or two per timed query only"

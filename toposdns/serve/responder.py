@@ -7,10 +7,11 @@
    without decoding it;
 2. **client placed**, only when the answer depends on the client: `Placer` gives the labels of
    the node a PodLocator puts the source (or a trusted Client Subnet address) on;
-3. **reply found** in the `ReplyCache` (`found`), or **built** (`built`): from a template when
-   the name certainly does not exist (`negative`, serve/negative.py), else decoded as far as
-   its cached reply needs, resolved by the pure resolver and encoded (`made`); either way
-   cached, whole, under the key with what its answer read;
+3. **reply found** in the `ReplyCache` (`found`; a query that got a reply from it before, the
+   same bytes but the ID, gets that reply again at once: `replayed`), or **built** (`built`):
+   from a template when the name certainly does not exist (`negative`, serve/negative.py), else
+   decoded as far as its cached reply needs, resolved by the pure resolver and encoded
+   (`made`); either way cached, whole, under the key with what its answer read;
 4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
    it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
    limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
@@ -36,7 +37,7 @@ from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
-from toposdns.serve.cache import DEFAULT_MAX_BYTES, Cached, ReplyCache, TopologyReplies
+from toposdns.serve.cache import DEFAULT_MAX_BYTES, Cached, Rendered, ReplyCache, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
 from toposdns.serve.negative import Negatives
@@ -232,12 +233,17 @@ class Responder:
         self.placer.update(snapshot)
         if snapshot.follows(previous) and snapshot.synced == previous.synced:
             self.cache.invalidate(snapshot.changes)
+            # Serials, placements and what the dropped entries said may all have moved.
+            self.cache.forget_rendered()
         else:
             self.cache.clear()
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
         when an upstream must be asked first. `started` (perf_counter) times it for metrics."""
+        rendered = self.cache.renders[transport.slot].get(data[2:])
+        if rendered is not None and (rendered.source is None or rendered.source == source):
+            return self.replayed(rendered, data, started)
         split = split_query(data)
         if split is None:  # not a plain query: decoded in full, never cached
             return self.decoded(data, transport, source, started)
@@ -284,17 +290,35 @@ class Responder:
         reply = self.rendered(data, key, cached, echo.scoped if via_ecs else echo.plain, transport)
         if reply is None:
             return None
-        if row is not None:
-            count_topology(row, labels is NO_LABELS)
+        hits = None if cached.hits is None else cached.hits[transport.slot]
+        whole = hits is not None and (len(data), len(reply)) == (hits.query_size, hits.reply_size)
+        replay = Rendered(
+            reply[2:], None if row is None else source, hits, whole, row, labels is NO_LABELS
+        )
+        if cached.rotation is None and cached.compressed_rotation is None:  # the same each time
+            self.cache.remember(transport.slot, data[2:], replay)
+        self.count(replay, data, reply, started)
+        return reply
+
+    def replayed(self, rendered: Rendered, data: bytes, started: float) -> bytes:
+        """The reply a query with the same bytes but the ID got from the cache, counted."""
+        self.cache.hits += 1
+        reply = data[:2] + rendered.reply
+        self.count(rendered, data, reply, started)
+        return reply
+
+    def count(self, rendered: Rendered, data: bytes, reply: bytes, started: float) -> None:
+        """Count a hit in its topology row and its metrics."""
+        if rendered.row is not None:
+            count_topology(rendered.row, rendered.unplaced)
         metrics = self.metrics
-        if metrics is not None and cached.hits is not None:
-            hits = cached.hits[transport.slot]
-            if len(data) == hits.query_size and len(reply) == hits.reply_size:
+        hits = rendered.hits
+        if metrics is not None and hits is not None:
+            if rendered.whole:
                 count_hit(metrics, hits, started)
             else:  # options, or cut to another size: counted in full
                 metrics.observe(hits.labels, started, len(data), len(reply))
                 metrics.cache_hits[hits.kind] += 1
-        return reply
 
     def rendered(
         self, data: bytes, key: bytes, cached: Cached, options: bytes, transport: Transport
