@@ -10,13 +10,16 @@ the real UDP and TCP protocols with fake transports, the way the event loop does
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dnslib
 
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.client import Network
-from toposdns.resolve.resolver import ResolverConfig, resolve
+from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.placement import Placer
 from toposdns.serve.responder import (
     BADVERS,
@@ -24,6 +27,7 @@ from toposdns.serve.responder import (
     TCP4,
     TCP6,
     UDP4,
+    UPSTREAMS,
     UDP6,
     Responder,
     Transport,
@@ -32,8 +36,8 @@ from toposdns.serve.responder import (
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
-from toposdns.wire.codes import REFUSED
-from toposdns.wire.decode import Dropped, Rejected, decode_query
+from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, Name
+from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
     FRAGMENT_LIMIT_V6,
@@ -42,6 +46,7 @@ from toposdns.wire.encode import (
     bound_buffer,
     encode_badvers,
     encode_bare,
+    encode_minimal_any,
     encode_rejection,
     encode_reply,
     udp_limit,
@@ -90,6 +95,183 @@ def reference_reply(
     # RFC 7871 §7.2.1: the scope is the source prefix only if the answer depended on it.
     scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
     return encode_reply(query, answer, limit, fragment_limit, scope)
+
+
+#: A fake upstream's table (tests/upstream.py): (name in lower case, type) -> zone lines.
+UpstreamRecords = Mapping[tuple[str, str], list[str]]
+#: How far from its size limit a reply may be and still be cut or not (a CNAME autopath adds,
+#: compression): a reply that near its limit may be served either way.
+TRUNCATION_MARGIN = 96
+
+
+def reference_relayed(
+    data: bytes,
+    transport: Transport,
+    source: str,
+    snapshot: Snapshot,
+    config: ResolverConfig,
+    ecs_trust: Sequence[Network],
+    upstream: UpstreamRecords,
+    search: tuple[Name, ...],
+) -> bytes | dnslib.DNSRecord | None:
+    """The reply a server owes to `data` when it forwards to an upstream that answers from
+    `upstream`, with `--autopath` (the node's search domains: `search`) and `--fallthrough`:
+    bytes where the zones alone answer (compared byte for byte), or the whole message a client
+    relies on where an upstream or autopath had a hand in it (compared with `relied_on`)."""
+    try:
+        query = bound_buffer(decode_query(data), MAX_UDP_SIZE)
+    except Dropped:
+        return None
+    except Rejected as rejected:
+        return encode_rejection(rejected.data, rejected.rcode)
+    where = route(query, config.zones, forwarding=True)
+    if where is BADVERS:
+        return encode_badvers(query)
+    if where is UPSTREAMS:
+        return forwarded(query, upstream)
+    subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
+    placer = Placer(tuple(ecs_trust), snapshot)
+    locator, _ = placer.locate(source, subnet)
+    if locator is not None and not locator.is_node and query.qclass == CLASS_IN:
+        walked = autopath(query, locator.namespace, locator.labels, snapshot, config, upstream, search)
+        if walked is not None:
+            return walked
+    labels, via_ecs = placer.place(source, subnet)
+    answer = resolve(query.name, query.qtype, snapshot, config, labels)
+    if answer.fallthrough:
+        return forwarded(query, upstream)
+    if answer.chase is not None:
+        return dnslib.DNSRecord.parse(chased(query, query.name, answer, upstream))
+    tcp, fragment_limit = LIMITS[transport]
+    limit = MAX_TCP_SIZE if tcp else udp_limit(query.edns)
+    scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+    return encode_reply(query, answer, limit, fragment_limit, scope)
+
+
+def forwarded(query: Query, upstream: UpstreamRecords) -> bytes | dnslib.DNSRecord:
+    """What the upstream answers for the query, or RFC 8482's reply to ANY (CoreDNS's `any`)."""
+    if query.qtype == ANY:
+        return encode_minimal_any(query)
+    return upstream_answer(query, query.name, upstream)
+
+
+def upstream_answer(query: Query, name: Name, upstream: UpstreamRecords) -> dnslib.DNSRecord:
+    """The upstream's reply to `query` asked for `name`: its records, else NXDOMAIN; recursion
+    available, not authoritative, the client's RD kept."""
+    asked = dnslib.DNSLabel([label.encode("latin-1") for label in name])
+    header = dnslib.DNSHeader(qr=1, rd=(query.flags >> 8) & 1, ra=1)
+    message = dnslib.DNSRecord(header, q=dnslib.DNSQuestion(asked, query.qtype, query.qclass))
+    key = (".".join(name).lower(), dnslib.QTYPE.get(query.qtype))
+    lines = upstream.get(key)
+    if lines is None:
+        message.header.rcode = NXDOMAIN
+    for line in lines or ():
+        message.add_answer(*dnslib.RR.fromZone(line))
+    return message
+
+
+def chased(query: Query, name: Name, answer: Answer, upstream: UpstreamRecords) -> bytes:
+    """An answer ending in a CNAME out of the zones, the upstream's answer records appended."""
+    assert answer.chase is not None
+    target = query._replace(name=answer.chase.target, qtype=answer.chase.qtype)
+    found = upstream_answer(target, target.name, upstream)
+    answer = answer._replace(chase=None)
+    reply = dnslib.DNSRecord.parse(encode_reply(query._replace(name=name), answer, MAX_TCP_SIZE))
+    reply.rr += found.rr
+    return bytes(reply.pack())
+
+
+def autopath(
+    query: Query,
+    namespace: str,
+    labels: Any,
+    snapshot: Snapshot,
+    config: ResolverConfig,
+    upstream: UpstreamRecords,
+    search: tuple[Name, ...],
+) -> dnslib.DNSRecord | None:
+    """CoreDNS's `autopath @kubernetes` for a pod of `namespace`, or None when the name is not
+    below its first search domain: try BASE.<domain> along the search path, then BASE; the
+    first name that is not NXDOMAIN answers, led by a CNAME from the name asked to it if it is
+    another name (the first name tried is the one asked, unless in other letter case);
+    when none is found, the reply to the first name. The domains tried are in lower case, the
+    base keeps the case asked."""
+    if query.qtype in (AXFR, IXFR):
+        return None
+    lower = tuple(label.lower() for label in query.name)
+    zone_len = match_zone(lower, config.zones)
+    if zone_len is None:
+        return None
+    zone = lower[len(lower) - zone_len :]
+    first = (namespace, "svc", *zone)
+    if len(lower) <= len(first) or lower[-len(first) :] != first:
+        return None
+    base = query.name[: -len(first)]
+    path = [first, ("svc", *zone), zone, *search, ()]
+    names = [base + suffix for suffix in path if sum(map(len, base + suffix)) + len(base + suffix) < 255]
+    replies = []
+    for name in names:
+        reply: dnslib.DNSRecord | None = None
+        if match_zone(tuple(label.lower() for label in name), config.zones) is not None:
+            answer = resolve(name, query.qtype, snapshot, config, labels)
+            if not answer.fallthrough:
+                renamed = query._replace(name=name)
+                wire = chased(query, name, answer, upstream) if answer.chase else (
+                    encode_reply(renamed, answer, MAX_TCP_SIZE)
+                )
+                reply = dnslib.DNSRecord.parse(wire)
+        if reply is None:
+            reply = upstream_answer(query, name, upstream)
+        replies.append(reply)
+        if reply.header.rcode != NXDOMAIN:
+            break
+    if replies[-1].header.rcode == NXDOMAIN:
+        # None exists: the reply to the first name, for the client to walk the path itself; its
+        # question is that name (the domains in lower case, as the server writes them).
+        return replies[0]
+    found = replies[-1]
+    asked = dnslib.DNSLabel([label.encode("latin-1") for label in query.name])
+    found.q.qname = asked
+    if len(replies) > 1 and found.rr:  # found under another name than the one asked
+        target = found.rr[0]
+        cname = dnslib.RR(asked, dnslib.QTYPE.CNAME, ttl=target.ttl, rdata=dnslib.CNAME(target.rname))
+        found.rr.insert(0, cname)
+    return found
+
+
+def relied_on(expected: dnslib.DNSRecord, served: bytes, limit: int) -> str:
+    """What differs between a served reply and the expected one in what a client relies on:
+    the rcode, QR RD RA TC, the question as asked (letter case kept), and the answer records
+    (owner, type, rdata; the TTL at most the expected one: caches count down, and the order is
+    free). A reply near its size limit may be truncated or not; a truncated one has no answer to
+    compare. "" when nothing differs."""
+    try:
+        got = dnslib.DNSRecord.parse(served)
+    except Exception as exc:  # malformed is a difference too
+        return f"unreadable reply: {exc}"
+    size = len(expected.pack())
+    problems = []
+    want_tc = size > limit + TRUNCATION_MARGIN
+    if got.header.tc != want_tc and abs(size - limit) > TRUNCATION_MARGIN:
+        problems.append(f"TC {got.header.tc}, expected {int(want_tc)} ({size} bytes, limit {limit})")
+
+    def head(m: dnslib.DNSRecord) -> tuple[object, ...]:
+        h = m.header
+        return (h.rcode, h.qr, h.rd, h.ra, [(str(q.qname), q.qtype, q.qclass) for q in m.questions])
+
+    if head(got) != head(expected):
+        problems.append(f"rcode, QR RD RA or question: {head(got)}, expected {head(expected)}")
+    if not got.header.tc:
+
+        def records(m: dnslib.DNSRecord) -> dict[tuple[str, int, str], int]:
+            return {(str(rr.rname).lower(), rr.rtype, str(rr.rdata)): rr.ttl for rr in m.rr}
+
+        have, want = records(got), records(expected)
+        if have.keys() != want.keys() or len(got.rr) != len(expected.rr):
+            problems.append(f"answer {sorted(have)}, expected {sorted(want)}")
+        elif any(have[key] > want[key] for key in want):
+            problems.append(f"TTLs {have}, more than {want}")
+    return "; ".join(problems)
 
 
 def render(message: bytes | None) -> str:
@@ -180,6 +362,35 @@ class Frontends:
             protocol.data_received(chunk)
         assert not transport.closing, "the server closed the connection"
         return unframe(bytes(transport.written))
+
+    async def settled(self) -> None:
+        """Wait until every reply that waits for an upstream is written."""
+        while True:
+            pending = [task for protocol, _ in self.udp.values() for task in protocol.pending]
+            pending += [task for protocol, _ in self.tcp.values() for task in protocol.pending]
+            if not pending:
+                return
+            await asyncio.wait(pending, timeout=5)
+
+    async def later_over_udp(self, kind: Transport, data: Sequence[bytes], source: str) -> list[bytes]:
+        """Every datagram sent back for `data` from `source`, those waiting for an upstream too."""
+        protocol, transport = self.udp[kind]
+        transport.sent.clear()
+        addr = (source, 40000, 0, 0) if ":" in source else (source, 40000)
+        for message in data:
+            protocol.datagram_received(message, addr)
+        await self.settled()
+        assert all(to == addr for _, to in transport.sent), "a reply went to another address"
+        return [sent for sent, _ in transport.sent]
+
+    async def later_over_tcp(
+        self, kind: Transport, chunks: Sequence[bytes], source: str
+    ) -> list[bytes]:
+        """`over_tcp`, waiting for the replies an upstream gives."""
+        replies = self.over_tcp(kind, chunks, source)
+        await self.settled()
+        protocol, transport = self.tcp[(kind, source)]
+        return replies + unframe(bytes(transport.written))[len(replies) :]
 
     def close(self) -> None:
         """Close the TCP connections, which cancels their idle timers."""

@@ -26,10 +26,21 @@ from typing import Any, TypeVar
 import dnslib
 import pytest
 
-from tests.differential import Frontends, frame, reference_reply, render
+from tests.differential import (
+    Frontends,
+    frame,
+    reference_relayed,
+    reference_reply,
+    relied_on,
+    render,
+)
 from tests.helpers import config_of
+from tests.upstream import StubUpstream
+from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import Network
+from toposdns.serve.forward import Forwarder
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
+from toposdns.serve.upstream import Upstream
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.model import (
     CLUSTER_IP,
@@ -49,6 +60,7 @@ from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import HOSTNAME, REGION, ZONE
 from toposdns.wire.codes import AAAA, ANY, AXFR, CNAME, MX, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import Dropped, Rejected, decode_query, read_name, record_spans
+from toposdns.wire.encode import MAX_TCP_SIZE, MAX_UDP_SIZE, bound_buffer, udp_limit
 
 ROUNDS = int(os.environ.get("TOPOSDNS_DIFF_ROUNDS", "20"))
 QUERIES = int(os.environ.get("TOPOSDNS_DIFF_QUERIES", "200"))
@@ -167,6 +179,15 @@ CONFIGS = {
         ),
         (("cluster", "local"),),
     ),
+    # The manifests' Corefile whole: `forward . <upstream>`, `autopath @kubernetes` with
+    # `pods verified`, loadbalance and reverse fallthrough, against a fake upstream.
+    "manifests": (
+        replace(
+            config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], ttl=30, pods="verified"),
+            fallthrough=(("in-addr", "arpa"), ("ip6", "arpa")),
+        ),
+        (("cluster", "local"),),
+    ),
     "noendpoints": (
         config_of(
             zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
@@ -178,7 +199,25 @@ CONFIGS = {
     ),
 }
 #: The configurations run with --loadbalance: replies are compared up to their address order.
-BALANCED = frozenset({"kubeadm"})
+BALANCED = frozenset({"kubeadm", "manifests"})
+#: The configurations that forward to a fake upstream, with --autopath.
+FORWARDING = frozenset({"manifests"})
+#: The node's search domains, which autopath walks after the cluster's.
+NODE_SEARCH = (("corp", "test"),)
+#: What the fake upstream knows: names the queries ask outside the zones, the ExternalName
+#: targets, a name found by autopath on the node's search domain, and reverse names that fall
+#: through. Small answers, so that the upstream never truncates.
+UPSTREAM = {
+    ("example.com", "A"): ["example.com. 300 IN A 93.184.216.34"],
+    ("example.com", "AAAA"): ["example.com. 300 IN AAAA 2606:2800:220:1::248"],
+    ("example.com", "TXT"): ['example.com. 60 IN TXT "v=spf1 -all"'],
+    ("www.example.org", "A"): ["www.example.org. 120 IN CNAME example.org.", "example.org. 120 IN A 192.0.2.80"],
+    ("api.example.com", "A"): ["api.example.com. 45 IN A 192.0.2.45"],
+    ("www.corp.test", "A"): ["www.corp.test. 90 IN A 192.0.2.90"],
+    ("www.corp.test", "AAAA"): ["www.corp.test. 90 IN AAAA 2001:db8::90"],
+    ("www", "A"): ["www. 30 IN A 192.0.2.1"],
+    ("9.9.9.10.in-addr.arpa", "PTR"): ["9.9.9.10.in-addr.arpa. 300 IN PTR nine.example.com."],
+}
 
 R = TypeVar("R", bound=Record)
 
@@ -472,6 +511,10 @@ class Queries:
             (1, (svc, ns, "svc") + zone + (ns, "svc") + zone, A),
             (1, ("we.b", ns, "svc") + zone, A),  # a dot inside a label
             (2, rng.choice((("example", "com"), (), ("local",), zone + ("evil",))), A),
+            # Search-path names, as a pod's resolver asks them first (autopath completes them).
+            (2, (svc, rng.choice(NAMESPACES), ns, "svc") + zone, rng.choice((A, AAAA, SRV))),
+            (1, ("www", ns, "svc") + zone, rng.choice((A, AAAA))),
+            (1, ("www", "corp", "test"), A),
         ]
         _, labels, qtype = rng.choices(forms, [weight for weight, _, _ in forms])[0]
         if rng.random() < 0.3:  # dig users type any case; replies must keep it
@@ -636,8 +679,20 @@ class Run:
         self.serial = FIRST_SERIAL
         self.snapshot = self.cluster.publish(self.serial)
         self.balanced = config_name in BALANCED
+        self.upstream: StubUpstream | None = None
+        forwarder, autopath = None, AutopathOptions()
+        if config_name in FORWARDING:
+            self.upstream = StubUpstream(UPSTREAM)
+            self.upstream.start()
+            forwarder = Forwarder([Upstream("127.0.0.1", self.upstream.port)])
+            autopath = AutopathOptions(enabled=True, search=NODE_SEARCH)
         self.responder = Responder(
-            self.config, self.snapshot, ecs_trust=ECS_TRUST, loadbalance=self.balanced
+            self.config,
+            self.snapshot,
+            ecs_trust=ECS_TRUST,
+            forwarder=forwarder,
+            loadbalance=self.balanced,
+            autopath=autopath,
         )
         self.frontends = Frontends(self.responder)
         self.queries = Queries(self.rng, zones)
@@ -650,7 +705,7 @@ class Run:
         #: This round's distinct replies to each (transport, query after its ID).
         self.replies: dict[tuple[Transport, bytes], set[bytes]] = {}
 
-    def round(self, number: int, publish: bool = True) -> None:
+    async def round(self, number: int, publish: bool = True) -> None:
         """Change the cluster, publish the snapshot (unless told not to), and ask away."""
         # Now and then a snapshot from before the first sync: SERVFAIL where NXDOMAIN would be.
         self.cluster.synced = number % 7 != 3
@@ -665,12 +720,16 @@ class Run:
         for _ in range(QUERIES):
             fresh = self.rng.random() < 0.2
             body = (self.queries.message() if fresh else self.rng.choice(asked))[2:]
-            self.send(number, body, *self.rng.choice(self.clients))
+            await self.send(number, body, *self.rng.choice(self.clients))
         self.seen["client-dependent"] += sum(len(r) > 1 for r in self.replies.values())
 
-    def send(self, number: int, body: bytes, udp: Transport, tcp: Transport, source: str) -> None:
+    async def send(
+        self, number: int, body: bytes, udp: Transport, tcp: Transport, source: str
+    ) -> None:
         """Ask twice over UDP and twice over TCP (pipelined, in random pieces)."""
         first, second = (self.rng.randbytes(2) + body for _ in range(2))
+        if self.upstream is not None:
+            return await self.send_forwarding(number, (first, second), udp, tcp, source)
         want = {
             kind: reference_reply(first, kind, source, self.snapshot, self.config, ECS_TRUST)
             for kind in (udp, tcp)
@@ -690,6 +749,51 @@ class Run:
                 got, wants = [in_order(m) for m in got], [in_order(m) for m in wants]
             if got != wants:
                 raise Mismatch(self.explain(number, kind, source, (first, second), wants, got))
+
+    async def send_forwarding(
+        self,
+        number: int,
+        queries: tuple[bytes, bytes],
+        udp: Transport,
+        tcp: Transport,
+        source: str,
+    ) -> None:
+        """`send` for a server that forwards: replies the zones alone give are compared byte for
+        byte (up to address order); those an upstream or autopath had a hand in, in what a
+        client relies on (`relied_on`), whichever order they came back in."""
+        first, second = queries
+        for kind in (udp, tcp):
+            want = reference_relayed(
+                first, kind, source, self.snapshot, self.config, ECS_TRUST, UPSTREAM, NODE_SEARCH
+            )
+            if kind is udp:
+                got = await self.frontends.later_over_udp(kind, queries, source)
+            else:
+                stream = frame(first) + frame(second)
+                got = await self.frontends.later_over_tcp(kind, self.pieces(stream), source)
+            self.compared += 2
+            if not isinstance(want, dnslib.DNSRecord):
+                self.note(kind, first, want, want)
+                wants = [] if want is None else [want, second[:2] + want[2:]]
+                if [in_order(m) for m in got] != [in_order(m) for m in wants]:
+                    raise Mismatch(self.explain(number, kind, source, queries, wants, got))
+                continue
+            self.seen["relayed"] += 1
+            self.seen["autopath CNAME"] += bool(
+                want.rr and want.rr[0].rtype == CNAME and want.q.qtype != CNAME
+            )
+            limit = MAX_TCP_SIZE
+            if not kind.tcp:
+                limit = udp_limit(bound_buffer(decode_query(first), MAX_UDP_SIZE).edns)
+            by_id = {reply[:2]: reply for reply in got}
+            for query in queries:
+                served = by_id.get(query[:2])
+                problem = "no reply" if served is None or len(got) != 2 else ""
+                problem = problem or relied_on(want, served or b"", limit)
+                if problem:
+                    wants = [query[:2] + bytes(want.pack())[2:]]
+                    explained = self.explain(number, kind, source, queries, wants, got)
+                    raise Mismatch(f"{problem}\n{explained}")
 
     def note(self, kind: Transport, query: bytes, reply: bytes | None, tcp: bytes | None) -> None:
         """Count what kind of UDP reply the reference gave (`tcp`: its TCP reply)."""
@@ -757,9 +861,11 @@ def run_rounds(seed: int, config_name: str, rounds: int = ROUNDS, publish: bool 
         run = Run(seed, config_name)
         try:
             for number in range(rounds):
-                run.round(number, publish)
+                await run.round(number, publish)
         finally:
             run.frontends.close()
+            if run.upstream is not None:
+                run.upstream.stop()
         return run
 
     return asyncio.run(main())
@@ -784,6 +890,8 @@ def test_served_bytes_equal_the_reference_across_changes(config_name: str) -> No
     if ROUNDS * QUERIES >= 20 * 200:  # a shorter run may miss a rare case, and that is fine
         # Without endpoints there are no large or client-dependent answers to meet.
         wanted = COVERAGE - (UNTRUNCATED if config_name == "noendpoints" else set())
+        if config_name in FORWARDING:  # the UDP and TCP replies are not compared in size there
+            wanted = wanted - {"compressed"} | {"relayed", "autopath CNAME"}
         assert not wanted - set(run.seen), f"the run never met {wanted - set(run.seen)}"
 
 
