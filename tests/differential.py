@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import dnslib
@@ -27,8 +26,8 @@ from toposdns.serve.responder import (
     TCP4,
     TCP6,
     UDP4,
-    UPSTREAMS,
     UDP6,
+    UPSTREAMS,
     Responder,
     Transport,
     route,
@@ -133,7 +132,9 @@ def reference_relayed(
     placer = Placer(tuple(ecs_trust), snapshot)
     locator, _ = placer.locate(source, subnet)
     if locator is not None and not locator.is_node and query.qclass == CLASS_IN:
-        walked = autopath(query, locator.namespace, locator.labels, snapshot, config, upstream, search)
+        walked = autopath(
+            query, locator.namespace, locator.labels, snapshot, config, upstream, search
+        )
         if walked is not None:
             return walked
     labels, via_ecs = placer.place(source, subnet)
@@ -192,8 +193,8 @@ def autopath(
 ) -> dnslib.DNSRecord | None:
     """CoreDNS's `autopath @kubernetes` for a pod of `namespace`, or None when the name is not
     below its first search domain: try BASE.<domain> along the search path, then BASE; the
-    first name that is not NXDOMAIN answers, led by a CNAME from the name asked to it if it is
-    another name (the first name tried is the one asked, unless in other letter case);
+    first name that is not NXDOMAIN answers, its question the name asked and its answer led by
+    a CNAME from that name to the owner of its first record named otherwise (cname.go);
     when none is found, the reply to the first name. The domains tried are in lower case, the
     base keeps the case asked."""
     if query.qtype in (AXFR, IXFR):
@@ -208,16 +209,30 @@ def autopath(
         return None
     base = query.name[: -len(first)]
     path = [first, ("svc", *zone), zone, *search, ()]
-    names = [base + suffix for suffix in path if sum(map(len, base + suffix)) + len(base + suffix) < 255]
+    names = [
+        base + suffix for suffix in path if sum(map(len, base + suffix)) + len(base + suffix) < 255
+    ]
     replies = []
     for name in names:
         reply: dnslib.DNSRecord | None = None
         if match_zone(tuple(label.lower() for label in name), config.zones) is not None:
             answer = resolve(name, query.qtype, snapshot, config, labels)
             if not answer.fallthrough:
+                lowered = str(dnslib.DNSLabel([lb.encode("latin-1") for lb in name])).lower()
+                if (
+                    name == query.name
+                    and answer.rcode != NXDOMAIN
+                    and all(".".join(rr.name).lower() + "." == lowered for rr in answer.answer)
+                ):
+                    # The name exists as asked, letter for letter, and its records (before an
+                    # ExternalName is chased upstream) are all its own: the plain reply, which
+                    # the server's reply cache shares with every client.
+                    return None
                 renamed = query._replace(name=name)
-                wire = chased(query, name, answer, upstream) if answer.chase else (
-                    encode_reply(renamed, answer, MAX_TCP_SIZE)
+                wire = (
+                    chased(query, name, answer, upstream)
+                    if answer.chase
+                    else (encode_reply(renamed, answer, MAX_TCP_SIZE))
                 )
                 reply = dnslib.DNSRecord.parse(wire)
         if reply is None:
@@ -232,9 +247,13 @@ def autopath(
     found = replies[-1]
     asked = dnslib.DNSLabel([label.encode("latin-1") for label in query.name])
     found.q.qname = asked
-    if len(replies) > 1 and found.rr:  # found under another name than the one asked
-        target = found.rr[0]
-        cname = dnslib.RR(asked, dnslib.QTYPE.CNAME, ttl=target.ttl, rdata=dnslib.CNAME(target.rname))
+    owners = [str(rr.rname).lower() for rr in found.rr]
+    other = next((i for i, owner in enumerate(owners) if owner != str(asked).lower()), None)
+    if other is not None:  # CoreDNS's cnamer: a CNAME to the first record named otherwise
+        target = found.rr[other]
+        cname = dnslib.RR(
+            asked, dnslib.QTYPE.CNAME, ttl=target.ttl, rdata=dnslib.CNAME(target.rname)
+        )
         found.rr.insert(0, cname)
     return found
 
@@ -242,9 +261,9 @@ def autopath(
 def relied_on(expected: dnslib.DNSRecord, served: bytes, limit: int) -> str:
     """What differs between a served reply and the expected one in what a client relies on:
     the rcode, QR RD RA TC, the question as asked (letter case kept), and the answer records
-    (owner, type, rdata; the TTL at most the expected one: caches count down, and the order is
-    free). A reply near its size limit may be truncated or not; a truncated one has no answer to
-    compare. "" when nothing differs."""
+    (owner, type, rdata, names in any case; the TTL at most the expected one, as caches count
+    down; in any order). A reply near its size limit may be truncated or not; a truncated one
+    has no answer to compare. "" when nothing differs."""
     try:
         got = dnslib.DNSRecord.parse(served)
     except Exception as exc:  # malformed is a difference too
@@ -253,7 +272,9 @@ def relied_on(expected: dnslib.DNSRecord, served: bytes, limit: int) -> str:
     problems = []
     want_tc = size > limit + TRUNCATION_MARGIN
     if got.header.tc != want_tc and abs(size - limit) > TRUNCATION_MARGIN:
-        problems.append(f"TC {got.header.tc}, expected {int(want_tc)} ({size} bytes, limit {limit})")
+        problems.append(
+            f"TC {got.header.tc}, expected {int(want_tc)} ({size} bytes, limit {limit})"
+        )
 
     def head(m: dnslib.DNSRecord) -> tuple[object, ...]:
         h = m.header
@@ -264,7 +285,8 @@ def relied_on(expected: dnslib.DNSRecord, served: bytes, limit: int) -> str:
     if not got.header.tc:
 
         def records(m: dnslib.DNSRecord) -> dict[tuple[str, int, str], int]:
-            return {(str(rr.rname).lower(), rr.rtype, str(rr.rdata)): rr.ttl for rr in m.rr}
+            # Names in any case: an upstream compresses its records' names against the question.
+            return {(str(rr.rname).lower(), rr.rtype, str(rr.rdata).lower()): rr.ttl for rr in m.rr}
 
         have, want = records(got), records(expected)
         if have.keys() != want.keys() or len(got.rr) != len(expected.rr):
@@ -372,7 +394,9 @@ class Frontends:
                 return
             await asyncio.wait(pending, timeout=5)
 
-    async def later_over_udp(self, kind: Transport, data: Sequence[bytes], source: str) -> list[bytes]:
+    async def later_over_udp(
+        self, kind: Transport, data: Sequence[bytes], source: str
+    ) -> list[bytes]:
         """Every datagram sent back for `data` from `source`, those waiting for an upstream too."""
         protocol, transport = self.udp[kind]
         transport.sent.clear()

@@ -247,3 +247,16 @@ def test_health_is_kept_per_transport() -> None:
         await forwarder.close()
 
     asyncio.run(test())
+
+
+def test_answer_records_keep_an_upstream_cname_chain() -> None:
+    # An ExternalName whose target the upstream answers with a CNAME chain: every record kept.
+    reply = dnslib.DNSRecord.question("www.example.org").reply()
+    reply.add_answer(*dnslib.RR.fromZone("www.example.org. 120 IN CNAME example.org."))
+    reply.add_answer(*dnslib.RR.fromZone("example.org. 60 IN A 192.0.2.80"))
+    records, truncated = forward.answer_records(bytes(reply.pack()))
+    assert [tuple(rr) for rr in records] == [
+        (("www", "example", "org"), 5, 120, ("example", "org")),
+        (("example", "org"), 1, 60, "192.0.2.80"),
+    ]
+    assert not truncated

@@ -452,6 +452,6 @@ def answer_records(reply: bytes) -> tuple[tuple[RR, ...], bool]:
         if rr.rtype in (A, AAAA):
             records.append(RR(name, rr.rtype, rr.ttl, str(rr.rdata)))
         elif rr.rtype == CNAME:
-            target = tuple(label.decode("latin-1") for label in rr.rdata.label)
+            target = tuple(label.decode("latin-1") for label in rr.rdata.label.label)
             records.append(RR(name, CNAME, rr.ttl, target))
     return tuple(records), bool(message.header.tc)
