@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
+import io
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import ijson
 import yaml
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import SafeConstructor
@@ -306,7 +308,7 @@ def parse_records(path: Path, data: bytes) -> list[Record]:
     is_json = data.lstrip().startswith((b"{", b"["))
     cut = not is_json and not data.endswith((b"\n", b"\r"))
     try:
-        objects = _objects([json.loads(data)]) if is_json else _Loader(data).objects()
+        objects = _json_objects(data) if is_json else _Loader(data).objects()
         records = _convert(path, objects)
     except SnapshotError:
         if cut:  # the last object is likely cut short: say why
@@ -314,6 +316,8 @@ def parse_records(path: Path, data: bytes) -> list[Record]:
         raise
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{path}: not valid YAML or JSON: {_yaml_problem(exc)}") from None
+    except ijson.JSONError as exc:
+        raise SnapshotError(f"{path}: not valid JSON: {_json_problem(exc)}") from None
     except RecursionError:
         raise SnapshotError(f"{path}: not valid YAML or JSON: nested too deeply") from None
     except ValueError as exc:  # bad JSON, or a YAML value its tag cannot hold (2024-13-45)
@@ -380,7 +384,62 @@ def load_snapshot(
     return build_snapshot(records, int(time.time()) if serial is None else serial)
 
 
-def _objects(documents: list[Any]) -> Iterator[Any]:
+def _json_objects(data: bytes) -> Iterator[Any]:
+    """The objects of a JSON file, each parsed when it is reached (ijson's C parser): the
+    items of a List one at a time, as the YAML loader reads them, never the whole tree."""
+    if _json_depth(data) > MAX_DEPTH:
+        raise RecursionError()  # ijson's cost grows with the square of the depth
+    if data.lstrip().startswith(b"["):  # an array of objects: one element at a time
+        yield from _objects(ijson.items(io.BytesIO(data), "item", use_float=True))
+        return
+    # One object. kubectl writes a List's "kind" after its "items", so look it up first: a
+    # pass over the bytes in C that builds nothing.
+    kind = next(ijson.items(io.BytesIO(data), "kind"), None)
+    items = _items_type(data) if isinstance(kind, str) and kind.endswith("List") else None
+    if items != "start_array":  # not a List, or not one of items: the object, whole
+        yield from _objects(list(ijson.items(io.BytesIO(data), "", use_float=True)))
+        return
+    api_version = next(ijson.items(io.BytesIO(data), "apiVersion"), None)
+    list_kind = {"kind": kind, "apiVersion": api_version}
+    for item in ijson.items(io.BytesIO(data), "items.item", use_float=True):
+        yield from _list_items({**list_kind, "items": [item]}, kind)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+
+
+def _json_depth(data: bytes) -> int:
+    """How deep JSON nests, up to MAX_DEPTH + 1, at C speed: strings out, then brackets only,
+    then innermost pairs out once per level (unbalanced brackets are the parser's to report)."""
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    depth = 0
+    while brackets and depth <= MAX_DEPTH:
+        inner = _INNERMOST.sub(b"", brackets)
+        if len(inner) == len(brackets):
+            break
+        brackets, depth = inner, depth + 1
+    return depth
+
+
+def _items_type(data: bytes) -> str | None:
+    """The parse event that starts the top-level `items` ("start_array" for a list), None
+    when there is none. Reads events only until it: the keys before it are small."""
+    for prefix, event, _value in ijson.parse(io.BytesIO(data)):
+        if prefix == "items" and event != "map_key":
+            return str(event)
+        if prefix == "" and event == "end_map":
+            break
+    return None
+
+
+def _json_problem(exc: ijson.JSONError) -> str:
+    """ijson's message on one line (it draws the place on the lines after)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _objects(documents: Iterable[Any]) -> Iterator[Any]:
     for doc in documents:
         if doc is None:
             continue

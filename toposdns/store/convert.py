@@ -25,6 +25,7 @@ from toposdns.store.model import (
     Port,
     Record,
     Service,
+    canonical_ip,
 )
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -262,10 +263,10 @@ def _ip(value: Any, obj: Any, field: str, canonical: bool = False) -> str:
     """The address as written (endpoint names are made from it), or in canonical form."""
     text = _str(value, obj, field, required=True)
     try:
-        ip = ipaddress.ip_address(text)
+        ip = canonical_ip(text)
     except ValueError:
         raise ObjectError(obj, field, f"not an IP address: {text!r}") from None
-    return str(ip) if canonical else text
+    return ip if canonical else text
 
 
 #: The shortest prefix a locator may claim, per family: a node's pod range is far longer, and a
