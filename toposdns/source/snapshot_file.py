@@ -395,8 +395,9 @@ def _json_objects(data: bytes) -> Iterator[Any]:
     # One object. kubectl writes a List's "kind" after its "items", so look it up first: a
     # pass over the bytes in C that builds nothing.
     kind = next(ijson.items(io.BytesIO(data), "kind"), None)
-    items = _items_type(data) if isinstance(kind, str) and kind.endswith("List") else None
-    if items != "start_array":  # not a List, or not one of items: the object, whole
+    if (
+        not isinstance(kind, str) or not kind.endswith("List") or _items_type(data) != "start_array"
+    ):  # not a List, or not one of items: the object, whole
         yield from _objects(list(ijson.items(io.BytesIO(data), "", use_float=True)))
         return
     api_version = next(ijson.items(io.BytesIO(data), "apiVersion"), None)
