@@ -406,21 +406,38 @@ def _json_objects(data: bytes) -> Iterator[Any]:
         yield from _list_items({**list_kind, "items": [item]}, kind)
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_QUOTED = re.compile(rb'"[^"]*"')
 _INNERMOST = re.compile(rb"\[\]|\{\}")
-_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'[]{}"'))
+#: Bytes examined at a time by `_json_depth` (its memory is about twice this).
+_DEPTH_CHUNK = 1 << 22
 
 
 def _json_depth(data: bytes) -> int:
-    """How deep JSON nests, up to MAX_DEPTH + 1, at C speed: strings out, then brackets only,
-    then innermost pairs out once per level (unbalanced brackets are the parser's to report)."""
-    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    depth = 0
-    while brackets and depth <= MAX_DEPTH:
-        inner = _INNERMOST.sub(b"", brackets)
-        if len(inner) == len(brackets):
+    """How deep JSON nests, up to MAX_DEPTH + 1, at C speed and in bounded memory.
+
+    Chunk by chunk: escaped backslashes and quotes out, then all but brackets and quotes, then
+    what is between quotes (a string open at a chunk's end stays open into the next). Of the
+    brackets left, innermost pairs go once per level; unbalanced ones are the parser's to
+    report."""
+    brackets = bytearray()
+    in_string = False
+    start = 0
+    while start < len(data):
+        end = start + _DEPTH_CHUNK
+        while end < len(data) and data[end - 1] == 0x5C:  # never cut after a backslash
+            end += 1
+        chunk = data[start:end].replace(b"\\\\", b"").replace(b'\\"', b"")
+        kept = (b'"' if in_string else b"") + chunk.translate(None, _NOT_STRUCTURE)
+        in_string = kept.count(b'"') % 2 == 1
+        brackets += _QUOTED.sub(b"", kept + b'"' if in_string else kept)
+        start = end
+    depth, left = 0, bytes(brackets)
+    while left and depth <= MAX_DEPTH:
+        inner = _INNERMOST.sub(b"", left)
+        if len(inner) == len(left):
             break
-        brackets, depth = inner, depth + 1
+        left, depth = inner, depth + 1
     return depth
 
 
