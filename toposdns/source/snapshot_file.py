@@ -11,9 +11,9 @@ short ends mid-line; JSON cut short does not parse). Nesting is bounded, and so 
 aliases stand for, as Kubernetes' own YAML reader bounds it (PyYAML's `yaml.dump` writes an
 alias wherever two objects share a dict; a "billion laughs" file is refused).
 
-YAML is read one object at a time: each item of a List (and each document) is converted to its
-slim record as soon as it is parsed, and its parse tree dropped, so loading takes little more
-memory than the records it keeps. A reload reads and parses in a thread, so DNS keeps answering
+Both formats are read one object at a time: each item of a List (and each YAML document or
+element of a JSON array) is converted to its slim record as soon as it is parsed, and its parse
+tree dropped, so loading takes little more memory than the records it keeps. A reload reads and parses in a thread, so DNS keeps answering
 however large the file.
 """
 
