@@ -13,8 +13,8 @@ alias wherever two objects share a dict; a "billion laughs" file is refused).
 
 Both formats are read one object at a time: each item of a List (and each YAML document or
 element of a JSON array) is converted to its slim record as soon as it is parsed, and its parse
-tree dropped, so loading takes little more memory than the records it keeps. A reload reads and parses in a thread, so DNS keeps answering
-however large the file.
+tree dropped, so loading takes little more memory than the records it keeps. A reload reads
+and parses in a thread, so DNS keeps answering however large the file.
 """
 
 from __future__ import annotations
