@@ -220,7 +220,7 @@ INCOMPLETE = [
     # A write cut short: YAML that parses but ends mid-line; JSON that does not parse.
     (NS_YAML[:-1], "ends mid-line, as a file still being written does"),
     (NS_YAML + "---\napiVersion: v1\nkind: Namesp", "ends mid-line"),
-    (json.dumps([NS, SVC])[:-3], "not valid JSON: parse error: premature EOF"),
+    (json.dumps([NS, SVC])[:-3], "not valid YAML or JSON: parse error: premature EOF"),
     (
         "kind: List\nitems:\n- {kind: Service, metadata: {name: w",
         "line 4, column 1: did not find expected ',' or '}' (while parsing a flow mapping)",

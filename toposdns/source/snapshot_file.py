@@ -317,7 +317,7 @@ def parse_records(path: Path, data: bytes) -> list[Record]:
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{path}: not valid YAML or JSON: {_yaml_problem(exc)}") from None
     except ijson.JSONError as exc:
-        raise SnapshotError(f"{path}: not valid JSON: {_json_problem(exc)}") from None
+        raise SnapshotError(f"{path}: not valid YAML or JSON: {_json_problem(exc)}") from None
     except RecursionError:
         raise SnapshotError(f"{path}: not valid YAML or JSON: nested too deeply") from None
     except ValueError as exc:  # bad JSON, or a YAML value its tag cannot hold (2024-13-45)
