@@ -362,9 +362,39 @@ def absent(
         return in_namespace
     if kind == POD:
         return in_namespace if config.pods == "disabled" else None
-    if count == 2 or (namespace, tail[-3]) in snapshot.services:
+    if count == 2:
+        return None
+    svc = snapshot.services.get((namespace, tail[-3]))
+    if svc is not None and (count != 4 or _holds_endpoint(svc, tail[0], snapshot, config)):
         return None
     return in_namespace | {("svc", namespace, tail[-3])}
+
+
+def _holds_endpoint(svc: Service, label: str, snapshot: Snapshot, config: ResolverConfig) -> bool:
+    """Whether the endpoint name `<label>.<svc>.<ns>.svc` has an entry (`find_services` with
+    an endpoint label: an address of that hostname in a slice with ports)."""
+    if svc.kind == EXTERNAL_NAME or config.noendpoints:
+        return False
+    pod_names = config.endpoint_pod_names
+    for eps in snapshot.slices.get((svc.namespace, svc.name), ()):
+        if eps.ports:
+            for ep in eps.endpoints:
+                for address in ep.addresses:
+                    if endpoint_hostname(ep, address, pod_names).lower() == label:
+                        return True
+    return False
+
+
+def pod_address(tail: Name, count: int, config: ResolverConfig) -> str | None:
+    """For an A or AAAA question whose name `absent` let through: the address a pod name
+    stands for under `pods insecure` (its records: that address, or NODATA for the other
+    family), or None when only `resolve` can tell. It depends on the namespace alone."""
+    if config.pods != "insecure" or count < 3 or tail[-1] != POD:
+        return None
+    try:
+        return canonical_ip(_pod_address(tail[-3]))
+    except ValueError:
+        return None
 
 
 _NOTHING: frozenset[Dependency] = frozenset()

@@ -82,6 +82,9 @@ log = logging.getLogger("toposdns")
 
 #: Distinct EDNS option sets remembered (a forwarder's clients each send their own subnet).
 REMEMBERED_OPTIONS = 16_384
+#: Keys of first-time template replies remembered, to keep their reply when asked again
+#: (~60 bytes each).
+FIRST_SEEN = 65_536
 #: Replies larger than this are cached compressed too, for the queries they do not fit whole
 #: (the smallest limit, 512 bytes, less room for a query's EDNS options).
 COMPRESS_OVER = MIN_UDP_SIZE - 100
@@ -187,6 +190,8 @@ class Responder:
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
+        #: Hashes of the keys of template replies not kept yet (`again`).
+        self.first_seen: set[int] = set()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
@@ -307,22 +312,38 @@ class Responder:
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
     def negative(self, data: bytes, key: bytes, keep: bool) -> tuple[Cached, bool] | None:
-        """NXDOMAIN from templates, for names that certainly do not exist (serve/negative.py),
-        cached (if `keep`) as any reply is; None when only the resolver can tell."""
+        """A reply from templates (serve/negative.py): NXDOMAIN for names that certainly do
+        not exist, a pod name's address or NODATA; None when only the resolver can tell.
+        Cached (if `keep`) the second time its key is asked (`again`)."""
         if self.negatives is None:
             return None
         found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
-        question = data[12 : question_end(data, key)]
-        hits = self.hit_rows(data, key, reply, qtype)
-        cached = Cached(
-            reply[2:], None, question, tuple(depends), self.snapshot.serial, False, hits
-        )
-        if keep:
+        question = data[12 : len(key) + (-5 if data[11] else 2)]  # question_end, inlined
+        hits = None if self.metrics is None else self.hit_rows(data, key, reply, qtype)
+        # NXDOMAIN and NODATA carry the SOA (an authority record); a pod's address does not.
+        serial = self.snapshot.serial if reply[9] else -1
+        cached = Cached(reply[2:], None, question, tuple(depends), serial, False, hits)
+        if keep and self.again(key):
             self.cache.store(key, cached)
         return cached, False
+
+    def again(self, key: bytes) -> bool:
+        """Whether a key was asked before, among the last `FIRST_SEEN` keys whose reply came
+        from templates. Most of those names are asked once (search-path expansions of names
+        outside the cluster): keeping each would cost more than its template (the insert, its
+        dependencies, the eviction it causes) and push out replies that are asked again. A
+        name asked a second time is kept, and its next queries are hits."""
+        seen = self.first_seen
+        digest = hash(key)  # cached in the key: its table lookup computed it
+        if digest in seen:
+            return True
+        if len(seen) >= FIRST_SEEN:
+            seen.clear()
+        seen.add(digest)
+        return False
 
     def made(
         self, data: bytes, key: bytes, echo: EchoedOptions, source: str, keep: bool
