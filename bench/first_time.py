@@ -109,9 +109,7 @@ def main() -> None:
         responder = Responder(config, snapshot)
         return lambda message: responder.respond(message, UDP4, CLIENT)
 
-    rcodes = Counter(
-        _rcode(reply) for reply in map(fresh(), messages) if isinstance(reply, bytes)
-    )
+    rcodes = Counter(_rcode(reply) for reply in map(fresh(), messages) if isinstance(reply, bytes))
     results: dict[str, object] = {
         "queries": len(messages),
         "rcodes": dict(rcodes),

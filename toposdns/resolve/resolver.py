@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from socket import AF_INET, inet_pton
 
 from toposdns.options import (
     ConfigError,
@@ -385,16 +386,21 @@ def _holds_endpoint(svc: Service, label: str, snapshot: Snapshot, config: Resolv
     return False
 
 
-def pod_address(tail: Name, count: int, config: ResolverConfig) -> str | None:
+def pod_address(tail: Name, count: int, config: ResolverConfig) -> bytes | None:
     """For an A or AAAA question whose name `absent` let through: the address a pod name
-    stands for under `pods insecure` (its records: that address, or NODATA for the other
-    family), or None when only `resolve` can tell. It depends on the namespace alone."""
+    stands for under `pods insecure`, packed (its records: that address, or NODATA for the
+    other family), or None when only `resolve` can tell. It depends on the namespace alone."""
     if config.pods != "insecure" or count < 3 or tail[-1] != POD:
         return None
+    address = _pod_address(tail[-3])
     try:
-        return canonical_ip(_pod_address(tail[-3]))
-    except ValueError:
+        if ":" not in address:
+            # inet_pton reads a dotted quad as strictly as ipaddress (no leading zeros).
+            return inet_pton(AF_INET, address)
+        parsed = ipaddress.IPv6Address(address)
+    except (OSError, ValueError):
         return None
+    return None if parsed.scope_id else parsed.packed
 
 
 _NOTHING: frozenset[Dependency] = frozenset()

@@ -12,7 +12,6 @@ Anything else goes the ordinary way; the differential test holds both to resolve
 
 from __future__ import annotations
 
-from socket import AF_INET, AF_INET6, inet_pton
 from struct import pack
 
 from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig, absent, pod_address, zone_soa
@@ -100,13 +99,9 @@ class Negatives:
         opt = b""
         if has_opt:  # the OPT's class is the buffer size; the TTL's third byte holds DO
             opt = bare_opt((data[end + 7] << 8) | data[end + 8], data[end + 11] << 8)
-        if address is not None and (":" in address) == (qtype == AAAA):
+        if address is not None and len(address) == (16 if qtype == AAAA else 4):
             head = pack("!5H", flags, 1, 1, 0, 1 if has_opt else 0)
-            record = (
-                name
-                + self.heads[qtype]
-                + inet_pton(AF_INET6 if qtype == AAAA else AF_INET, address)
-            )
+            record = name + self.heads[qtype] + address
         else:  # NXDOMAIN, or NODATA for the other family: the zone's SOA
             head = pack("!5H", flags, 1, 0, 1, 1 if has_opt else 0)
             zone_at = starts[count] if count < len(starts) else len(name) - 1

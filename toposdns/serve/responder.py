@@ -49,7 +49,7 @@ from toposdns.serve.transport import TRANSPORTS
 from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
-from toposdns.store.snapshot import Snapshot
+from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.wire.codes import AA, ANY, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
 from toposdns.wire.edns import (
@@ -302,7 +302,11 @@ class Responder:
         takes the decoder's path."""
         # A reply kept in another letter case stays: this one is made for this query only.
         keep = not isinstance(self.cache.table.get(key), Cached)
-        made = self.negative(data, key, keep) or self.made(data, key, echo, source, keep)
+        if self.negatives is not None:
+            templated = self.negative(data, key, echo, transport, keep)
+            if templated is not None:
+                return self.counted(data, templated[0], transport, started, templated[1])
+        made = self.made(data, key, echo, source, keep)
         if made is None:
             return self.decoded(data, transport, source, started)
         cached, scoped = made
@@ -311,24 +315,40 @@ class Responder:
             return self.decoded(data, transport, source, started)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
-    def negative(self, data: bytes, key: bytes, keep: bool) -> tuple[Cached, bool] | None:
-        """A reply from templates (serve/negative.py): NXDOMAIN for names that certainly do
-        not exist, a pod name's address or NODATA; None when only the resolver can tell.
-        Cached (if `keep`) the second time its key is asked (`again`)."""
-        if self.negatives is None:
-            return None
+    def negative(
+        self, data: bytes, key: bytes, echo: EchoedOptions, transport: Transport, keep: bool
+    ) -> tuple[bytes, int] | None:
+        """(reply, qtype) from templates (serve/negative.py): NXDOMAIN for a name that
+        certainly does not exist, a pod name's address or NODATA; None when only the resolver
+        can tell. Cached (if `keep`) the second time its key is asked (`again`)."""
+        assert self.negatives is not None
         found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
-        question = data[12 : len(key) + (-5 if data[11] else 2)]  # question_end, inlined
-        hits = None if self.metrics is None else self.hit_rows(data, key, reply, qtype)
+        cached = None
+        if keep and self.again(key):
+            cached = self.template_entry(data, key, reply, qtype, depends)
+            self.cache.store(key, cached)
+        if data[11] or len(reply) > MIN_UDP_SIZE and not transport.tcp:
+            # An OPT record to write (buffer size, options), or a reply to cut to its limit.
+            if cached is None:
+                cached = self.template_entry(data, key, reply, qtype, depends)
+            rendered = self.rendered(data, key, cached, echo.plain, transport)
+            if rendered is None:  # only the compressed form fits: the encoder's to write
+                return None
+            reply = rendered
+        return reply, qtype
+
+    def template_entry(
+        self, data: bytes, key: bytes, reply: bytes, qtype: int, depends: frozenset[Dependency]
+    ) -> Cached:
+        """A reply from templates as the cache keeps it."""
+        question = data[12 : question_end(data, key)]
+        hits = self.hit_rows(data, key, reply, qtype)
         # NXDOMAIN and NODATA carry the SOA (an authority record); a pod's address does not.
         serial = self.snapshot.serial if reply[9] else -1
-        cached = Cached(reply[2:], None, question, tuple(depends), serial, False, hits)
-        if keep and self.again(key):
-            self.cache.store(key, cached)
-        return cached, False
+        return Cached(reply[2:], None, question, tuple(depends), serial, False, hits)
 
     def again(self, key: bytes) -> bool:
         """Whether a key was asked before, among the last `FIRST_SEEN` keys whose reply came
