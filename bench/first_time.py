@@ -3,7 +3,8 @@
 The same cluster and the same generated first-time names as `python -m bench.run --scenarios
 distinct` (search-path names, pod names, endpoint names of addresses no endpoint has, services
 that do not exist, the names that exist), as dnsperf sends them (no EDNS), each asked once of a
-fresh responder (`--pods insecure`, as the benchmark's server). Reported:
+fresh responder (`--pods insecure`, as the benchmark's server; the cyclic collector's heap frozen
+after the load, as the server freezes it). Reported:
 
 - CPU microseconds per query (`time.process_time`, the fastest of `--repeat` passes), for the
   whole file in its order and for each name shape alone: robust to a loaded machine where QPS
@@ -25,7 +26,7 @@ import pstats
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import dns.message
@@ -53,8 +54,10 @@ PARTS = {
 }
 
 
-def shape(name: str) -> str:
+def shape(name: str, existing: Collection[str]) -> str:
     """Which kind of generated name this is (bench/queries.py `distinct_queries`)."""
+    if name in existing:
+        return "existing name"
     labels = name.split(".")[: -len(ZONE.split("."))]
     if labels[-1:] == ["pod"]:
         return "pod name"
@@ -62,9 +65,9 @@ def shape(name: str) -> str:
         return "search path"
     rest = labels[:-1]
     if len(rest) == 2:
-        return "service"
+        return "missing service"
     if len(rest) == 3 and rest[0].replace("-", "").isdigit():
-        return "endpoint name"
+        return "stray endpoint"
     return "search path"
 
 
@@ -95,6 +98,10 @@ def main() -> None:
         snapshot = load_snapshot(path, 1)
     config = ResolverConfig(pods="insecure")
     queries = distinct_queries(cluster, args.queries, 1, 0, args.seed).rounds[0]
+    existing = {svc.fqdn.rstrip(".") for svc in cluster.services}
+    existing |= {
+        svc.endpoint_name(ep).rstrip(".") for svc in cluster.services for ep in svc.endpoints
+    }
     messages = []
     shapes: dict[str, list[bytes]] = {}
     for number, (name, qtype) in enumerate(queries):
@@ -102,7 +109,7 @@ def main() -> None:
         query.id = number & 0xFFFF
         message = query.to_wire()
         messages.append(message)
-        shapes.setdefault(f"{shape(name)} {qtype}", []).append(message)
+        shapes.setdefault(f"{shape(name, existing)} {qtype}", []).append(message)
     gc.freeze()  # as the server does once its data is loaded
 
     def fresh(snapshot: Snapshot = snapshot) -> Callable[[bytes], object]:

@@ -8,9 +8,10 @@
 2. **client placed**, only when the answer depends on the client: `Placer` gives the labels of
    the node a PodLocator puts the source (or a trusted Client Subnet address) on;
 3. **reply found** in the `ReplyCache` (`found`), or **built** (`built`): from a template when
-   the name certainly does not exist (`negative`, serve/negative.py), else decoded as far as
-   its cached reply needs, resolved by the pure resolver and encoded (`made`); either way
-   cached, whole, under the key with what its answer read;
+   the name certainly does not exist or is a pod name (`negative`, serve/negative.py; cached
+   the second time it is asked), else decoded as far as its cached reply needs, resolved by
+   the pure resolver and encoded (`made`), and cached, whole, under the key with what its
+   answer read;
 4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
    it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
    limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
@@ -296,10 +297,10 @@ class Responder:
         source: str,
         started: float,
     ) -> Reply:
-        """The reply to a plain query with none cached, made and cached (for every query of
-        its key, whatever their case, buffer size and options), then served as a hit is.
-        Anything but an answer from the zones (BADVERS, forwarding, another class, a failure)
-        takes the decoder's path."""
+        """The reply to a plain query with none cached: from templates (`negative`), or made
+        and cached (for every query of its key, whatever their case, buffer size and options),
+        then served as a hit is. Anything but an answer from the zones (BADVERS, forwarding,
+        another class, a failure) takes the decoder's path."""
         # A reply kept in another letter case stays: this one is made for this query only.
         keep = not isinstance(self.cache.table.get(key), Cached)
         if self.negatives is not None:
