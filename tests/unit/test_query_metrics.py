@@ -9,9 +9,13 @@ import random
 from collections import Counter
 
 import dnslib
+import pytest
 
+import toposdns.serve.query_metrics as query_metrics_module
+import toposdns.serve.udp as udp_module
 from tests.differential import Frontends
 from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
@@ -106,3 +110,96 @@ def test_counts_equal_the_queries_sent_per_rcode_across_changes() -> None:
         assert responses(metrics) == sent
 
     served(run())
+
+
+def cache_series(metrics: QueryMetrics) -> dict[str, float]:
+    """The `cache` plugin's series as a scrape reads them: requests, hits and entries by type."""
+    found: dict[str, float] = {}
+    for family in metrics.collect():
+        for sample in family.samples:
+            if sample.name.startswith("coredns_cache_"):
+                name = sample.name.removeprefix("coredns_cache_").removesuffix("_total")
+                kind = sample.labels.get("type")
+                assert (sample.labels["server"], sample.labels["zones"]) == ("dns://:53", ".")
+                found[f"{name} {kind}" if kind else name] = sample.value
+    return found
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["cache", "kubeadm-disable"])
+def test_cache_counts_equal_the_queries_sent_across_changes(disabled: bool) -> None:
+    # What CoreDNS's `cache` would count in front of the kubernetes plugin: every query a
+    # request; a hit for every query after the first of its name (in any letter case; with an
+    # OPT record or without: a reply's own here) since the last change, unless the zone is
+    # disabled for the cache (kubeadm's `disable success cluster.local`, `disable denial
+    # cluster.local`): then every query a miss.
+    zone = (("cluster", "local"),)
+    policy = CachePolicy(disabled=zone if disabled else ())
+    settings = CacheSettings(success=policy, denial=policy)
+
+    async def run() -> None:
+        rng = random.Random(9)
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics, cache=settings)
+        metrics.cache_entries = responder.cache_entries
+        frontends = Frontends(responder)
+        sent = 0
+        hits: Counter[str] = Counter()
+        for round_number in range(5):
+            objects = [*SHOP_WEB, SERVICE] if round_number % 2 else SHOP_WEB
+            responder.update(snapshot_of(objects))
+            seen: set[tuple[str, bool]] = set()
+            for _ in range(50):
+                name = rng.choice(["web", "api", "nope", "WEB", "Api", "wEb"])
+                exists = name.lower() == "web" or (name.lower() == "api" and round_number % 2)
+                cookie = rng.choice((None, None, b"12345678"))
+                edns = rng.random() < 0.3
+                data = query(f"{name}.shop.svc.cluster.local", cookie, edns)
+                if rng.random() < 0.2:
+                    assert isinstance(responder.respond(data, TCP4, "127.0.0.1"), bytes)
+                else:
+                    frontends.over_udp(UDP4, data, "127.0.0.1")
+                sent += 1
+                key = (name.lower(), cookie is not None or edns)
+                if key in seen and not disabled:
+                    hits["success" if exists else "denial"] += 1
+                seen.add(key)
+            got = cache_series(metrics)
+            assert got["requests"] == sent
+            assert (got["hits success"], got["hits denial"]) == (hits["success"], hits["denial"])
+            assert got["misses"] == sent - hits.total()
+            kept = 0 if disabled else len(seen)
+            assert got["entries success"] + got["entries denial"] == kept
+
+    served(run())
+
+
+def test_one_udp_hit_in_sixteen_reads_the_clock_and_every_hit_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = []
+
+    def clock() -> float:
+        reads.append(1)
+        return 1000.0 + len(reads) * 1e-6  # each timed hit takes 1 µs
+
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics)
+        frontends = Frontends(responder)
+        for _ in range(1 + 16 * 4):  # built, then 64 hits on the fast path
+            frontends.over_udp(UDP4, query("web.shop.svc.cluster.local"), "127.0.0.1")
+        assert responses(metrics) == {"NOERROR": 65}
+        (family,) = (
+            f for f in metrics.collect() if f.name == "coredns_dns_request_duration_seconds"
+        )
+        samples = {
+            s.name: s.value for s in family.samples if s.labels.get("le") in (None, "0.00025")
+        }
+        assert samples["coredns_dns_request_duration_seconds_bucket"] == 65
+        assert samples["coredns_dns_request_duration_seconds_count"] == 65
+        assert samples["coredns_dns_request_duration_seconds_sum"] == pytest.approx(65e-6)
+
+    monkeypatch.setattr(udp_module, "perf_counter", clock)
+    monkeypatch.setattr(query_metrics_module, "perf_counter", clock)
+    served(run())
+    assert len(reads) <= 2 * (1 + 65 // 16) + 2, "a clock read or two per timed query only"

@@ -69,6 +69,26 @@ def test_queries_with_edns_options_share_a_cached_reply_and_get_their_own_option
     assert replies[0].rr == replies[1].rr and len(responder.cache.table) == 1
 
 
+def test_a_query_repeated_with_its_options_gets_its_rendered_reply_until_a_new_snapshot(
+    responder: Responder,
+) -> None:
+    query = dnslib.DNSRecord.question("web.shop.svc.cluster.local")
+    query.add_ar(dnslib.EDNS0(udp_len=1232, opts=[dnslib.EDNSOption(10, b"12345678")]))
+    data = bytes(query.pack())
+    replies = [responder.respond(qid + data[2:], UDP4, "127.0.0.1") for qid in (b"\0\1", b"\0\2")]
+    cache = responder.cache
+    (rendered,) = cache.renders[UDP4.slot].values()  # kept by the first hit
+    assert not cache.renders[TCP4.slot] and cache.bytes_held > cache.rendered_bytes > 0
+    third = responder.respond(b"\0\3" + data[2:], UDP4, "127.0.0.1")
+    assert third == b"\0\3" + rendered.reply and [r[2:] for r in replies] == [rendered.reply] * 2
+    assert (cache.hits, cache.misses) == (2, 1)
+    responder.update(snapshot_of([OBJECTS[0], {**OBJECTS[1], "spec": {"clusterIP": "10.96.0.6"}}]))
+    assert not any(cache.renders) and cache.rendered_bytes == 0
+    reply = responder.respond(data, UDP4, "127.0.0.1")
+    assert isinstance(reply, bytes)
+    assert [str(rr.rdata) for rr in dnslib.DNSRecord.parse(reply).rr] == ["10.96.0.6"]
+
+
 def test_transports_share_one_cached_reply(responder: Responder) -> None:
     tcp = ask(responder, "web.shop.svc.cluster.local", transport=TCP4)
     udp = ask(responder, "web.shop.svc.cluster.local")

@@ -11,6 +11,13 @@ options (wire/edns.py `split_query`). A value is one of:
 - `TopologyReplies`: one `Cached` per client signature, for names whose answer depends on the
   client (a headless service with a topology policy).
 
+Beside them, per transport, the replies as the queries that hit them got them (`Rendered`):
+with their OPT record, the options they echo, cut to their limit, under the query's whole
+message after its ID. Clients repeat their own options (a stub resolver its cookie, a forwarder
+its clients' Client Subnets), so a query with options that was answered once from the cache is
+answered the next time by one lookup, as a plain query is. They are all forgotten with each new
+snapshot, and whenever they would take more than an eighth of the bound.
+
 Each entry is listed under the `Dependency` words its answer read (resolver `Answer.depends`).
 A new snapshot that follows the previous one drops only the entries under the words it changed;
 any other snapshot empties the cache.
@@ -34,6 +41,7 @@ from struct import pack
 from toposdns.options import Origin, Plugin, Setting, sets, size
 from toposdns.resolve.client import NO_LABELS
 from toposdns.serve.query_metrics import Hits
+from toposdns.serve.transport import TRANSPORTS
 from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import serial_offset
@@ -47,6 +55,9 @@ ENTRY_OVERHEAD = 300
 WORD_OVERHEAD = 190
 #: A `TopologyReplies` holder, beyond the `Cached` per signature it holds.
 TOPOLOGY_OVERHEAD = 600
+#: A `Rendered` reply beyond the bytes of its query and reply: the object, the bytes objects'
+#: headers and the table's slot.
+RENDERED_OVERHEAD = 250
 
 #: The bound when the container sets none (and the floor of any derived one).
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
@@ -226,6 +237,34 @@ class TopologyReplies:
 Entry = Cached | TopologyReplies
 
 
+class Rendered:
+    """A cached reply as one query's exact bytes got it, and what its hits count in."""
+
+    __slots__ = ("reply", "source", "hits", "whole", "row", "unplaced")
+
+    def __init__(
+        self,
+        reply: bytes,
+        source: str | None,
+        hits: Hits | None,
+        whole: bool,
+        row: list[int] | None,
+        unplaced: bool,
+    ) -> None:
+        #: The reply after its ID.
+        self.reply = reply
+        #: The client it was placed for, when the answer depends on the client; else None.
+        self.source = source
+        #: The metrics row of the entry's hits on this transport (None without metrics), and
+        #: whether this query and reply have the sizes that row counts (else counted in full).
+        self.hits = hits
+        self.whole = whole
+        #: The `TopologyCounts` row of a topology-filtered answer, and whether no locator
+        #: placed the client.
+        self.row = row
+        self.unplaced = unplaced
+
+
 class ReplyCache:
     """The cached replies, the index of what they depend on, and their size in bytes.
 
@@ -246,6 +285,11 @@ class ReplyCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        #: Per transport (`Transport.slot`): a query after its ID -> its reply as rendered.
+        #: Frontends may hold a reference: they are only ever emptied in place.
+        self.renders: tuple[dict[bytes, Rendered], ...] = tuple({} for _ in TRANSPORTS)
+        #: The bytes they take, counted in `bytes_held` too.
+        self.rendered_bytes = 0
 
     @property
     def entries(self) -> int:
@@ -295,6 +339,24 @@ class ReplyCache:
             self.evict()
         return True
 
+    def remember(self, slot: int, query: bytes, rendered: Rendered) -> None:
+        """Keep a reply as rendered for a query (its bytes after the ID) on one transport."""
+        size = len(query) + len(rendered.reply) + RENDERED_OVERHEAD
+        if self.rendered_bytes + size > self.max_bytes // 8:
+            self.forget_rendered()
+        self.renders[slot][query] = rendered
+        self.rendered_bytes += size
+        self.bytes_held += size
+        if self.bytes_held > self.max_bytes:
+            self.evict()
+
+    def forget_rendered(self) -> None:
+        """Forget every reply as rendered (a new snapshot can change them all)."""
+        for renders in self.renders:
+            renders.clear()
+        self.bytes_held -= self.rendered_bytes
+        self.rendered_bytes = 0
+
     def index(self, key: bytes, words: Iterable[Dependency]) -> None:
         """List a key under the words its answer read."""
         dependents = self.dependents
@@ -324,7 +386,9 @@ class ReplyCache:
                 del dependents[word]
 
     def evict(self) -> None:
-        """Drop the oldest entries until an eighth of the bound is free."""
+        """Forget the rendered replies, then drop the oldest entries until an eighth of the
+        bound is free."""
+        self.forget_rendered()
         target = self.max_bytes - self.max_bytes // 8
         table = self.table
         while self.bytes_held > target and table:
@@ -349,6 +413,7 @@ class ReplyCache:
         """Drop everything."""
         self.table.clear()
         self.dependents.clear()
+        self.forget_rendered()
         self.bytes_held = 0
 
 

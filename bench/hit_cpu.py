@@ -1,0 +1,137 @@
+"""Server CPU per cache hit, through the real UDP path, robust to a busy machine.
+
+Throughput on a shared machine measures the neighbours as much as the server. This measures
+what a hit costs the server instead: the cluster, snapshots and query files of `bench/run.py`
+(same flags), each server started as `bench/run.py` starts it, then many bursts: the server is
+stopped (SIGSTOP), a burst of queries is queued on its socket from 127.0.0.2, the server is
+resumed and answers the whole burst; its CPU time (user and system, /proc) over all bursts,
+divided by the replies received, is its CPU per query. Every burst finds the same queue, however
+loaded the machine is, so the figure moves little with load (CPU caches shared with busy
+neighbours still add some: compare servers measured in the same run).
+
+Cases: `repeated` (each service's A name, no EDNS) on toposdns and its variants (metrics,
+--loadbalance, topology filtering) and on Knot; `cookie` (the same names with a client
+COOKIE); `ecs` (trusted Client Subnet, clients in 3 zones). Every name is asked twice before
+the measured bursts, so every measured query is answered from the cache.
+
+Run from the repository root:  python -m bench.hit_cpu  (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import dns.edns
+import dns.message
+
+from bench.harness import HOST, ServerProcess
+from bench.queries import COOKIE, ecs_messages, repeated_queries
+from bench.run import CLIENT, parse_args, prepare, running
+
+#: (case, server) pairs measured, in this order.
+CASES = (
+    ("repeated", "knot"),
+    ("repeated", "toposdns"),
+    ("repeated", "toposdns-metrics"),
+    ("repeated", "toposdns-loadbalance"),
+    ("repeated", "toposdns-topology"),
+    ("cookie", "knot"),
+    ("cookie", "toposdns"),
+    ("ecs", "knot"),
+    ("ecs", "toposdns-ecs"),
+)
+#: Queries per burst: well within the server socket's receive buffer.
+BURST = 150
+
+
+def burst(server: ServerProcess, client: socket.socket, port: int, queries: Sequence[bytes]) -> int:
+    """Queue `queries` while the server is stopped, resume it; the replies received."""
+    server.send_signal(signal.SIGSTOP)
+    try:
+        for query in queries:
+            client.sendto(query, (HOST, port))
+    finally:
+        server.send_signal(signal.SIGCONT)
+    got = 0
+    try:
+        while got < len(queries):
+            client.recv(65535)
+            got += 1
+    except TimeoutError:
+        pass
+    return got
+
+
+def measure(
+    server: ServerProcess, port: int, queries: Sequence[bytes], bursts: int, rounds: int
+) -> list[float]:
+    """CPU microseconds per reply, one figure per round of `bursts` bursts."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+        client.bind((CLIENT, 0))
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        client.settimeout(1)
+        for _ in range(2):  # fill the caches: every measured query is a hit
+            for start in range(0, len(queries), BURST):
+                burst(server, client, port, queries[start : start + BURST])
+        rng = random.Random(1)
+        figures = []
+        for _ in range(rounds):
+            before, answered = server.cpu_seconds(), 0
+            for _ in range(bursts):
+                start = rng.randrange(len(queries) - BURST)
+                answered += burst(server, client, port, queries[start : start + BURST])
+            figures.append(1e6 * (server.cpu_seconds() - before) / max(answered, 1))
+        return figures
+
+
+def wire(name: str, cookie: bytes | None = None) -> bytes:
+    """An A query for `name` as dnsperf sends it (RD set; with `cookie`, EDNS and a COOKIE)."""
+    query = dns.message.make_query(name, "A")
+    if cookie is not None:
+        query.use_edns(0, payload=1232, options=[dns.edns.GenericOption(COOKIE, cookie)])
+    return query.to_wire()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bursts", type=int, default=300, help="bursts of 150 queries per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per server (median shown)")
+    ap.add_argument("--port-base", type=int, default=15353)
+    ap.add_argument("--servers", help="comma-separated subset of the servers in CASES")
+    ours = ap.parse_args(argv)
+    args = parse_args(["--scenarios", "repeated,ecs,cookie", "--port-base", str(ours.port_base)])
+    wanted = set(ours.servers.split(",")) if ours.servers else None
+    workdir = Path(tempfile.mkdtemp(prefix="toposdns-hit-cpu-"))
+    try:
+        setup = prepare(args, workdir)
+        names = [name for name, _ in repeated_queries(setup.cluster, False, args.seed)]
+        queries = {
+            "repeated": [wire(name) for name in names],
+            "cookie": [wire(name, setup.cookie) for name in names],
+            "ecs": ecs_messages(setup.cluster, setup.clients, args.seed),
+        }
+        print(f"{'case':9} {'server':21} {'CPU µs per query':>17}  rounds", file=sys.stderr)
+        for case, name in CASES:
+            if wanted is not None and name not in wanted:
+                continue
+            command, port = setup.commands[name]
+            with running(name, command, port) as server:
+                figures = measure(server, port, queries[case], ours.bursts, ours.rounds)
+            rounds = ", ".join(f"{f:.2f}" for f in figures)
+            print(f"{case:9} {name:21} {statistics.median(figures):17.2f}  {rounds}", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
