@@ -250,6 +250,7 @@ class Responder:
             self.cache.forget_rendered()
         else:
             self.cache.clear()
+            self.first_seen.clear()  # asked again after this counts as asked first
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
@@ -375,8 +376,10 @@ class Responder:
         if self.negatives is not None:
             templated = self.negative(data, key, echo, transport, keep)
             if templated is not None:
-                self.count_miss(kept)
-                return self.counted(data, templated[0], transport, started, templated[1])
+                answer, qtype, stored = templated
+                # Asked again: CoreDNS's `cache` would have kept it the first time, a hit.
+                self.count_miss(kept if stored is None else stored)
+                return self.counted(data, answer, transport, started, qtype)
         made = self.made(data, key, echo, source, keep)
         if made is None:
             return self.decoded(data, transport, source, started)
@@ -397,18 +400,19 @@ class Responder:
 
     def negative(
         self, data: bytes, key: bytes, echo: EchoedOptions, transport: Transport, keep: bool
-    ) -> tuple[bytes, int] | None:
-        """(reply, qtype) from templates (serve/negative.py): NXDOMAIN for a name that
-        certainly does not exist, a pod name's address or NODATA; None when only the resolver
-        can tell. Cached (if `keep`) the second time its key is asked (`again`)."""
+    ) -> tuple[bytes, int, Cached | None] | None:
+        """(reply, qtype, the entry cached now) from templates (serve/negative.py): NXDOMAIN
+        for a name that certainly does not exist, a pod name's address or NODATA; None when
+        only the resolver can tell. Cached (if `keep`) the second time its key is asked
+        (`again`)."""
         assert self.negatives is not None
         found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
-        cached = None
+        cached = stored = None
         if keep and self.again(key):
-            cached = self.template_entry(data, key, reply, qtype, depends)
+            cached = stored = self.template_entry(data, key, reply, qtype, depends)
             self.cache.store(key, cached)
         if data[11] or len(reply) > MIN_UDP_SIZE and not transport.tcp:
             # An OPT record to write (buffer size, options), or a reply to cut to its limit.
@@ -418,7 +422,7 @@ class Responder:
             if rendered is None:  # only the compressed form fits: the encoder's to write
                 return None
             reply = rendered
-        return reply, qtype
+        return reply, qtype, stored
 
     def template_entry(
         self, data: bytes, key: bytes, reply: bytes, qtype: int, depends: frozenset[Dependency]
