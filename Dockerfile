@@ -36,15 +36,20 @@ RUN python3 -m venv --copies /opt/venv \
  && setcap cap_net_bind_service=+ep /opt/venv/bin/python3.11
 
 FROM gcr.io/distroless/python3-debian12:nonroot@sha256:17b27c84c985a53d0cd2adef4f196ca327fa9b6755369be605cf45533b4e700b AS runtime
+# The git commit built (`--build-arg REVISION=$(git rev-parse HEAD)`): coredns_build_info's
+# revision label, and the image's.
+ARG REVISION=""
 LABEL org.opencontainers.image.title="toposdns" \
       org.opencontainers.image.description="Kubernetes cluster DNS with topology-aware headless services" \
       org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 # COPY keeps the file capability (BuildKit copies extended attributes).
 COPY --from=builder /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:/usr/bin:/bin \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    TOPOSDNS_REVISION=${REVISION}
 # Numeric, so that Kubernetes can verify runAsNonRoot (it cannot for a user name).
 USER 65532:65532
 EXPOSE 53 53/udp 8080 8181 9153

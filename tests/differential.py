@@ -1,11 +1,11 @@
 """The reference path for differential tests: what the server must answer, with no cache at all.
 
 `reference_reply` decodes, routes (serve/responder.py `route`, the one first step of every
-query), places the client, resolves and encodes, with the same primitives and in the same
-order as serve/responder.py's `decoded()` (without a forwarder),
-but never through the Responder, so that every cache and fast path of the real frontends can be
-checked against it byte for byte. The frontend harnesses below drive the real UDP and TCP
-protocols with fake transports, the way the event loop does.
+query), places the client (serve/placement.py's rule, with nothing remembered), resolves and
+encodes, with the same primitives and in the same order as serve/responder.py's `decoded()`
+(without a forwarder), but never through the Responder, so that every cache and fast path of
+the real frontends can be checked against it byte for byte. The frontend harnesses below drive
+the real UDP and TCP protocols with fake transports, the way the event loop does.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 
 import dnslib
 
-from toposdns.resolve.client import Network, client_address, identify
+from toposdns.resolve.client import Network
 from toposdns.resolve.resolver import ResolverConfig, resolve
+from toposdns.serve.placement import Placer
 from toposdns.serve.responder import (
     BADVERS,
     REFUSE,
@@ -80,10 +81,9 @@ def reference_reply(
         return encode_badvers(query)
     if where is REFUSE:
         return encode_bare(query, REFUSED)
-    ecs = query.ecs.address if query.ecs is not None else None
-    address, via_ecs = client_address(source, ecs, ecs_trust)
-    length = query.ecs.source_prefix if query.ecs is not None and via_ecs else None
-    labels = identify(snapshot, address, via_ecs, length).labels
+    # The server's one placement rule, with nothing remembered: a new Placer per query.
+    subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
+    labels, via_ecs = Placer(tuple(ecs_trust), snapshot).place(source, subnet)
     answer = resolve(query.name, query.qtype, snapshot, config, labels)
     tcp, fragment_limit = LIMITS[transport]
     limit = MAX_TCP_SIZE if tcp else udp_limit(query.edns)

@@ -43,6 +43,7 @@ from toposdns.serve.http import (
     ReadyOptions,
 )
 from toposdns.serve.listen import BIND, ListenOptions
+from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.tcp import TCP, TcpOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
@@ -151,6 +152,7 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     TCP,
     RELOAD,
     ACL,
+    LOG,
 )
 #: The plugins `toposdns explain` takes: those that change answers.
 ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
@@ -178,6 +180,7 @@ class ServeConfig:
     tcp: TcpOptions = field(default_factory=TcpOptions)
     reload: ReloadOptions = field(default_factory=ReloadOptions)
     acl: AclOptions = field(default_factory=AclOptions)
+    log: LogOptions = field(default_factory=LogOptions)
 
     @property
     def upstreams(self) -> tuple[Upstream, ...]:

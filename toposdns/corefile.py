@@ -87,14 +87,27 @@ def read_corefile(path: Path, reading: Reading | None = None) -> Reading:
     if not blocks:
         raise ConfigError(f"{path}: no server block, e.g. .:53 {{ kubernetes cluster.local }}")
     if len(blocks) > 1:
-        first, other = blocks[0][0][0], blocks[1][0][0]
-        raise other.error(
-            f"a second server block (the first is at line {first.line}): toposdns serves one; "
-            "put every zone in one block, e.g. .:53"
-        )
+        raise _second_block(blocks[0][0], blocks[1][0])
     keys, lines = blocks[0]
     apply_block(reading, keys, lines)
     return reading
+
+
+def _second_block(first: list[Token], other: list[Token]) -> ConfigError:
+    """Why a second server block is refused, and what to write instead: toposdns is one server
+    (one configuration: one port, one set of zones, one upstream list)."""
+    ports = [{key.port for token in keys for key in parse_key(token)} for keys in (first, other)]
+    at = f"the first is at line {first[0].line}"
+    if ports[0] & ports[1]:
+        return other[0].error(
+            f"a second server block on the same port ({at}): toposdns serves one block; put "
+            "its plugins in one .:PORT block (kubernetes ZONES… answers the zones, forward . "
+            "the other names)"
+        )
+    return other[0].error(
+        f"a server block on a second port ({at}): toposdns serves one port; run one toposdns "
+        "per port"
+    )
 
 
 def _read(path: Path, at: Token | None) -> str:

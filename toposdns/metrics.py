@@ -104,23 +104,6 @@ FORWARD_LOOPS = Counter(
     "Queries this server sent upstream that came back to it, by upstream.",
     ["to"],
 )
-# The forward cache, as CoreDNS's `cache` plugin in the server block `.` (labels `zones`, `view`).
-CACHE_ENTRIES = Gauge(
-    "coredns_cache_entries",
-    "The number of elements in the cache.",
-    ["server", "type", "zones", "view"],
-)
-CACHE_REQUESTS = Counter(
-    "coredns_cache_requests", "The count of cache requests.", ["server", "zones", "view"]
-)
-CACHE_HITS = Counter(
-    "coredns_cache_hits", "The count of cache hits.", ["server", "type", "zones", "view"]
-)
-CACHE_MISSES = Counter(
-    "coredns_cache_misses",
-    "The count of cache misses. Deprecated, derive misses from cache hits/requests counters.",
-    ["server", "zones", "view"],
-)
 AUTOPATH_SUCCESS = Counter(
     "coredns_autopath_success",
     "Queries answered by walking the client's search path (--autopath); unlike CoreDNS's, "
@@ -138,10 +121,6 @@ ANSWERING = (
     FORWARD_MAX_CONCURRENT_REJECTS,
     UPSTREAM_ERRORS,
     FORWARD_LOOPS,
-    CACHE_ENTRIES,
-    CACHE_REQUESTS,
-    CACHE_HITS,
-    CACHE_MISSES,
     AUTOPATH_SUCCESS,
 )
 

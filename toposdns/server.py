@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
-from toposdns import __version__
+from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
@@ -44,6 +44,7 @@ from toposdns.serve.forward import Forwarder
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
+from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
@@ -90,13 +91,15 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("loadbalance")
     if config.autopath.enabled:
         names.append("autopath")
+    if config.log.enabled:
+        names.append("log")
     return names
 
 
 def report_server(config: ServeConfig, port: int) -> None:
     """coredns_build_info, and coredns_plugin_enabled for the server block `.:PORT`, as
     CoreDNS's prometheus plugin sets them at startup."""
-    BUILD_INFO.labels(__version__, "", f"python{platform.python_version()}").set(1)
+    BUILD_INFO.labels(__version__, build_revision(), f"python{platform.python_version()}").set(1)
     PLUGIN_ENABLED.clear()
     for name in plugins(config):
         PLUGIN_ENABLED.labels(f"dns://:{port}", ".", "", name).set(1)
@@ -140,6 +143,8 @@ class DnsServer:
         self.forwarder = make_forwarder(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
+        if self.metrics is not None:  # read off whichever responder serves when scraped
+            self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
         self.server = ""
@@ -161,6 +166,7 @@ class DnsServer:
             cache_bounds(config)[0],
             config.bufsize.size,
             not config.any.minimal,
+            config.cache,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -172,8 +178,6 @@ class DnsServer:
         config = kept_where(config, old)
         if (old.forward, old.cache) != (config.forward, config.cache):
             retired, self.forwarder = self.forwarder, make_forwarder(config)
-            if self.forwarder is not None:
-                self.forwarder.set_server(self.server)
             if retired is not None:  # closed once the queries it has are done
                 task = asyncio.create_task(self.retire(retired))
                 self.retiring.add(task)
@@ -224,8 +228,6 @@ class DnsServer:
             protocol.screen = self.screen
         if self.metrics is not None:
             self.metrics.server = server
-        if self.forwarder is not None:
-            self.forwarder.set_server(server)
         return port
 
 
@@ -299,6 +301,7 @@ def where(config: ServeConfig) -> dict[str, object]:
         "prometheus address": config.prometheus.address,
         "workers": config.toposdns.workers,
         "http": config.toposdns.http,
+        "log": config.log,  # the frontends are chosen at startup
     }
 
 
@@ -313,6 +316,7 @@ def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
         health=replace(config.health, address=running.health.address),
         ready=running.ready,
         prometheus=running.prometheus,
+        log=running.log,
         toposdns=replace(
             config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
         ),
@@ -452,15 +456,22 @@ async def serve_dns(
     is at each datagram and connection, until the stack closes; returns their port."""
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
-    protocol = UdpProtocol(dns.responder, kind)
+    limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
+    connection: Callable[[], TcpProtocol]
+    if dns.config.log.enabled:  # the logging frontends; without `log`, the plain ones
+        query_log = QueryLog(dns.config.log)
+        protocol: UdpProtocol = LoggedUdpProtocol(dns.responder, kind, query_log)
+        connection = lambda: LoggedTcpProtocol(  # noqa: E731
+            dns.responder, limits, stream, query_log, dns.screen
+        )
+    else:
+        protocol = UdpProtocol(dns.responder, kind)
+        connection = lambda: TcpProtocol(dns.responder, limits, stream, dns.screen)  # noqa: E731
     protocol.screen = dns.screen
     udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
     dns.udp.append(protocol)
     stack.callback(udp.close)
-    limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
-    tcp = await loop.create_server(
-        lambda: TcpProtocol(dns.responder, limits, stream, dns.screen), sock=tcp_sock, backlog=1024
-    )
+    tcp = await loop.create_server(connection, sock=tcp_sock, backlog=1024)
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)
     return int(udp_sock.getsockname()[1])

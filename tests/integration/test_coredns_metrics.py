@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, service, wait_until
 from tests.kubeapi import FakeApiServer
 from tests.upstream import stub_upstream
+from toposdns import REVISION_VARIABLE
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +42,8 @@ COREDNS_SERIES = [
 TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 #: Names forwarded once each: the garbage upstream is tried for one of them but once in 2**10.
 FORWARDED_ONCE = 10
+#: The git commit an image build passes in (any 40 hex digits).
+REVISION = "0123456789abcdef0123456789abcdef01234567"
 UPSTREAM = {("www.example.test", "A"): ["www.example.test. 300 IN A 192.0.2.10"]}
 
 
@@ -101,6 +104,7 @@ def running(
                 "--workers",
                 request.param,
             ),
+            wrapper=("env", f"{REVISION_VARIABLE}={REVISION}"),  # as the image sets it
         )
         try:
             server.wait_ready(30)  # connecting to the API takes a while on a loaded machine
@@ -117,7 +121,13 @@ def test_coredns_series_are_present_with_their_labels(
     api.wait_for_watches(4)
     api.add(endpoint_slice("db-a", "db", "10.1.0.7", time.time() - 0.5))
     api.add(endpoint_slice("web-a", "web", "10.1.0.8", time.time() - 0.5))
-    assert wait_until(lambda: bool(dig(server, "db.shop.svc.cluster.local", "+short").text), 5)
+    asked = []  # the queries sent, all of which the cache counts
+
+    def db_answers() -> bool:
+        asked.append("db")
+        return bool(dig(server, "db.shop.svc.cluster.local", "+short").text)
+
+    assert wait_until(db_answers, 5)
     traffic(server)
     # The garbage upstream fails its queries, then its health checks.
     name = "coredns_proxy_healthcheck_failures"
@@ -143,6 +153,8 @@ def test_coredns_series_are_present_with_their_labels(
 
     server_label = f"dns://:{server.port}"
     assert value("coredns_build_info") == 1  # once, whatever the number of workers
+    (info,) = families["coredns_build_info"].samples
+    assert info.labels["revision"] == REVISION  # the image's build argument
     enabled = {s.labels["name"] for s in families["coredns_plugin_enabled"].samples}
     assert enabled == {
         "errors",
@@ -157,14 +169,21 @@ def test_coredns_series_are_present_with_their_labels(
         (s.labels["server"], s.labels["zone"], s.value) == (server_label, ".", 1)
         for s in families["coredns_plugin_enabled"].samples
     )
-    # Every forwarded query goes through the cache: www.example.test a miss, then two hits
-    # (with workers each has its own cache: a miss in each that gets it first), the rest misses.
+    # Every query goes through the cache, as through a `cache` in front of kubernetes and
+    # forward: web, nothing and www.example.test each a miss, then two hits (with workers each
+    # has its own cache: a miss in each that gets it first), the other forwarded names misses.
     cache = {"server": server_label, "zones": ".", "view": ""}
-    hits = value("coredns_cache_hits", type="success", **cache)
+    success = value("coredns_cache_hits", type="success", **cache)
+    denial = value("coredns_cache_hits", type="denial", **cache)
     misses = value("coredns_cache_misses", **cache)
-    assert value("coredns_cache_requests", **cache) == hits + misses == 3 + FORWARDED_ONCE
-    assert hits == 2 if server.args[-1] == "1" else 1 <= hits <= 2
-    assert value("coredns_cache_entries", type="success", **cache) >= 1
+    sent = len(asked) + 9 + FORWARDED_ONCE
+    assert value("coredns_cache_requests", **cache) == success + denial + misses == sent
+    if server.args[-1] == "1":
+        assert success >= 4 and denial >= 2  # and db's, as its slice arrived
+    else:
+        assert success >= 2 and denial >= 1
+    assert value("coredns_cache_entries", type="success", **cache) >= 2
+    assert value("coredns_cache_entries", type="denial", **cache) >= 1
     assert value("coredns_proxy_request_duration_seconds", rcode="NOERROR") >= 1
     assert value("coredns_panics") == 0 and value("coredns_reload_failed") == 0
     # Both slices were triggered half a second before they arrived.

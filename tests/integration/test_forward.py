@@ -155,5 +155,10 @@ def test_metrics_count_queries_by_type_rcode_and_plugin(start_server: StartServe
         key = ("coredns_proxy_request_duration_seconds_count", tuple(sorted(proxy.items())))
         assert samples[key] == 1
         labels = (("server", f"dns://:{server.port}"), ("view", ""), ("zones", "."))
-        assert samples[("coredns_cache_misses_total", labels)] == 1
-        assert samples[("coredns_cache_requests_total", labels)] == 1
+        # The cache sees every query: the first of each name a miss, the rest hits.
+        assert samples[("coredns_cache_requests_total", labels)] == 10
+        assert samples[("coredns_cache_misses_total", labels)] == 4
+        hits = {"success": 4, "denial": 2}
+        for kind, count in hits.items():
+            key = ("coredns_cache_hits_total", tuple(sorted((*labels, ("type", kind)))))
+            assert samples[key] == count

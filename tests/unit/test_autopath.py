@@ -202,7 +202,9 @@ class TableUpstream:
     def admits(self, source: str) -> bool:
         return True
 
-    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes | int:
+    async def forward(
+        self, data: bytes, tcp: bool, limit: int, opt: bytes = b"", hits: object = None
+    ) -> bytes | int:
         query = dnslib.DNSRecord.parse(data)
         name = str(query.q.qname).rstrip(".")
         self.asked.append(name)

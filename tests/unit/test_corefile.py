@@ -172,6 +172,18 @@ def test_one_block_without_braces_and_zones_from_the_key(tmp_path: Path) -> None
     assert config.kubernetes.zones == (("cluster", "local"),) and config.bind.port == 5300
 
 
+def test_log_with_names_and_classes(tmp_path: Path) -> None:
+    assert not read(tmp_path, ".:53 {\n  kubernetes\n}\n").log.enabled  # off unless given
+    plain = read(tmp_path, ".:53 {\n  kubernetes\n  log\n}\n").log
+    assert plain.enabled and plain.names == () and plain.classes == frozenset()
+    some = read(
+        tmp_path, ".:53 {\n  kubernetes\n  log Example.ORG {\n    class denial error\n  }\n}\n"
+    ).log
+    assert some.names == (("example", "org"),) and some.classes == {"denial", "error"}
+    every = read(tmp_path, ".:53 {\n  kubernetes\n  log {\n    class all\n  }\n}\n").log
+    assert every.classes == frozenset()
+
+
 # Each: a Corefile CoreDNS would reject, or one toposdns cannot serve, and the line it gets.
 REFUSED = [
     (".:53 {\n    kubernetes\n    rewrite name a b\n}\n", "Corefile:3: rewrite: unknown plugin;"),
@@ -179,7 +191,16 @@ REFUSED = [
     (".:53 {\n  kubernetes {\n    ttl 3601\n  }\n}\n", "Corefile:3: ttl 3601: must be between"),
     (".:53 {\n  kubernetes {\n    pods maybe\n  }\n}\n", "Corefile:3: pods maybe: expected one"),
     (".:53 {\n  kubernetes\n  kubernetes\n}\n", "Corefile:3: kubernetes: given twice"),
-    (".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n", "Corefile:4: .:54: a second server"),
+    (
+        ".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n",
+        "Corefile:4: .:54: a server block on a second port",
+    ),
+    # kubeadm-era split: the cluster zone in its own block, the rest forwarded by another
+    (
+        "cluster.local:53 {\n  kubernetes\n}\n.:53 {\n  forward . 1.1.1.1\n}\n",
+        "Corefile:4: .:53: a second server block on the same port (the first is at line 1): "
+        "toposdns serves one block; put its plugins in one .:PORT block",
+    ),
     (".:53 {\n  kubernetes\n", "Corefile:1: .:53: this block is never closed"),
     (".:53 {\n  health { lameduck 5s }\n}\n", "Corefile:2: {: a { must end its line"),
     (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin"),
@@ -191,6 +212,8 @@ REFUSED = [
     (".:53 {\n  kubernetes\n  health :8080 :8081\n}\n", "expected at most one address"),
     (".:53 {\n  kubernetes {\n    kubeconfig /k ctx\n  }\n}\n", "Corefile:3: kubeconfig /k ctx"),
     (".:53 {\n  kubernetes\n  loop 1\n}\n", "Corefile:3: loop: takes no arguments"),
+    (".:53 {\n  kubernetes\n  log . {combined}\n}\n", "Corefile:3: log . {combined}: a log"),
+    (".:53 {\n  kubernetes\n  log {\n    class some\n  }\n}\n", "Corefile:4: class some"),
     (".:53 {\n  kubernetes\n  import missing\n}\n", "Corefile:3: missing: no snippet"),
     ('.:53 {\n  kubernetes "cluster.local\n}\n', "Corefile:2: a quote that is never closed"),
     ("(s) {\n  import s\n}\n.:53 {\n  import s\n  kubernetes\n}\n", "nested more than 10"),

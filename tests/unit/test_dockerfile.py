@@ -23,6 +23,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from tests.unit.test_manifests import images, kustomize
+from toposdns import REVISION_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -258,6 +259,15 @@ def test_runtime_environment() -> None:
     assert env["PYTHONUNBUFFERED"] == "1"
     # Bytecode comes from the build; nothing is written next to the modules at run time.
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_runtime_passes_the_git_revision_to_build_info() -> None:
+    # `--build-arg REVISION=...` reaches the variable build_revision() reads, and the label.
+    args = [i.args for i in RUNTIME.all("ARG")]
+    assert 'REVISION=""' in args
+    assert env_values(RUNTIME)[REVISION_VARIABLE] == "${REVISION}"
+    labels = " ".join(i.args for i in RUNTIME.all("LABEL"))
+    assert 'org.opencontainers.image.revision="${REVISION}"' in labels
 
 
 def test_runtime_user_is_numeric_non_root() -> None:

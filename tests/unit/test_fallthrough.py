@@ -115,7 +115,9 @@ class FakeForwarder:
     def admits(self, source: str) -> bool:
         return source not in self.refused
 
-    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> bytes:
+    async def forward(
+        self, data: bytes, tcp: bool, limit: int, opt: bytes = b"", hits: object = None
+    ) -> bytes:
         self.sent.append((data, tcp))
         reply = dnslib.DNSRecord.parse(data).reply()
         reply.add_answer(dnslib.RR("dns.google.", dnslib.QTYPE.PTR, rdata=dnslib.PTR("dns.google")))

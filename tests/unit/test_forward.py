@@ -13,9 +13,10 @@ import dnslib
 import pytest
 
 from toposdns.serve import forward
-from toposdns.serve.forward import Forwarder, cache_key, question_end, upstream_query
+from toposdns.serve.forward import Forwarder, cache_key, upstream_query
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, check_reply
 from toposdns.wire.codes import FORMERR, REFUSED, SERVFAIL
+from toposdns.wire.decode import question_end
 
 QUERY = dnslib.DNSRecord.question("www.example.test.", "A")
 QUERY.header.id = 0x4242
@@ -70,6 +71,30 @@ def test_cache_key_is_the_question_as_asked_with_the_flags_answers_depend_on() -
     big = dnslib.DNSRecord.question("www.example.test.", "A")
     big.add_ar(dnslib.EDNS0(udp_len=4096))
     assert cache_key(bytes(big.pack()), end, True) == key  # whole answers are cut per client
+    shouted = dnslib.DNSRecord.question("WwW.ExAmPlE.TeSt.", "A").pack()
+    assert cache_key(bytes(shouted), end, False) == key  # letter case is folded, as CoreDNS's
+
+
+def test_a_name_in_another_case_is_a_hit_with_its_own_question() -> None:
+    # 0x20-randomizing resolvers ask each name in new letter case: one upstream query for all,
+    # and each reply's question as its query asked it (they compare it byte for byte).
+    async def test(forwarder: Forwarder, upstream: FakeUpstream) -> None:
+        names = ("www.example.test.", "WWW.Example.TEST.", "wWw.eXaMpLe.tEsT.")
+        for qid, name in enumerate(names, 1):
+            reply = await forwarder.forward(query(name, qid), False, 512)
+            assert isinstance(reply, bytes)
+            parsed = dnslib.DNSRecord.parse(reply)
+            assert (parsed.header.id, str(parsed.q.qname)) == (qid, name)
+            assert [str(rr.rdata) for rr in parsed.rr] == ["192.0.2.1"]
+        assert len(upstream.queries) == 1
+        assert len(forwarder.cache.success) == 1
+
+    def address(asked: dnslib.DNSRecord) -> bytes:
+        reply = asked.reply()
+        reply.add_answer(dnslib.RR(asked.q.qname, rdata=dnslib.A("192.0.2.1"), ttl=300))
+        return bytes(reply.pack())
+
+    with_upstream(test, answer=address)
 
 
 UPSTREAM_QUERIES = [

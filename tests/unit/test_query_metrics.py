@@ -15,6 +15,7 @@ import toposdns.serve.query_metrics as query_metrics_module
 import toposdns.serve.udp as udp_module
 from tests.differential import Frontends
 from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
@@ -107,6 +108,67 @@ def test_counts_equal_the_queries_sent_per_rcode_across_changes() -> None:
                 assert rcode == ("NOERROR" if exists else "NXDOMAIN")
                 sent[rcode] += 1
         assert responses(metrics) == sent
+
+    served(run())
+
+
+def cache_series(metrics: QueryMetrics) -> dict[str, float]:
+    """The `cache` plugin's series as a scrape reads them: requests, hits and entries by type."""
+    found: dict[str, float] = {}
+    for family in metrics.collect():
+        for sample in family.samples:
+            if sample.name.startswith("coredns_cache_"):
+                name = sample.name.removeprefix("coredns_cache_").removesuffix("_total")
+                kind = sample.labels.get("type")
+                assert (sample.labels["server"], sample.labels["zones"]) == ("dns://:53", ".")
+                found[f"{name} {kind}" if kind else name] = sample.value
+    return found
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["cache", "kubeadm-disable"])
+def test_cache_counts_equal_the_queries_sent_across_changes(disabled: bool) -> None:
+    # What CoreDNS's `cache` would count in front of the kubernetes plugin: every query a
+    # request; a hit for every query after the first of its name (in any letter case; with an
+    # OPT record or without: a reply's own here) since the last change, unless the zone is
+    # disabled for the cache (kubeadm's `disable success cluster.local`, `disable denial
+    # cluster.local`): then every query a miss.
+    zone = (("cluster", "local"),)
+    policy = CachePolicy(disabled=zone if disabled else ())
+    settings = CacheSettings(success=policy, denial=policy)
+
+    async def run() -> None:
+        rng = random.Random(9)
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics, cache=settings)
+        metrics.cache_entries = responder.cache_entries
+        frontends = Frontends(responder)
+        sent = 0
+        hits: Counter[str] = Counter()
+        for round_number in range(5):
+            objects = [*SHOP_WEB, SERVICE] if round_number % 2 else SHOP_WEB
+            responder.update(snapshot_of(objects))
+            seen: set[tuple[str, bool]] = set()
+            for _ in range(50):
+                name = rng.choice(["web", "api", "nope", "WEB", "Api", "wEb"])
+                exists = name.lower() == "web" or (name.lower() == "api" and round_number % 2)
+                cookie = rng.choice((None, None, b"12345678"))
+                edns = rng.random() < 0.3
+                data = query(f"{name}.shop.svc.cluster.local", cookie, edns)
+                if rng.random() < 0.2:
+                    assert isinstance(responder.respond(data, TCP4, "127.0.0.1"), bytes)
+                else:
+                    frontends.over_udp(UDP4, data, "127.0.0.1")
+                sent += 1
+                key = (name.lower(), cookie is not None or edns)
+                if key in seen and not disabled:
+                    hits["success" if exists else "denial"] += 1
+                seen.add(key)
+            got = cache_series(metrics)
+            assert got["requests"] == sent
+            assert (got["hits success"], got["hits denial"]) == (hits["success"], hits["denial"])
+            assert got["misses"] == sent - hits.total()
+            kept = 0 if disabled else len(seen)
+            assert got["entries success"] + got["entries denial"] == kept
 
     served(run())
 

@@ -10,7 +10,7 @@ address, else the longest CIDR holding it); an unknown address has no labels
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -61,15 +61,6 @@ class Client:
     #: What placed it (its address, or the locator's CIDR) and the locators claiming the same
     #: longest prefix when nobody is placed for that reason.
     placement: Placement = UNPLACED
-
-
-def client_address(source: str, ecs: str | None, trust: Sequence[Network]) -> tuple[str, bool]:
-    """The address that identifies the client, and whether it came from ECS."""
-    if ecs is not None and trust:
-        ip = ipaddress.ip_address(plain_address(source))
-        if any(ip in network for network in trust):
-            return ecs, True
-    return plain_address(source), False
 
 
 def plain_address(source: str) -> str:

@@ -37,7 +37,7 @@ from toposdns.serve.transport import Transport
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
-from toposdns.wire.decode import HEADER_SIZE, Query, read_name, record_spans
+from toposdns.wire.decode import Query, question_end, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, name_wire, udp_limit
 
 #: A completed reply, or one that waits for the upstreams.
@@ -182,14 +182,14 @@ class AutoPath:
 def renamed_query(data: bytes, name: Name) -> bytes:
     """The client's query with another name in its question, its header and OPT record kept
     (CoreDNS passes the client's message on with only the name changed)."""
-    question_end = read_name(data, HEADER_SIZE)[1]
+    end = question_end(data)
     opt = b"".join(
         data[start:end]
         for start, _, end, rtype, section in record_spans(data)
         if rtype == OPT and section == 2
     )
     header = data[:4] + pack("!4H", 1, 0, 0, 1 if opt else 0)
-    return header + name_wire(name) + data[question_end : question_end + 4] + opt
+    return header + name_wire(name) + data[end - 4 : end] + opt
 
 
 def renamed_reply(reply: bytes, original: Name, limit: int) -> bytes:

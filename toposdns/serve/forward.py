@@ -37,10 +37,6 @@ from struct import pack, unpack_from
 import dnslib
 
 from toposdns.metrics import (
-    CACHE_ENTRIES,
-    CACHE_HITS,
-    CACHE_MISSES,
-    CACHE_REQUESTS,
     FORWARD_HEALTHCHECK_BROKEN,
     FORWARD_MAX_CONCURRENT_REJECTS,
     PROXY_DURATION,
@@ -74,7 +70,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
-from toposdns.wire.decode import read_name, record_spans
+from toposdns.wire.decode import question_end, record_spans
 from toposdns.wire.encode import truncate
 
 __all__ = [
@@ -96,10 +92,6 @@ MAX_CONCURRENT = 1000
 UPSTREAM_UDP_SIZE = 1232
 #: Sources whose `--forward-allow` verdict is remembered at most.
 MAX_ADMITTED = 65536
-#: The `zones` label of the cache metrics: the cache sits in the server block for `.`, as
-#: kubeadm's `cache 30` does.
-CACHE_ZONES = "."
-
 #: CoreDNS's forward takes at most this many upstreams.
 MAX_UPSTREAMS = 15
 
@@ -230,26 +222,12 @@ class Forwarder:
         self.clock = clock
         self.cache = ForwardCache(cache or CacheSettings(), clock)
         self.loops = LoopGuard()
-        #: The `server` label of the cache metrics, as CoreDNS's: `dns://:PORT`.
-        self.server = ""
-        self.set_server("dns://:53")
         #: Forwarded queries in flight, and those on their way upstream by cache key.
         self.outstanding = 0
         self.inflight: dict[bytes, asyncio.Future[Entry | int]] = {}
         self.refusing = False
         #: What this process ran short of (logged once), or "".
         self.short_of = ""
-
-    def set_server(self, server: str) -> None:
-        """Label the cache metrics with the listen address, `dns://:PORT`."""
-        if self.server:
-            for kind in ("success", "denial"):
-                CACHE_ENTRIES.remove(self.server, kind, CACHE_ZONES, "")
-        self.server = server
-        # Counted when scraped, not on every insert.
-        entries = CACHE_ENTRIES.labels
-        entries(server, "success", CACHE_ZONES, "").set_function(lambda: len(self.cache.success))
-        entries(server, "denial", CACHE_ZONES, "").set_function(lambda: len(self.cache.denial))
 
     def admits(self, source: str) -> bool:
         """True if queries from `source` may be forwarded (`--forward-allow`)."""
@@ -267,12 +245,15 @@ class Forwarder:
             self.admitted[source] = admitted
         return admitted
 
-    async def forward(self, data: bytes, tcp: bool, limit: int, opt: bytes = b"") -> Outcome:
+    async def forward(
+        self, data: bytes, tcp: bool, limit: int, opt: bytes = b"", hits: list[int] | None = None
+    ) -> Outcome:
         """The reply to a raw query (ID as the client's), or the rcode to answer it with.
 
         `limit` is the largest reply the client takes: a truncated UDP reply is retried over TCP
         only to be relayed if the whole answer fits. `opt` is the OPT record this client's reply
-        carries (the upstream's is dropped, as CoreDNS's cache drops it).
+        carries (the upstream's is dropped, as CoreDNS's cache drops it). A reply from the cache
+        counts in `hits` by its kind (serve/query_metrics.py: 1 success, 2 denial).
         """
         end = question_end(data)
         if self.loops.came_back(data[:2], data[HEADER_SIZE:end]):
@@ -280,11 +261,12 @@ class Forwarder:
         key = cache_key(data, end, bool(opt))
         ad = bool(key[2] or data[3] & AD)  # the client asked for DNSSEC or for AD
         cached = self.cache.get(key)
-        CACHE_REQUESTS.labels(self.server, CACHE_ZONES, "").inc()
         if cached is not None:
-            CACHE_HITS.labels(self.server, cached.kind, CACHE_ZONES, "").inc()
-            return truncate(cached.render(data[:2], self.clock(), opt, ad, hit=True), limit)
-        CACHE_MISSES.labels(self.server, CACHE_ZONES, "").inc()
+            if hits is not None:
+                hits[1 if cached.kind == "success" else 2] += 1
+            return truncate(
+                cached.render(data[:2], self.clock(), opt, ad, True, data[HEADER_SIZE:end]), limit
+            )
         if self.outstanding >= self.max_concurrent:
             FORWARD_MAX_CONCURRENT_REJECTS.inc()
             if not self.refusing:
@@ -304,7 +286,9 @@ class Forwarder:
                 log.info("forwarding: %d queries in flight; accepting again", self.outstanding)
         if isinstance(outcome, int):
             return outcome
-        return truncate(outcome.render(data[:2], self.clock(), opt, ad, hit=False), limit)
+        return truncate(
+            outcome.render(data[:2], self.clock(), opt, ad, False, data[HEADER_SIZE:end]), limit
+        )
 
     async def close(self) -> None:
         """Stop health probes."""
@@ -410,17 +394,14 @@ class Forwarder:
             self.loops.answered(qid, question)
 
 
-def question_end(data: bytes) -> int:
-    """The offset just after a query's question (name, type, class)."""
-    return read_name(data, HEADER_SIZE)[1] + 4
-
-
 def cache_key(data: bytes, end: int, edns: bool) -> bytes:
-    """What the answer depends on, as CoreDNS's cache keys it: the question (as asked), RD, CD
-    and DO. Not the transport nor the client's buffer size: the cache keeps whole answers, cut
-    per client. Client-specific EDNS options (cookies) are left out."""
+    """What the answer depends on, as CoreDNS's cache keys it: the question with its name in
+    lower case (so that random letter case, as 0x20-randomizing resolvers send, cannot multiply
+    the entries or pass the cache by), RD, CD and DO. Not the transport nor the client's buffer
+    size: the cache keeps whole answers, cut per client. Client-specific EDNS options (cookies)
+    are left out."""
     do = _do_bit(data) if edns else 0
-    return bytes((data[2] & 0x01, data[3] & 0x10, do)) + data[HEADER_SIZE:end]
+    return bytes((data[2] & 0x01, data[3] & 0x10, do)) + data[HEADER_SIZE:end].lower()
 
 
 def _do_bit(data: bytes) -> int:

@@ -191,7 +191,8 @@ def _disable_words(text: str) -> list[str]:
     return [kind.strip(), *(zone.strip() for zone in zones.split(",") if zone.strip())]
 
 
-_DEFAULT = CacheSettings()
+#: CoreDNS's `cache` with no options.
+DEFAULT_CACHE = CacheSettings()
 
 #: CoreDNS's `cache` for forwarded replies, as its Corefile block and `serve`'s flags set it.
 CACHE: Plugin[CacheSettings] = Plugin(
@@ -204,8 +205,8 @@ CACHE: Plugin[CacheSettings] = Plugin(
             "--cache-max-ttl",
             "SECONDS",
             "keep forwarded answers and denials at most this long, as CoreDNS's `cache "
-            f"SECONDS` (kubeadm: 30; default {_DEFAULT.success.max_ttl} for answers, "
-            f"{_DEFAULT.denial.max_ttl} for denials)",
+            f"SECONDS` (kubeadm: 30; default {DEFAULT_CACHE.success.max_ttl} for answers, "
+            f"{DEFAULT_CACHE.denial.max_ttl} for denials)",
         ),
         Setting(
             "success",
@@ -213,8 +214,8 @@ CACHE: Plugin[CacheSettings] = Plugin(
             "--cache-success",
             "CAPACITY[,TTL[,MINTTL]]",
             "the cache of forwarded answers, as CoreDNS cache's `success CAPACITY TTL MINTTL` "
-            f"(default {_DEFAULT.success.capacity} entries, minimum TTL "
-            f"{_DEFAULT.success.min_ttl})",
+            f"(default {DEFAULT_CACHE.success.capacity} entries, minimum TTL "
+            f"{DEFAULT_CACHE.success.min_ttl})",
         ),
         Setting(
             "denial",
@@ -222,8 +223,8 @@ CACHE: Plugin[CacheSettings] = Plugin(
             "--cache-denial",
             "CAPACITY[,TTL[,MINTTL]]",
             "the cache of forwarded NXDOMAIN/NODATA/SERVFAIL, as CoreDNS cache's `denial "
-            f"CAPACITY TTL MINTTL` (default {_DEFAULT.denial.capacity} entries, minimum TTL "
-            f"{_DEFAULT.denial.min_ttl})",
+            f"CAPACITY TTL MINTTL` (default {DEFAULT_CACHE.denial.capacity} entries, minimum TTL "
+            f"{DEFAULT_CACHE.denial.min_ttl})",
         ),
         Setting(
             "disable",
@@ -256,10 +257,16 @@ class Entry:
     def fits(self, limit: int, opt: bytes) -> bool:
         return len(self.reply) + len(opt) <= limit
 
-    def render(self, qid: bytes, now: float, opt: bytes, ad: bool, hit: bool) -> bytes:
-        """The reply for one client: its ID, TTLs counted down, its OPT record if it sent one;
-        AD cleared when it asked for neither DNSSEC nor AD; AA set when it comes from the cache."""
+    def render(
+        self, qid: bytes, now: float, opt: bytes, ad: bool, hit: bool, question: bytes = b""
+    ) -> bytes:
+        """The reply for one client: its ID, its `question` in the letter case it asked (the
+        key folds case; the records keep the case of the reply cached, as CoreDNS's cache
+        does), TTLs counted down, its OPT record if it sent one; AD cleared when it asked for
+        neither DNSSEC nor AD; AA set when it comes from the cache."""
         out = bytearray(qid + self.reply[2:])
+        if question:  # the same name but for case: the same length
+            out[12 : 12 + len(question)] = question
         elapsed = int(now - self.stored)
         if elapsed:
             remaining = pack("!I", max(0, self.ttl - elapsed))

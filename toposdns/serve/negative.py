@@ -15,7 +15,7 @@ from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig, absent, zon
 from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.wire.codes import AA, AAAA, COPIED_FLAGS, NXDOMAIN, QR, SERVFAIL, A, Name
 from toposdns.wire.decode import read_name
-from toposdns.wire.edns import question_end
+from toposdns.wire.edns import plain_question_end
 from toposdns.wire.encode import bare_opt, name_wire, record_wire
 
 _REVERSE = tuple(name_wire(zone) for zone in REVERSE_ZONES)
@@ -44,7 +44,7 @@ class Negatives:
         """(reply, qtype, dependencies) for a plain query whose name certainly does not exist,
         or None. `key` is the query's cache key (wire/edns.py `split_query`)."""
         has_opt = data[11] == 1
-        end = question_end(data, key) - 4  # past the name
+        end = plain_question_end(data, key) - 4  # past the name
         qtype = (data[end] << 8) | data[end + 1]
         if qtype != A and qtype != AAAA or data[end + 2 : end + 4] != _IN:
             return None

@@ -1,11 +1,12 @@
 """Place a querying client: which address identifies it, and the node labels it gets.
 
-The rules are resolve/client.py's (`client_address`) and the store's (`place`), remembered so
-that a query costs two dictionary lookups once its source has been seen: the kernel already
-writes source addresses canonically, Client Subnet addresses are made canonical when read
-(wire/edns.py), whether a source is a trusted ECS forwarder is decided once per source address,
-and where an address or prefix is placed is decided once per snapshot change that could move
-it (`update`).
+This is the one place that decides which address identifies a client (its source, or the
+Client Subnet address when the source is a trusted forwarder); where that address or prefix is
+placed is the store's rule (`place`). Both are remembered so that a query costs two dictionary
+lookups once its source has been seen: the kernel already writes source addresses canonically,
+Client Subnet addresses are made canonical when read (wire/edns.py), whether a source is a
+trusted ECS forwarder is decided once per source address, and where an address or prefix is
+placed is decided once per snapshot change that could move it (`update`).
 """
 
 from __future__ import annotations

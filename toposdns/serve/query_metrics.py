@@ -14,15 +14,23 @@ Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `ser
 `coredns_dns_request_duration_seconds{server,zone,view}`,
 `coredns_dns_request_size_bytes{server,zone,view,proto}` and
 `coredns_dns_response_size_bytes{server,zone,view,proto}`.
+
+And what a CoreDNS `cache` plugin in the server block would count (`coredns_cache_entries`,
+`coredns_cache_requests_total`, `coredns_cache_hits_total`, `coredns_cache_misses_total`,
+labels `server`, `type` (success or denial), `zones` and `view`): a query reaches it once it
+has passed what CoreDNS answers before `cache` (the server's own checks, `acl`, `any`); it is a
+hit when answered from a cached reply of a kind that cache keeps (`CachePolicy.keeps`: a zone
+`disable`d for it, or no `cache` at all, makes every reply from it a miss), from either cache:
+the replies of the zones (serve/cache.py) or the forwarded ones (serve/forward_cache.py).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from time import perf_counter
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from toposdns.resolve.answer import type_name
@@ -46,17 +54,24 @@ ROW = REPLY_SIZES + len(SIZE_BUCKETS) + 1
 Labels = tuple[str, str, str, str, str]  # proto, family, type, rcode, plugin
 
 
+#: How CoreDNS's `cache` would file a reply (its `type` label): one it would not keep, a
+#: success, a denial.
+UNCACHED, SUCCESS, DENIAL = 0, 1, 2
+CACHE_TYPES = ("", "success", "denial")
+
+
 class Hits:
-    """Cache hits of one kind (labels, query size, reply size) answered within the first
-    duration bucket, and their seconds. Two numbers, so that a hit touches little memory
-    (slower hits, which are rare, go to the totals in full)."""
+    """Cache hits of one kind (labels, query size, reply size, how CoreDNS's cache would file
+    the reply) answered within the first duration bucket, and their seconds. Two numbers, so
+    that a hit touches little memory (slower hits, which are rare, go to the totals in full)."""
 
-    __slots__ = ("labels", "query_size", "reply_size", "row")
+    __slots__ = ("labels", "query_size", "reply_size", "kind", "row")
 
-    def __init__(self, labels: Labels, query_size: int, reply_size: int) -> None:
+    def __init__(self, labels: Labels, query_size: int, reply_size: int, kind: int) -> None:
         self.labels = labels
         self.query_size = query_size
         self.reply_size = reply_size
+        self.kind = kind
         self.row = [0, 0.0]  # hits, seconds
 
 
@@ -65,21 +80,31 @@ class QueryMetrics(Collector):
 
     def __init__(self, server: str) -> None:
         self.server = server
-        #: The Hits rows, one per (labels, query size, reply size), which cached replies point
+        #: The Hits rows, one per (labels, query size, reply size, kind), which cached replies point
         #: at: the counts stay here when the replies go.
-        self.rows: dict[tuple[Labels, int, int], Hits] = {}
+        self.rows: dict[tuple[Labels, int, int, int], Hits] = {}
         #: Everything else, replies built and slow hits, by labels.
         self.totals: dict[Labels, list[float]] = {}
+        #: The `cache` plugin's counts (the rest are the rows' hits): hits outside the rows
+        #: (slow, or cut to another size), by kind; forwarded replies from the forward cache,
+        #: by kind; queries that found no cached reply.
+        self.cache_hits = [0, 0, 0]
+        self.forward_hits = [0, 0, 0]
+        self.cache_passes = 0
+        #: Cached replies by kind, read when scraped (the server points it at its caches).
+        self.cache_entries: Callable[[], list[int]] = lambda: [0, 0, 0]
 
     def observe(self, labels: Labels, started: float, query_size: int, reply_size: int) -> None:
         """Count one query answered since `started` (perf_counter)."""
         self.add(labels, perf_counter() - started, query_size, reply_size)
 
-    def row(self, labels: Labels, query_size: int, reply_size: int) -> Hits:
-        """The Hits row a cached reply's hits count in: queries with these labels and sizes."""
-        row = self.rows.get((labels, query_size, reply_size))
+    def row(self, labels: Labels, query_size: int, reply_size: int, kind: int = UNCACHED) -> Hits:
+        """The Hits row a cached reply's hits count in: queries with these labels and sizes,
+        answered by a reply CoreDNS's cache files as `kind`."""
+        key = (labels, query_size, reply_size, kind)
+        row = self.rows.get(key)
         if row is None:
-            row = self.rows[labels, query_size, reply_size] = Hits(labels, query_size, reply_size)
+            row = self.rows[key] = Hits(labels, query_size, reply_size, kind)
         return row
 
     def add(self, labels: Labels, seconds: float, query_size: int, reply_size: int) -> None:
@@ -95,9 +120,45 @@ class QueryMetrics(Collector):
     def slow_hit(self, hits: Hits, seconds: float) -> None:
         """A wire-cache hit slower than the first duration bucket: counted in full."""
         self.add(hits.labels, seconds, hits.query_size, hits.reply_size)
+        self.cache_hits[hits.kind] += 1
 
-    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+    def cache_families(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """The `cache` plugin's series, from the counts and the rows."""
+        hits: list[float] = [float(count) for count in self.cache_hits]
+        for row in list(self.rows.values()):
+            hits[row.kind] += row.row[0]
+        requests = sum(hits) + self.cache_passes
+        for kind in (SUCCESS, DENIAL):
+            hits[kind] += self.forward_hits[kind]
+        base = [self.server]
+        entries = GaugeMetricFamily(
+            "coredns_cache_entries", "The number of elements in the cache.",
+            labels=["server", "type", "zones", "view"])  # fmt: skip
+        counted = self.cache_entries()
+        hit = CounterMetricFamily(
+            "coredns_cache_hits", "The count of cache hits.",
+            labels=["server", "type", "zones", "view"])  # fmt: skip
+        for kind in (SUCCESS, DENIAL):
+            entries.add_metric([*base, CACHE_TYPES[kind], ZONE, ""], counted[kind])
+            hit.add_metric([*base, CACHE_TYPES[kind], ZONE, ""], hits[kind])
+        yield entries
+        total = CounterMetricFamily(
+            "coredns_cache_requests", "The count of cache requests.",
+            labels=["server", "zones", "view"])  # fmt: skip
+        total.add_metric([*base, ZONE, ""], requests)
+        yield total
+        yield hit
+        misses = CounterMetricFamily(
+            "coredns_cache_misses",
+            "The count of cache misses. Deprecated, derive misses from cache hits/requests "
+            "counters.",
+            labels=["server", "zones", "view"])  # fmt: skip
+        misses.add_metric([*base, ZONE, ""], requests - hits[SUCCESS] - hits[DENIAL])
+        yield misses
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         """Build the metric families from the rows (called by prometheus_client on scrape)."""
+        yield from self.cache_families()
         merged = {labels: list(row) for labels, row in self.totals.items()}
         for hits in list(self.rows.values()):
             _fold(merged.setdefault(hits.labels, _row()), hits)

@@ -39,9 +39,18 @@ from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, Cached, Rendered, ReplyCache, TopologyReplies
 from toposdns.serve.forward import Forwarder, answer_records, build_query
+from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
 from toposdns.serve.negative import Negatives
 from toposdns.serve.placement import Placer
-from toposdns.serve.query_metrics import Hits, QueryMetrics, count_hit, labels_of
+from toposdns.serve.query_metrics import (
+    DENIAL,
+    SUCCESS,
+    UNCACHED,
+    Hits,
+    QueryMetrics,
+    count_hit,
+    labels_of,
+)
 from toposdns.serve.topology_metrics import TopologyCounts
 from toposdns.serve.topology_metrics import count as count_topology
 from toposdns.serve.transport import TCP4 as TCP4
@@ -51,13 +60,34 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Snapshot
-from toposdns.wire.codes import AA, ANY, CLASS_IN, NOERROR, RCODE, REFUSED, SERVFAIL, SOA, TC, Name
-from toposdns.wire.decode import Dropped, Query, Rejected, decode_plain, decode_query
+from toposdns.wire.codes import (
+    AA,
+    ANY,
+    CLASS_IN,
+    NOERROR,
+    NOTIMP,
+    NXDOMAIN,
+    RCODE,
+    REFUSED,
+    SERVFAIL,
+    SOA,
+    TC,
+    Name,
+)
+from toposdns.wire.decode import (
+    HEADER_SIZE,
+    Dropped,
+    Query,
+    Rejected,
+    decode_plain,
+    decode_query,
+    read_name,
+)
 from toposdns.wire.edns import (
     NO_OPTIONS,
     EchoedOptions,
     buffer_size,
-    question_end,
+    plain_question_end,
     read_options,
     reply_opt,
     split_query,
@@ -111,6 +141,9 @@ ANY_PLUGIN: Plugin[AnyOptions] = Plugin(
     ),
 )
 
+#: The rcodes CoreDNS's cache keeps as denials (NXDOMAIN, NODATA is NOERROR, SERVFAIL, NOTIMP).
+DENIALS = frozenset({NOERROR, NXDOMAIN, SERVFAIL, NOTIMP})
+
 #: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
@@ -158,6 +191,7 @@ class Responder:
         cache_max_bytes: int = DEFAULT_MAX_BYTES,
         max_udp_size: int = MAX_UDP_SIZE,
         forward_any: bool = False,
+        cache: CacheSettings = DEFAULT_CACHE,
     ) -> None:
         self.config = config
         self.snapshot = snapshot
@@ -170,6 +204,8 @@ class Responder:
         self.max_udp_size = max_udp_size
         #: `--forward-any`: ask the upstreams ANY too, rather than answer RFC 8482's HINFO.
         self.forward_any = forward_any
+        #: The `cache` plugin's settings: which replies it would keep, for its metrics.
+        self.cache_settings = cache
         self.autopath = (
             AutoPath(
                 autopath,
@@ -249,7 +285,7 @@ class Responder:
             cached, row = found
         else:
             cached = entry  # type: ignore[assignment]
-        if cached.question != data[12 : question_end(data, key)]:
+        if cached.question != data[12 : plain_question_end(data, key)]:
             return None  # asked in another letter case: its names are written anew
         reply = self.rendered(data, key, cached, echo.scoped if via_ecs else echo.plain, transport)
         if reply is None:
@@ -282,6 +318,7 @@ class Responder:
                 count_hit(metrics, hits, started)
             else:  # options, or cut to another size: counted in full
                 metrics.observe(hits.labels, started, len(data), len(reply))
+                metrics.cache_hits[hits.kind] += 1
 
     def rendered(
         self, data: bytes, key: bytes, cached: Cached, options: bytes, transport: Transport
@@ -320,7 +357,8 @@ class Responder:
         Anything but an answer from the zones (BADVERS, forwarding, another class, a failure)
         takes the decoder's path."""
         # A reply kept in another letter case stays: this one is made for this query only.
-        keep = not isinstance(self.cache.table.get(key), Cached)
+        kept = self.cache.table.get(key)
+        keep = not isinstance(kept, Cached)
         made = self.negative(data, key, keep) or self.made(data, key, echo, source, keep)
         if made is None:
             return self.decoded(data, transport, source, started)
@@ -328,6 +366,10 @@ class Responder:
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
             return self.decoded(data, transport, source, started)
+        if isinstance(kept, Cached) and kept.hits is not None and self.metrics is not None:
+            self.metrics.cache_hits[kept.hits[0].kind] += 1  # CoreDNS's cache folds case: a hit
+        else:
+            self.passed()
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
     def negative(self, data: bytes, key: bytes, keep: bool) -> tuple[Cached, bool] | None:
@@ -339,7 +381,7 @@ class Responder:
         if found is None:
             return None
         reply, qtype, depends = found
-        question = data[12 : question_end(data, key)]
+        question = data[12 : plain_question_end(data, key)]
         hits = self.hit_rows(data, key, reply, qtype)
         cached = Cached(
             reply[2:], None, question, tuple(depends), self.snapshot.serial, False, hits
@@ -402,9 +444,13 @@ class Responder:
         # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
         plugin = "kubernetes" if reply[2] & (AA >> 8) else ""
         size = len(key) + (6 if data[11] else 2)  # with the ID, and the OPT's size and length
+        filed = self.cache_kind(data, reply)
         return tuple(
             metrics.row(
-                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin), size, len(reply)
+                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin),
+                size,
+                len(reply),
+                filed,
             )
             for kind in TRANSPORTS
         )
@@ -427,6 +473,7 @@ class Responder:
             return self.upstreams(data, query, transport, source, started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+        self.passed()
         try:
             if self.autopath is not None:
                 completion = self.autopath.complete(data, query, transport, source)
@@ -436,7 +483,7 @@ class Responder:
             labels, via_ecs = self.placer.place(source, subnet)
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if answer.fallthrough and self.forwarder is not None:
-                return self.upstreams(data, query, transport, source, started)
+                return self.upstreams(data, query, transport, source, started, passed=True)
             # The answer was tailored to the ECS prefix only if it depended on the client.
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
             if answer.chase is not None and self.forwarder is not None:
@@ -451,19 +498,28 @@ class Responder:
         return self.counted(data, reply, transport, started, qtype)
 
     def upstreams(
-        self, data: bytes, query: Query, transport: Transport, source: str, started: float
+        self,
+        data: bytes,
+        query: Query,
+        transport: Transport,
+        source: str,
+        started: float,
+        passed: bool = False,
     ) -> Reply:
         """A query the upstreams answer, counted when they have; ANY gets RFC 8482's minimal
         answer at once instead (CoreDNS's `any`), unless `--forward-any`: the reply an upstream
         gives ANY is as large as it likes, an open amplifier. A source outside
-        `--forward-allow` is REFUSED, as CoreDNS's `acl` block would."""
+        `--forward-allow` is REFUSED, as CoreDNS's `acl` block would (both before the cache
+        sees the query; `passed`: it has seen it already)."""
         assert self.forwarder is not None
         if not self.forwarder.admits(source):
             return self.counted(data, encode_bare(query, REFUSED), transport, started, query.qtype)
         if query.qtype == ANY and not self.forward_any:
             reply = encode_minimal_any(query)
             return self.counted(data, reply, transport, started, ANY, plugin="any")
-        forwarded = self.forwarded(data, query, transport)
+        if not passed:
+            self.passed()
+        forwarded = self.forwarded(data, query, transport, client=True)
         return self.counted_later(forwarded, data, transport, started, query.qtype, "forward")
 
     def bounded(self, query: Query) -> Query:
@@ -540,6 +596,39 @@ class Responder:
         )
         return encode_bare(query, SERVFAIL)
 
+    def passed(self) -> None:
+        """A query that reached the `cache` plugin's place and found no cached reply."""
+        if self.metrics is not None:
+            self.metrics.cache_passes += 1
+
+    def cache_kind(self, data: bytes, reply: bytes) -> int:
+        """How CoreDNS's `cache` would file `reply` to the query `data`: success, denial, or
+        not kept (its zone `disable`d for that kind, or another rcode)."""
+        rcode = reply[3] & RCODE
+        if rcode == NOERROR and reply[6:8] != b"\0\0":
+            policy, kind = self.cache_settings.success, SUCCESS
+        elif rcode in DENIALS:
+            policy, kind = self.cache_settings.denial, DENIAL
+        else:
+            return UNCACHED
+        name = tuple(label.lower() for label in read_name(data, HEADER_SIZE)[0])
+        return kind if policy.keeps(name) else UNCACHED
+
+    def cache_entries(self) -> list[int]:
+        """Cached replies by how CoreDNS's cache would file them (a name answered per client
+        is one entry), those of the forward cache included."""
+        counts = [0, 0, 0]
+        for entry in list(self.cache.table.values()):
+            if isinstance(entry, TopologyReplies):
+                if not entry.replies:
+                    continue
+                entry = next(iter(entry.replies.values()))[0]
+            counts[entry.hits[0].kind if entry.hits else UNCACHED] += 1
+        if self.forwarder is not None:
+            counts[SUCCESS] += len(self.forwarder.cache.success)
+            counts[DENIAL] += len(self.forwarder.cache.denial)
+        return counts
+
     def count_autopath(self) -> None:
         """A name autopath found (`coredns_autopath_success_total`, with metrics on)."""
         if self.metrics is not None:
@@ -549,13 +638,19 @@ class Responder:
         """True if a served zone holds the name."""
         return in_zones(name, self.config.zones)
 
-    async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
-        """A query outside the zones, relayed to an upstream (CoreDNS `forward`)."""
+    async def forwarded(
+        self, data: bytes, query: Query, transport: Transport, client: bool = False
+    ) -> bytes:
+        """A query outside the zones, relayed to an upstream (CoreDNS `forward`); `client`: a
+        client's own query, whose forward-cache hits the `cache` metrics count (autopath's
+        lookups are not)."""
         assert self.forwarder is not None
+        metrics = self.metrics
+        hits = metrics.forward_hits if client and metrics is not None else None
         try:
             limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
             opt = encode_opt(query.edns) if query.edns is not None else b""
-            reply = await self.forwarder.forward(data, transport.tcp, limit, opt)
+            reply = await self.forwarder.forward(data, transport.tcp, limit, opt, hits)
         except Exception:
             return self.failed(query)
         # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
@@ -585,5 +680,5 @@ class Responder:
 
 def _qtype(data: bytes, key: bytes) -> int:
     """The qtype of a plain query, for its metrics labels."""
-    end = question_end(data, key)
+    end = plain_question_end(data, key)
     return (data[end - 4] << 8) | data[end - 3]

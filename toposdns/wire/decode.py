@@ -133,6 +133,13 @@ def decode_plain(data: bytes) -> Query:
     )
 
 
+def question_end(message: bytes) -> int:
+    """The offset just after a message's question (its name, type and class), the one place
+    that finds it by reading the name (a plain query's is read off its cache key:
+    wire/edns.py `plain_question_end`). IndexError or ValueError when the message is cut short."""
+    return read_name(message, HEADER_SIZE)[1] + 4
+
+
 def read_name(data: bytes, offset: int) -> tuple[Name, int]:
     """Read a possibly compressed name; return its labels (latin-1) and the offset after it."""
     # Most names are not compressed: read them with as few steps as a label allows.

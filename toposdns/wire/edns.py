@@ -12,6 +12,7 @@ is not a plain query and takes the full decoder.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from struct import pack
 
 from toposdns.wire.codes import CLIENT_SUBNET, ECHOED_OPTIONS
@@ -65,8 +66,9 @@ def plain_key(data: bytes) -> bytes:
     return data[2:-4].lower() + data[-4:]
 
 
-def question_end(data: bytes, key: bytes) -> int:
-    """Where the question of a plain query ends, read off its key: the key runs from the flags
+def plain_question_end(data: bytes, key: bytes) -> int:
+    """Where the question of a plain query ends, read off its key (`split_query` walked its
+    name once; any other message: wire/decode.py `question_end`): the key runs from the flags
     to the question's end, then, when there is an OPT record, through that record's owner, type
     and flags (7 bytes)."""
     return len(key) + 2 - (7 if data[11] else 0)
@@ -74,7 +76,7 @@ def question_end(data: bytes, key: bytes) -> int:
 
 def buffer_size(data: bytes, key: bytes) -> int:
     """The EDNS buffer size a plain query with an OPT record announces."""
-    end = question_end(data, key)
+    end = plain_question_end(data, key)
     return (data[end + 3] << 8) | data[end + 4]
 
 
@@ -95,17 +97,23 @@ class EchoedOptions:
 NO_OPTIONS = EchoedOptions(b"", b"", None)
 
 
+def echoed(options: Iterable[tuple[int, bytes]]) -> bytes:
+    """The options a reply echoes, as the OPT record's data: those of ECHOED_OPTIONS, in the
+    order asked (Client Subnet is echoed on its own, with its scope)."""
+    return b"".join(
+        pack("!HH", code, len(value)) + value for code, value in options if code in ECHOED_OPTIONS
+    )
+
+
 def read_options(options: bytes) -> EchoedOptions:
     """What a reply echoes of an OPT record's options; ValueError when they are malformed
     (FORMERR), as the full decoder reads them. Callers remember the result per options."""
-    echoed = []
+    pairs = split_options(options)
+    plain = echoed(pairs)
     subnet = None
-    for code, value in split_options(options):
-        if code in ECHOED_OPTIONS:
-            echoed.append(pack("!HH", code, len(value)) + value)
-        elif code == CLIENT_SUBNET:
+    for code, value in pairs:
+        if code == CLIENT_SUBNET:
             subnet = read_client_subnet(value)  # the last one counts
-    plain = b"".join(echoed)
     if subnet is None:
         return EchoedOptions(plain, plain, None)
     head = pack(

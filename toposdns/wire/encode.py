@@ -21,7 +21,6 @@ from toposdns.wire.codes import (
     AAAA,
     CNAME,
     COPIED_FLAGS,
-    ECHOED_OPTIONS,
     HINFO,
     NOERROR,
     NS,
@@ -36,6 +35,7 @@ from toposdns.wire.codes import (
     Name,
 )
 from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
+from toposdns.wire.edns import echoed
 
 MIN_UDP_SIZE = 512
 #: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
@@ -108,11 +108,7 @@ def encode_opt(
     """
     if not edns.options and ecs is None:
         return bare_opt(edns.udp_size, edns.ttl, rcode)
-    options = b"".join(
-        pack("!HH", code, len(value)) + value
-        for code, value in edns.options
-        if code in ECHOED_OPTIONS
-    )
+    options = echoed(edns.options)
     if ecs is not None:
         value = pack("!HBB", ecs.family, ecs.source_prefix, scope) + ecs.raw_address
         options += pack("!HH", ECS_OPTION, len(value)) + value

@@ -27,7 +27,7 @@ from dnslib.buffer import BufferError as PacketError
 
 from toposdns.options import Origin, Plugin, Setting, sets
 from toposdns.wire.codes import AAAA, AXFR, CNAME, IXFR, MX, NOERROR, OPT, A
-from toposdns.wire.decode import HEADER_SIZE, read_name, record_spans
+from toposdns.wire.decode import HEADER_SIZE, question_end, read_name, record_spans
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +122,10 @@ def shuffle_reply(reply: bytes, draw: Draw = _draw) -> bytes | None:
     if len(reply) < HEADER_SIZE or reply[3] & 0x0F != NOERROR:
         return None
     try:
-        question_end = read_name(reply, HEADER_SIZE)[1] + 4
-        (qtype,) = unpack_from("!H", reply, question_end - 4)
+        end_of_question = question_end(reply)
+        (qtype,) = unpack_from("!H", reply, end_of_question - 4)
         spans = record_spans(reply)
-        contained = _self_contained(reply, spans, question_end)
+        contained = _self_contained(reply, spans, end_of_question)
     except (ValueError, IndexError, StructError):
         return None
     # An OPT's TTL field holds the rest of the rcode: BADVERS, BADCOOKIE... are not NOERROR.
@@ -150,7 +150,7 @@ def shuffle_reply(reply: bytes, draw: Draw = _draw) -> bytes | None:
         return _repacked(reply, new)
     end = spans[-1][2]
     moved = b"".join(reply[spans[i][0] : spans[i][2]] for i in new)
-    return reply[:question_end] + moved + reply[end:]
+    return reply[:end_of_question] + moved + reply[end:]
 
 
 def _self_contained(reply: bytes, spans: list[tuple[int, int, int, int, int]], floor: int) -> bool:
@@ -229,10 +229,10 @@ class Rotation:
         if len(message) < HEADER_SIZE or message[3] & 0x0F != NOERROR:
             return None
         try:
-            question_end = read_name(message, HEADER_SIZE)[1] + 4
-            (qtype,) = unpack_from("!H", message, question_end - 4)
+            end_of_question = question_end(message)
+            (qtype,) = unpack_from("!H", message, end_of_question - 4)
             spans = record_spans(message)
-            if not _self_contained(message, spans, question_end):
+            if not _self_contained(message, spans, end_of_question):
                 return None
         except (ValueError, IndexError, StructError):
             return None
@@ -240,7 +240,7 @@ class Rotation:
             rtype == OPT and message[at] for _, at, _, rtype, _ in spans
         ):
             return None
-        parts: list[bytes | list[bytes]] = [message[2:question_end]]
+        parts: list[bytes | list[bytes]] = [message[2:end_of_question]]
         rotates = False
         for section in range(3):
             indexes = [i for i, span in enumerate(spans) if span[4] == section]
