@@ -125,7 +125,8 @@ def test_a_flood_of_names_stays_within_the_bound_and_keeps_the_index_in_step() -
     responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=1 << 20)
     cache = responder.cache
     for i in range(20_000):
-        responder.respond(query(f"n{i}.nope{i}.svc.cluster.local"), UDP4, "127.0.0.1")
+        for _ in range(2):  # a template reply is kept when its name is asked again
+            responder.respond(query(f"n{i}.nope{i}.svc.cluster.local"), UDP4, "127.0.0.1")
     assert cache.bytes_held <= cache.max_bytes and cache.evictions > 10_000
     assert 0 < cache.entries < 20_000
     # Every word indexes only keys that are still there, and every entry is indexed.
@@ -140,11 +141,24 @@ def test_a_flood_of_names_stays_within_the_bound_and_keeps_the_index_in_step() -
     assert cache.hits == hits + 1
 
 
+def test_a_template_reply_is_kept_when_its_name_is_asked_again() -> None:
+    responder = Responder(CONFIG, SNAPSHOT)
+    cache = responder.cache
+    once = [query(f"api-{i}.example.com.shop.svc.cluster.local") for i in range(100)]
+    first = [reply(responder, message) for message in once]
+    assert cache.entries == 0 and all(answer[3] & 0x0F == 3 for answer in first)  # NXDOMAIN
+    again = [reply(responder, message) for message in once]
+    assert cache.entries == 100 and cache.hits == 0 and again == first
+    assert [reply(responder, message) for message in once] == first
+    assert cache.hits == 100
+
+
 def test_an_evicted_reply_is_built_again() -> None:
     responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=1 << 20)
     first = reply(responder, query("web.shop.svc.cluster.local"))
     for i in range(10_000):
-        responder.respond(query(f"n{i}.nope.svc.cluster.local"), UDP4, "127.0.0.1")
+        for _ in range(2):  # asked again: kept, so the first reply is pushed out
+            responder.respond(query(f"n{i}.nope.svc.cluster.local"), UDP4, "127.0.0.1")
     assert query("web.shop.svc.cluster.local")[2:].lower() not in responder.cache.table
     assert reply(responder, query("web.shop.svc.cluster.local")) == first
 
@@ -274,6 +288,8 @@ def test_the_memory_limit_is_read_from_the_cgroup(
 @pytest.mark.parametrize("name", ["web.shop.svc.cluster.local", "nope.shop.svc.cluster.local"])
 def test_a_query_in_another_case_leaves_the_cached_reply_in_place(name: str) -> None:
     responder = Responder(CONFIG, SNAPSHOT)  # the second name: NXDOMAIN from a template
-    for asked in (name, name.upper(), name, name.upper(), name):
+    first = (name,) if name.startswith("nope") else ()  # kept when asked again
+    for asked in (*first, name, name.upper(), name, name.upper(), name):
         reply(responder, query(asked))
-    assert (responder.cache.entries, responder.cache.hits, responder.cache.misses) == (1, 2, 3)
+    misses = 3 + len(first)
+    assert (responder.cache.entries, responder.cache.hits, responder.cache.misses) == (1, 2, misses)

@@ -1,4 +1,5 @@
-"""NXDOMAIN from templates says exactly what resolve + encode say, for every name it answers."""
+"""Replies from templates (NXDOMAIN, pod names) say exactly what resolve + encode say, for every
+name they answer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from struct import pack
 
 import pytest
 
-from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from tests.helpers import SHOP_WEB, config_of, headless, snapshot_of
 from toposdns.resolve.resolver import ResolverConfig, resolve
 from toposdns.serve.negative import Negatives
 from toposdns.store.snapshot import Snapshot
@@ -17,7 +18,13 @@ from toposdns.wire.decode import decode_query
 from toposdns.wire.edns import split_query
 from toposdns.wire.encode import encode_reply, udp_limit
 
-OBJECTS = [*SHOP_WEB, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hidden"}}]
+DB = [{"addresses": ["10.1.2.3"], "hostname": "db-0"}, {"addresses": ["10.1.2.4"]}]
+OBJECTS = [
+    *SHOP_WEB,
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hidden"}},
+    *headless("db", "shop", DB),
+    *headless("db6", "shop", [{"addresses": ["fd00::4"]}], family="IPv6"),
+]
 SNAPSHOTS = [snapshot_of(OBJECTS), snapshot_of(OBJECTS, synced=False)]
 CONFIGS = [
     config_of(),
@@ -27,6 +34,9 @@ CONFIGS = [
 ]
 LABELS = ["web", "shop", "hidden", "svc", "pod", "ns", "dns", "api", "example", "com", "Shop"]
 LABELS += ["WEB", "SVC", "10-1-2-3", "cluster", "local", "in-addr", "arpa", "ip6", "x" * 63]
+#: Labels that make endpoint and pod names: hostnames, dashed addresses, made-up ones.
+HOSTS = ["db-0", "DB-0", "10-1-2-3", "10-1-2-4", "10-1-2-5", "fd00--4", "fd00--1", "10-01-2-3"]
+HOSTS += ["10-1-2", "256-1-2-3", "api", "_http", "_tcp"]
 
 
 def query(name: tuple[str, ...], qtype: int, opt: tuple[int, int] | None, flags: int) -> bytes:
@@ -46,6 +56,12 @@ def names(rng: random.Random, count: int) -> list[tuple[str, ...]]:
     for _ in range(count):
         left = tuple(rng.choice(LABELS) for _ in range(rng.randrange(0, 7)))
         found.append(left + rng.choice(zones))
+        # Endpoint and pod names: `<host>.<service>.<ns>.svc` and `[<x>.]<pod>.<ns>.pod`.
+        service = rng.choice(["db", "db6", "web", "nothing", "DB"])
+        found.append((rng.choice(HOSTS), service, "shop", "svc") + rng.choice(zones))
+        extra = tuple(rng.choice(HOSTS) for _ in range(rng.randrange(0, 3)))
+        found.append(extra + (rng.choice(HOSTS), rng.choice(["shop", "hidden", "none"]), "pod"))
+        found[-1] += rng.choice(zones)
     return found
 
 
@@ -54,6 +70,7 @@ def test_templates_say_what_the_resolver_says(config: ResolverConfig) -> None:
     rng = random.Random(7)
     negatives = Negatives(config)
     answered = 0
+    pods = 0  # pod names answered with an address or NODATA
     for name, snapshot in itertools.product(names(rng, 1500), SNAPSHOTS):
         qtype = rng.choice((A, AAAA))
         opt = rng.choice((None, (512, 0), (1232, 0x8000), (4096, 0x0010_8000)))
@@ -63,12 +80,14 @@ def test_templates_say_what_the_resolver_says(config: ResolverConfig) -> None:
         if found is None:
             continue
         answered += 1
+        pods += found[0][3] & 0x0F == 0
         decoded = decode_query(data)
         answer = resolve(decoded.name, qtype, snapshot, config, {})
         reply, reply_type, depends = found
         assert reply == encode_reply(decoded, answer, limit, 1480), name
         assert (reply_type, depends) == (qtype, answer.depends), name
     assert answered > 500  # the templates answered a good share of what they were asked
+    assert pods > 50 if config.pods == "insecure" else pods == 0
 
 
 def check(snapshot: Snapshot, config: ResolverConfig, text: str, qtype: int = A) -> bool:
@@ -88,6 +107,12 @@ def test_what_only_the_resolver_can_tell_is_left_to_it() -> None:
     assert not check(snapshot, config, "cluster.local")  # the apex
     assert not check(snapshot, config, "example.org")  # outside the zones: REFUSED
     assert not check(snapshot, config, "nothing.shop.svc.cluster.local", qtype=16)  # not A/AAAA
-    assert not check(snapshot, config_of(pods="insecure"), "10-1-2-3.shop.pod.cluster.local")
+    assert check(snapshot, config, "10-1-2-9.db.shop.svc.cluster.local")  # no such endpoint
+    assert not check(snapshot, config, "10-1-2-4.db.shop.svc.cluster.local")
+    assert not check(snapshot, config, "db-0.db.shop.svc.cluster.local")
+    assert check(snapshot, config_of(pods="insecure"), "10-1-2-3.shop.pod.cluster.local")  # A
+    assert check(snapshot, config_of(pods="insecure"), "10-1-2-3.shop.pod.cluster.local", AAAA)
+    assert not check(snapshot, config_of(pods="verified"), "10-1-2-3.shop.pod.cluster.local")
+    assert not check(snapshot, config_of(pods="insecure"), "1-2-3.shop.pod.cluster.local")
     falling = ResolverConfig(zones=config.zones, fallthrough=(("cluster", "local"),))
     assert not check(snapshot, falling, "nothing.shop.svc.cluster.local")  # goes upstream

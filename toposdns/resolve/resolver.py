@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from socket import AF_INET, inet_pton
 
 from toposdns.options import (
     ConfigError,
@@ -362,9 +363,44 @@ def absent(
         return in_namespace
     if kind == POD:
         return in_namespace if config.pods == "disabled" else None
-    if count == 2 or (namespace, tail[-3]) in snapshot.services:
+    if count == 2:
+        return None
+    svc = snapshot.services.get((namespace, tail[-3]))
+    if svc is not None and (count != 4 or _holds_endpoint(svc, tail[0], snapshot, config)):
         return None
     return in_namespace | {("svc", namespace, tail[-3])}
+
+
+def _holds_endpoint(svc: Service, label: str, snapshot: Snapshot, config: ResolverConfig) -> bool:
+    """Whether the endpoint name `<label>.<svc>.<ns>.svc` has an entry (`find_services` with
+    an endpoint label: an address of that hostname in a slice with ports)."""
+    if svc.kind == EXTERNAL_NAME or config.noendpoints:
+        return False
+    pod_names = config.endpoint_pod_names
+    for eps in snapshot.slices.get((svc.namespace, svc.name), ()):
+        if eps.ports:
+            for ep in eps.endpoints:
+                for address in ep.addresses:
+                    if endpoint_hostname(ep, address, pod_names).lower() == label:
+                        return True
+    return False
+
+
+def pod_address(tail: Name, count: int, config: ResolverConfig) -> bytes | None:
+    """For an A or AAAA question whose name `absent` let through: the address a pod name
+    stands for under `pods insecure`, packed (its records: that address, or NODATA for the
+    other family), or None when only `resolve` can tell. It depends on the namespace alone."""
+    if config.pods != "insecure" or count < 3 or tail[-1] != POD:
+        return None
+    address = _pod_address(tail[-3])
+    try:
+        if ":" not in address:
+            # inet_pton reads a dotted quad as strictly as ipaddress (no leading zeros).
+            return inet_pton(AF_INET, address)
+        parsed = ipaddress.IPv6Address(address)
+    except (OSError, ValueError):
+        return None
+    return None if parsed.scope_id else parsed.packed
 
 
 _NOTHING: frozenset[Dependency] = frozenset()

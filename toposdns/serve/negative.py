@@ -1,25 +1,28 @@
-"""NXDOMAIN for first-time names, without decoding or resolving them in full.
+"""Replies to first-time names from templates, without decoding or resolving them in full.
 
 Most names a cluster DNS sees for the first time are search-path expansions
-(`api.example.com.<ns>.svc.cluster.local` and the like) that do not exist. For an A or AAAA
-question the resolver's `absent` tells that from a few of its labels, and the reply is the
-question as sent plus the zone's SOA, from bytes kept per zone spelling and serial. Anything it
-cannot tell goes the ordinary way; the differential test holds both to resolve + encode.
+(`api.example.com.<ns>.svc.cluster.local` and the like) that do not exist, endpoint names of
+addresses no endpoint has, services that do not exist, and pod names. For an A or AAAA question
+the resolver tells from a few of its labels whether the name certainly does not exist (`absent`)
+or is a pod name under `pods insecure` (`pod_address`). The reply is then the question as sent
+and either the zone's SOA (NXDOMAIN, or NODATA for a pod name of the other family) or the pod's
+one address record, its owner the name as asked, from bytes kept per zone spelling and serial.
+Anything else goes the ordinary way; the differential test holds both to resolve + encode.
 """
 
 from __future__ import annotations
 
 from struct import pack
 
-from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig, absent, zone_soa
+from toposdns.resolve.resolver import REVERSE_ZONES, ResolverConfig, absent, pod_address, zone_soa
 from toposdns.store.snapshot import Dependency, Snapshot
-from toposdns.wire.codes import AA, AAAA, COPIED_FLAGS, NXDOMAIN, QR, SERVFAIL, A, Name
+from toposdns.wire.codes import AA, AAAA, COPIED_FLAGS, NOERROR, NXDOMAIN, QR, SERVFAIL, A, Name
 from toposdns.wire.decode import read_name
-from toposdns.wire.edns import plain_question_end
 from toposdns.wire.encode import bare_opt, name_wire, record_wire
 
 _REVERSE = tuple(name_wire(zone) for zone in REVERSE_ZONES)
-_IN = b"\x00\x01"
+_A_IN = b"\x00\x01\x00\x01"
+_AAAA_IN = b"\x00\x1c\x00\x01"
 
 
 def _wire(zone: Name) -> tuple[bytes, int]:
@@ -27,7 +30,8 @@ def _wire(zone: Name) -> tuple[bytes, int]:
 
 
 class Negatives:
-    """Builds NXDOMAIN (SERVFAIL before the first sync) replies from templates."""
+    """Builds NXDOMAIN (SERVFAIL before the first sync), NODATA and pod-name replies from
+    templates."""
 
     def __init__(self, config: ResolverConfig) -> None:
         self.config = config
@@ -37,55 +41,72 @@ class Negatives:
         self.fallthrough = [_wire(zone) for zone in config.fallthrough]
         #: SOA records by (zone as asked, serial).
         self.soas: dict[tuple[bytes, int], bytes] = {}
+        #: An answer record's type, class, TTL and data length, by record type.
+        self.heads = {
+            A: pack("!HHIH", A, 1, config.ttl, 4),
+            AAAA: pack("!HHIH", AAAA, 1, config.ttl, 16),
+        }
 
     def reply(
         self, data: bytes, key: bytes, snapshot: Snapshot, limit: int
     ) -> tuple[bytes, int, frozenset[Dependency]] | None:
-        """(reply, qtype, dependencies) for a plain query whose name certainly does not exist,
-        or None. `key` is the query's cache key (wire/edns.py `split_query`)."""
+        """(reply, qtype, dependencies) for a plain A or AAAA query whose name certainly does
+        not exist or is a pod name, or None. `key` is the query's cache key (wire/edns.py
+        `split_query`): the name in it is in lower case already."""
         has_opt = data[11] == 1
-        end = plain_question_end(data, key) - 4  # past the name
-        qtype = (data[end] << 8) | data[end + 1]
-        if qtype != A and qtype != AAAA or data[end + 2 : end + 4] != _IN:
+        end = len(key) - (9 if has_opt else 2)  # past the name, in `data`
+        kind = key[end - 2 : end + 2]
+        if kind == _A_IN:
+            qtype = A
+        elif kind == _AAAA_IN:
+            qtype = AAAA
+        else:
             return None
         if has_opt and data[end + 10]:  # EDNS version other than 0: BADVERS
             return None
-        starts = []  # where each label of the name starts, from the name's first byte
-        offset = 12
-        length = data[12]
-        while length:
-            starts.append(offset - 12)
-            offset += length + 1
-            length = data[offset]
-        name = data[12:end]
-        if not name.isascii():  # the resolver lower-cases beyond ASCII
+        lower = key[10 : end - 2]
+        if not lower.isascii():  # the resolver lower-cases beyond ASCII
             return None
-        lower = name.lower()
+        starts = []  # where each label of the name starts
+        at = 0
+        length = lower[0]
+        while length:
+            starts.append(at)
+            at += length + 1
+            length = lower[at]
         zone = _match(lower, starts, self.zones)
         if zone is None or self.fallthrough and _match(lower, starts, self.fallthrough) is not None:
             return None
         count = len(starts) - zone  # labels left of the zone
         text = lower.decode()
-        tail = tuple(text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 5) : count])
+        tail = tuple(
+            [text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 5) : count]]
+        )
         reverse = len(starts) >= 2 and lower[starts[-2] :] in _REVERSE
-        depends = absent(tail, count, reverse, snapshot, self.config)
+        config = self.config
+        depends = absent(tail, count, reverse, snapshot, config)
+        address = None
         if depends is None:
-            return None
-        rcode = NXDOMAIN if snapshot.synced else SERVFAIL
+            address = pod_address(tail, count, config)
+            if address is None:
+                return None
+            depends = frozenset({("ns", tail[-2])})
+            rcode = NOERROR
+        else:
+            rcode = NXDOMAIN if snapshot.synced else SERVFAIL
         flags = QR | (((data[2] << 8) | data[3]) & COPIED_FLAGS) | AA | rcode
-        zone_at = starts[count] if count < len(starts) else len(name) - 1
+        name = data[12:end]
         opt = b""
         if has_opt:  # the OPT's class is the buffer size; the TTL's third byte holds DO
             opt = bare_opt((data[end + 7] << 8) | data[end + 8], data[end + 11] << 8)
-        reply = b"".join(
-            (
-                data[:2],
-                pack("!5H", flags, 1, 0, 1, 1 if has_opt else 0),
-                data[12 : end + 4],
-                self.soa(name[zone_at:], snapshot),
-                opt,
-            )
-        )
+        if address is not None and len(address) == (16 if qtype == AAAA else 4):
+            head = pack("!5H", flags, 1, 1, 0, 1 if has_opt else 0)
+            record = name + self.heads[qtype] + address
+        else:  # NXDOMAIN, or NODATA for the other family: the zone's SOA
+            head = pack("!5H", flags, 1, 0, 1, 1 if has_opt else 0)
+            zone_at = starts[count] if count < len(starts) else len(name) - 1
+            record = self.soa(name[zone_at:], snapshot)
+        reply = b"".join((data[:2], head, data[12 : end + 4], record, opt))
         return (reply, qtype, depends) if len(reply) <= limit else None
 
     def soa(self, zone: bytes, snapshot: Snapshot) -> bytes:

@@ -9,9 +9,10 @@
    the node a PodLocator puts the source (or a trusted Client Subnet address) on;
 3. **reply found** in the `ReplyCache` (`found`; a query that got a reply from it before, the
    same bytes but the ID, gets that reply again at once: `replayed`), or **built** (`built`):
-   from a template when the name certainly does not exist (`negative`, serve/negative.py), else
-   decoded as far as its cached reply needs, resolved by the pure resolver and encoded
-   (`made`); either way cached, whole, under the key with what its answer read;
+   from a template when the name certainly does not exist or is a pod name (`negative`,
+   serve/negative.py; cached the second time it is asked), else decoded as far as its cached
+   reply needs, resolved by the pure resolver and encoded (`made`), and cached, whole, under
+   the key with what its answer read;
 4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
    it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
    limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
@@ -37,7 +38,14 @@ from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
-from toposdns.serve.cache import DEFAULT_MAX_BYTES, Cached, Rendered, ReplyCache, TopologyReplies
+from toposdns.serve.cache import (
+    DEFAULT_MAX_BYTES,
+    Cached,
+    Entry,
+    Rendered,
+    ReplyCache,
+    TopologyReplies,
+)
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
 from toposdns.serve.negative import Negatives
@@ -59,7 +67,7 @@ from toposdns.serve.transport import TRANSPORTS
 from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
-from toposdns.store.snapshot import Snapshot
+from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.wire.codes import (
     AA,
     ANY,
@@ -113,6 +121,9 @@ log = logging.getLogger("toposdns")
 
 #: Distinct EDNS option sets remembered (a forwarder's clients each send their own subnet).
 REMEMBERED_OPTIONS = 16_384
+#: Keys of first-time template replies remembered, to keep their reply when asked again
+#: (~60 bytes each).
+FIRST_SEEN = 65_536
 #: Replies larger than this are cached compressed too, for the queries they do not fit whole
 #: (the smallest limit, 512 bytes, less room for a query's EDNS options).
 COMPRESS_OVER = MIN_UDP_SIZE - 100
@@ -224,6 +235,8 @@ class Responder:
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
+        #: Hashes of the keys of template replies not kept yet (`again`).
+        self.first_seen: set[int] = set()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
@@ -231,12 +244,14 @@ class Responder:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
         self.placer.update(snapshot)
-        if snapshot.follows(previous) and snapshot.synced == previous.synced:
-            self.cache.invalidate(snapshot.changes)
+        changed = snapshot.changed_since(previous)
+        if changed is not None and snapshot.synced == previous.synced:
+            self.cache.invalidate(changed)
             # Serials, placements and what the dropped entries said may all have moved.
             self.cache.forget_rendered()
         else:
             self.cache.clear()
+            self.first_seen.clear()  # asked again after this counts as asked first
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
@@ -352,43 +367,88 @@ class Responder:
         source: str,
         started: float,
     ) -> Reply:
-        """The reply to a plain query with none cached, made and cached (for every query of
-        its key, whatever their case, buffer size and options), then served as a hit is.
-        Anything but an answer from the zones (BADVERS, forwarding, another class, a failure)
-        takes the decoder's path."""
+        """The reply to a plain query with none cached: from templates (`negative`), or made
+        and cached (for every query of its key, whatever their case, buffer size and options),
+        then served as a hit is. Anything but an answer from the zones (BADVERS, forwarding,
+        another class, a failure) takes the decoder's path."""
         # A reply kept in another letter case stays: this one is made for this query only.
         kept = self.cache.table.get(key)
         keep = not isinstance(kept, Cached)
-        made = self.negative(data, key, keep) or self.made(data, key, echo, source, keep)
+        if self.negatives is not None:
+            templated = self.negative(data, key, echo, transport, keep)
+            if templated is not None:
+                answer, qtype, stored = templated
+                # Asked again: CoreDNS's `cache` would have kept it the first time, a hit.
+                self.count_miss(kept if stored is None else stored)
+                return self.counted(data, answer, transport, started, qtype)
+        made = self.made(data, key, echo, source, keep)
         if made is None:
             return self.decoded(data, transport, source, started)
         cached, scoped = made
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
             return self.decoded(data, transport, source, started)
-        if isinstance(kept, Cached) and kept.hits is not None and self.metrics is not None:
-            self.metrics.cache_hits[kept.hits[0].kind] += 1  # CoreDNS's cache folds case: a hit
-        else:
-            self.passed()
+        self.count_miss(kept)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
-    def negative(self, data: bytes, key: bytes, keep: bool) -> tuple[Cached, bool] | None:
-        """NXDOMAIN from templates, for names that certainly do not exist (serve/negative.py),
-        cached (if `keep`) as any reply is; None when only the resolver can tell."""
-        if self.negatives is None:
-            return None
+    def count_miss(self, kept: Entry | None) -> None:
+        """Count a query built anew as CoreDNS's `cache` would: a hit when a reply in another
+        letter case is cached (its cache folds case), else a query passed on."""
+        if isinstance(kept, Cached) and kept.hits is not None and self.metrics is not None:
+            self.metrics.cache_hits[kept.hits[0].kind] += 1
+        else:
+            self.passed()
+
+    def negative(
+        self, data: bytes, key: bytes, echo: EchoedOptions, transport: Transport, keep: bool
+    ) -> tuple[bytes, int, Cached | None] | None:
+        """(reply, qtype, the entry cached now) from templates (serve/negative.py): NXDOMAIN
+        for a name that certainly does not exist, a pod name's address or NODATA; None when
+        only the resolver can tell. Cached (if `keep`) the second time its key is asked
+        (`again`)."""
+        assert self.negatives is not None
         found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
+        cached = stored = None
+        if keep and self.again(key):
+            cached = stored = self.template_entry(data, key, reply, qtype, depends)
+            self.cache.store(key, cached)
+        if data[11] or len(reply) > MIN_UDP_SIZE and not transport.tcp:
+            # An OPT record to write (buffer size, options), or a reply to cut to its limit.
+            if cached is None:
+                cached = self.template_entry(data, key, reply, qtype, depends)
+            rendered = self.rendered(data, key, cached, echo.plain, transport)
+            if rendered is None:  # only the compressed form fits: the encoder's to write
+                return None
+            reply = rendered
+        return reply, qtype, stored
+
+    def template_entry(
+        self, data: bytes, key: bytes, reply: bytes, qtype: int, depends: frozenset[Dependency]
+    ) -> Cached:
+        """A reply from templates as the cache keeps it."""
         question = data[12 : plain_question_end(data, key)]
         hits = self.hit_rows(data, key, reply, qtype)
-        cached = Cached(
-            reply[2:], None, question, tuple(depends), self.snapshot.serial, False, hits
-        )
-        if keep:
-            self.cache.store(key, cached)
-        return cached, False
+        # NXDOMAIN and NODATA carry the SOA (an authority record); a pod's address does not.
+        serial = self.snapshot.serial if reply[9] else -1
+        return Cached(reply[2:], None, question, tuple(depends), serial, False, hits)
+
+    def again(self, key: bytes) -> bool:
+        """Whether a key was asked before, among the last `FIRST_SEEN` keys whose reply came
+        from templates. Most of those names are asked once (search-path expansions of names
+        outside the cluster): keeping each would cost more than its template (the insert, its
+        dependencies, the eviction it causes) and push out replies that are asked again. A
+        name asked a second time is kept, and its next queries are hits."""
+        seen = self.first_seen
+        digest = hash(key)  # cached in the key: its table lookup computed it
+        if digest in seen:
+            return True
+        if len(seen) >= FIRST_SEEN:
+            seen.clear()
+        seen.add(digest)
+        return False
 
     def made(
         self, data: bytes, key: bytes, echo: EchoedOptions, source: str, keep: bool
