@@ -4,7 +4,11 @@
 query), places the client (serve/placement.py's rule, with nothing remembered), resolves and
 encodes, with the same primitives and in the same order as serve/responder.py's `decoded()`
 (without a forwarder), but never through the Responder, so that every cache and fast path of
-the real frontends can be checked against it byte for byte. The frontend harnesses below drive
+the real frontends can be checked against it byte for byte. `reference_relayed` does the same
+for a server that forwards to a fake upstream of fixed records, with autopath and
+fallthrough: what the zones alone answer is still owed byte for byte; where the upstream or
+autopath had a hand, it models the reply (CoreDNS's autopath walk and cnamer rule) and
+`relied_on` compares what a client relies on. The frontend harnesses below drive
 the real UDP and TCP protocols with fake transports, the way the event loop does.
 """
 
@@ -35,6 +39,7 @@ from toposdns.serve.responder import (
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
+from toposdns.store.topology import Labels
 from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (
@@ -185,7 +190,7 @@ def chased(query: Query, name: Name, answer: Answer, upstream: UpstreamRecords) 
 def autopath(
     query: Query,
     namespace: str,
-    labels: Any,
+    labels: Labels,
     snapshot: Snapshot,
     config: ResolverConfig,
     upstream: UpstreamRecords,
@@ -232,7 +237,7 @@ def autopath(
                 wire = (
                     chased(query, name, answer, upstream)
                     if answer.chase
-                    else (encode_reply(renamed, answer, MAX_TCP_SIZE))
+                    else encode_reply(renamed, answer, MAX_TCP_SIZE)
                 )
                 reply = dnslib.DNSRecord.parse(wire)
         if reply is None:
@@ -386,13 +391,14 @@ class Frontends:
         return unframe(bytes(transport.written))
 
     async def settled(self) -> None:
-        """Wait until every reply that waits for an upstream is written."""
-        while True:
+        """Wait until every reply that waits for an upstream is written (for at most a few
+        seconds: a reply still missing then is a missing reply, which the comparison sees)."""
+        for _ in range(3):
             pending = [task for protocol, _ in self.udp.values() for task in protocol.pending]
             pending += [task for protocol, _ in self.tcp.values() for task in protocol.pending]
             if not pending:
                 return
-            await asyncio.wait(pending, timeout=5)
+            await asyncio.wait(pending, timeout=2)
 
     async def later_over_udp(
         self, kind: Transport, data: Sequence[bytes], source: str
@@ -413,7 +419,7 @@ class Frontends:
         """`over_tcp`, waiting for the replies an upstream gives."""
         replies = self.over_tcp(kind, chunks, source)
         await self.settled()
-        protocol, transport = self.tcp[(kind, source)]
+        _, transport = self.tcp[(kind, source)]
         return replies + unframe(bytes(transport.written))[len(replies) :]
 
     def close(self) -> None:

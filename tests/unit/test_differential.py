@@ -7,6 +7,11 @@ UDP and TCP protocols, each twice so that the second is served from the caches; 
 equal tests/differential.py's `reference_reply`, which has no cache at all. Queries are drawn
 from a fixed pool, so a reply cached before a change is asked for again after it.
 
+The `manifests` configuration runs as the manifests do (forwarding to a fake upstream on
+loopback, autopath, loadbalance, reverse fallthrough): there the replies an upstream or
+autopath had a hand in are compared in what a client relies on (`relied_on`), the rest byte
+for byte.
+
 Environment: TOPOSDNS_DIFF_ROUNDS and TOPOSDNS_DIFF_QUERIES (per round) make longer runs,
 TOPOSDNS_DIFF_SEED picks the seed (an integer, or "random").
 """
