@@ -79,17 +79,10 @@ def reference_reply(
 
     Where the server answers an internal error with SERVFAIL, this raises: that is a bug to see.
     """
-    try:
-        query = bound_buffer(decode_query(data), max_udp_size)  # CoreDNS's `bufsize`
-    except Dropped:
-        return None
-    except Rejected as rejected:
-        return encode_rejection(rejected.data, rejected.rcode)
-    where = route(query, config.zones, forwarding=False)
-    if where is BADVERS:
-        return encode_badvers(query)
-    if where is REFUSE:
-        return encode_bare(query, REFUSED)
+    routed = first_step(data, config, max_udp_size, forwarding=False)
+    if not isinstance(routed, tuple):
+        return routed
+    query, _ = routed
     # The server's one placement rule, with nothing remembered: a new Placer per query.
     subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
     labels, via_ecs = Placer(tuple(ecs_trust), snapshot).place(source, subnet)
@@ -99,6 +92,25 @@ def reference_reply(
     # RFC 7871 §7.2.1: the scope is the source prefix only if the answer depended on it.
     scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
     return encode_reply(query, answer, limit, fragment_limit, scope)
+
+
+def first_step(
+    data: bytes, config: ResolverConfig, max_udp_size: int, forwarding: bool
+) -> tuple[Query, str] | bytes | None:
+    """The query decoded (its buffer bounded as CoreDNS's `bufsize` bounds it) and where `route`
+    sends it, or the reply it gets before any zone or upstream sees it (None: no reply)."""
+    try:
+        query = bound_buffer(decode_query(data), max_udp_size)
+    except Dropped:
+        return None
+    except Rejected as rejected:
+        return encode_rejection(rejected.data, rejected.rcode)
+    where = route(query, config.zones, forwarding)
+    if where is BADVERS:
+        return encode_badvers(query)
+    if where is REFUSE:
+        return encode_bare(query, REFUSED)
+    return query, where
 
 
 #: A fake upstream's table (tests/upstream.py): (name in lower case, type) -> zone lines.
@@ -122,15 +134,10 @@ def reference_relayed(
     `upstream`, with `--autopath` (the node's search domains: `search`) and `--fallthrough`:
     bytes where the zones alone answer (compared byte for byte), or the whole message a client
     relies on where an upstream or autopath had a hand in it (compared with `relied_on`)."""
-    try:
-        query = bound_buffer(decode_query(data), MAX_UDP_SIZE)
-    except Dropped:
-        return None
-    except Rejected as rejected:
-        return encode_rejection(rejected.data, rejected.rcode)
-    where = route(query, config.zones, forwarding=True)
-    if where is BADVERS:
-        return encode_badvers(query)
+    routed = first_step(data, config, MAX_UDP_SIZE, forwarding=True)
+    if not isinstance(routed, tuple):
+        return routed
+    query, where = routed
     if where is UPSTREAMS:
         return forwarded(query, upstream)
     subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
