@@ -35,7 +35,17 @@ from typing import Any
 
 from bench import dnsperf
 from bench.harness import FakeApiServer, ServerProcess, log, machine
-from bench.live_cluster import Cluster, Sizes, fqdn, generate, load
+from bench.live_cluster import (
+    ZONES,
+    Cluster,
+    NodeInfo,
+    Sizes,
+    fqdn,
+    generate,
+    load,
+    node_info,
+    pod_locator,
+)
 from bench.live_server import CHANGE_TIMEOUT, Asker, Delays, holds, live, wait_ready
 
 READY_TIMEOUT = 300.0
@@ -47,6 +57,8 @@ JSON = dict[str, Any]
 
 class Changer:
     """Changes one endpoint address of a random headless slice in the stand-in."""
+
+    client: str | None = None  # queries come from the bench's own address
 
     def __init__(self, server: FakeApiServer, cluster: Cluster, seed: int) -> None:
         self.server = server
@@ -67,11 +79,88 @@ class Changer:
         return fqdn(eps), new, started
 
 
+#: The prober's source address in `--kind locators`: a client placed by a PodLocator of its own.
+CLIENT = "127.0.0.2"
+PROBE_NAMESPACE = "ns-00"
+
+
+class LocatorChanger:
+    """Moves PodLocators to another node in the stand-in: a random pod's, or, when the change
+    is to be probed, the prober's own (CLIENT), to a node of the next zone. The probed name is
+    a headless service filtered by zone with one endpoint per zone, so the client's answer is
+    that zone's endpoint: a move shows when the answer is the new zone's."""
+
+    client = CLIENT
+
+    def __init__(self, server: FakeApiServer, cluster: Cluster, nodes: int, seed: int) -> None:
+        self.server = server
+        self.rng = random.Random(seed)
+        self.nodes = [node_info(i) for i in range(nodes)]
+        self.locators = [
+            o for o in cluster.locators if o["metadata"]["labels"]["toposdns.io/locator"] == "pod"
+        ]
+        # One node and one endpoint address per zone.
+        self.zones = [next(n for n in self.nodes if n[1]["topology.kubernetes.io/zone"] == zone)
+                      for zone in ZONES]  # fmt: skip
+        self.endpoints = [f"10.126.0.{i + 1}" for i in range(len(self.zones))]
+        self.zone = 0
+        self.probe = self._probe_objects()
+        self.mine = pod_locator("prober", PROBE_NAMESPACE, CLIENT, self.zones[0], self.rng)
+        for obj in (*self.probe, self.mine):
+            server.add(obj)
+
+    def _probe_objects(self) -> tuple[JSON, JSON]:
+        meta = {"name": "probe", "namespace": PROBE_NAMESPACE}
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta, "annotations": {
+                "toposdns.io/topology-keys": "topology.kubernetes.io/zone"}},
+            "spec": {"clusterIP": "None", "clusterIPs": ["None"],
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
+        }  # fmt: skip
+        eps = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": "probe-1", "namespace": PROBE_NAMESPACE,
+                         "labels": {"kubernetes.io/service-name": "probe"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+            "endpoints": [
+                {"addresses": [address], "conditions": {"ready": True}, "nodeName": node[0],
+                 "zone": node[1]["topology.kubernetes.io/zone"]}
+                for address, node in zip(self.endpoints, self.zones, strict=True)
+            ],
+        }  # fmt: skip
+        return service, eps
+
+    def change(self, avoid: str | None = None) -> tuple[str, str, float]:
+        """(the probed name, the address it must answer now, perf_counter just before the
+        write) after moving the prober's locator; with `avoid` (a probe is pending), a random
+        pod's locator is moved instead and the name is ""."""
+        if avoid is None:
+            self.zone = (self.zone + 1) % len(self.zones)
+            obj, node = self.mine, self.zones[self.zone]
+        else:
+            obj, node = self.rng.choice(self.locators), self.rng.choice(self.nodes)
+        move(obj, node)
+        started = time.perf_counter()
+        self.server.modify(obj)
+        if avoid is not None:
+            return "", "", started
+        return f"probe.{PROBE_NAMESPACE}.svc.cluster.local.", self.endpoints[self.zone], started
+
+
+def move(locator: JSON, node: NodeInfo) -> None:
+    locator["nodeName"] = node[0]
+    locator["nodeLabels"] = dict(node[1])
+
+
 class Churn:
     """While entered: `rate` changes a second from one thread, and a prober thread timing
     how long a change takes to show in answers (one change at a time, whenever it is free)."""
 
-    def __init__(self, changer: Changer, asker: Asker, rate: float) -> None:
+    def __init__(self, changer: Changer | LocatorChanger, asker: Asker, rate: float) -> None:
         self.changer, self.asker, self.rate = changer, asker, rate
         self.delays = Delays(f"changes at {rate:g}/s")
         self.changes = 0
@@ -151,13 +240,13 @@ class RateRuns:
 def measure_qps(
     proc: ServerProcess,
     port: int,
-    changer: Changer,
+    changer: Changer | LocatorChanger,
     qfile: Path,
     args: argparse.Namespace,
 ) -> list[JSON]:
     """The rounds: in each, one max-throughput dnsperf run per change rate."""
     by_rate = {rate: RateRuns(rate, Delays(f"changes at {rate:g}/s")) for rate in args.rates}
-    asker = Asker(port)
+    asker = Asker(port, changer.client)
     try:
         dnsperf.warm(port, qfile)
         for rnd in range(args.rounds):
@@ -180,14 +269,16 @@ def measure_qps(
     return [runs.summary(statistics.median(base) if base else None) for runs in by_rate.values()]
 
 
-def apply_cost(proc: ServerProcess, port: int, changer: Changer, changes: int, rate: float) -> JSON:
+def apply_cost(
+    proc: ServerProcess, port: int, changer: Changer | LocatorChanger, changes: int, rate: float
+) -> JSON:
     """CPU seconds the server spends per change, with no query load: its CPU over `changes`
     changes at `rate` a second (each applied on its own), minus its idle CPU over as long."""
     span = changes / rate
     before = proc.cpu_seconds()
     time.sleep(span)
     idle_per_s = (proc.cpu_seconds() - before) / span
-    asker = Asker(port)
+    asker = Asker(port, changer.client)
     try:
         before, start = proc.cpu_seconds(), time.monotonic()
         for k in range(changes):
@@ -223,10 +314,14 @@ def measure_size(services: int, args: argparse.Namespace) -> JSON:
     log(f"{services:,} headless services, {len(cluster.locators):,} locators")
     with live(args.show_log) as setup:
         load(setup.server, cluster)
+        changer = (
+            LocatorChanger(setup.server, cluster, args.nodes, args.seed)
+            if args.kind == "locators"
+            else Changer(setup.server, cluster, args.seed)
+        )
         setup.server.start()
         proc = setup.start(args.toposdns_arg)
         result["ready_s"] = wait_ready(proc, setup.http_port, READY_TIMEOUT)
-        changer = Changer(setup.server, cluster, args.seed)
         if services in args.cost_sizes:
             result["apply_cost"] = apply_cost(
                 proc, setup.dns_port, changer, args.cost_changes, args.cost_rate
@@ -309,6 +404,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[0, 2, 10, 50],
         help="EndpointSlice changes per second (default 0,2,10,50)",
     )
+    p.add_argument("--kind", choices=("slices", "locators"), default="slices",
+                   help="what changes: an endpoint address of a random headless service's "
+                   "EndpointSlice, or a random pod's PodLocator moving to another node (the "
+                   "probed change moves the prober's own locator to another zone)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=10.0, help="length of each dnsperf run")
     p.add_argument("--rounds", type=int, default=3, help="rounds over the rates; medians")
     p.add_argument("--cost-changes", type=int, default=200, help="changes for the apply cost")
@@ -333,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shutil.which("dnsperf") is None:
         log("dnsperf not found (Debian package: dnsperf)")
         return 2
-    result: JSON = {**machine(), "rounds": args.rounds, "seconds": args.seconds}
+    result: JSON = {**machine(), "kind": args.kind, "rounds": args.rounds, "seconds": args.seconds}
     result["sizes"] = [
         measure_size(services, args) for services in sorted({*args.sizes, *args.cost_sizes})
     ]

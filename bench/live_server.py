@@ -106,8 +106,10 @@ def wait_ready(proc: ServerProcess, http_port: int, timeout: float) -> float:
 class Asker:
     """One UDP socket asking toposdns for A records."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, source: str | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if source is not None:  # a client the server places by this address
+            self.sock.bind((source, 0))
         self.sock.connect((HOST, port))
 
     def close(self) -> None:

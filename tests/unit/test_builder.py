@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from toposdns.store.builder import StoreBuilder, build_snapshot, record_key
+from toposdns.store.builder import MAX_NOTED_CHANGES, StoreBuilder, build_snapshot, record_key
 from toposdns.store.model import (
     Endpoint,
     EndpointSlice,
@@ -15,7 +15,7 @@ from toposdns.store.model import (
     Record,
     Service,
 )
-from toposdns.store.snapshot import Snapshot
+from toposdns.store.snapshot import EVERYTHING, Snapshot
 
 HTTP = (Port("http", "TCP", 80),)
 
@@ -125,3 +125,23 @@ def test_pod_locators_win_over_node_locators() -> None:
     builder.remove(PodLocator, "a", "p")
     snap = builder.snapshot(2)
     assert snap.locators["10.0.0.1"] is node and not snap.holds_pod("a", "10.0.0.1")
+
+
+def test_a_full_list_says_everything_changed_rather_than_what() -> None:
+    builder = StoreBuilder()
+    first = builder.snapshot(1)
+    few = [PodLocator("a", f"p{i}", (f"10.0.0.{i}",), "n1", {}) for i in range(3)]
+    builder.replace_all(PodLocator, few)
+    second = builder.snapshot(2)
+    assert second.changed_since(first) == {("loc", f"10.0.0.{i}") for i in range(3)}
+    many = [
+        PodLocator("a", f"p{i}", (f"10.1.{i >> 8}.{i & 255}",), "n1", {})
+        for i in range(MAX_NOTED_CHANGES + 1)
+    ]
+    builder.replace_all(PodLocator, many)
+    third = builder.snapshot(3)
+    assert third.changes is EVERYTHING and third.changed_since(second) is None
+    assert third.follows(second)  # still the same builder's next: workers replay it
+    assert third.locators["10.1.0.5"].name == "p5" and "10.0.0.1" not in third.locators
+    builder.put(PodLocator("a", "q", ("10.2.0.1",), "n1", {}))
+    assert builder.snapshot(4).changed_since(third) == {("loc", "10.2.0.1")}

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -112,6 +113,37 @@ def test_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "document",
+    [
+        # kubectl's order: the List's kind after its items, which are read one at a time.
+        {"apiVersion": "v1", "items": [NS, SVC], "kind": "List", "metadata": {}},
+        # The raw API's typed list: items without a kind of their own, kind first or last.
+        {"kind": "ServiceList", "apiVersion": "v1", "items": [{**SVC, "kind": None}]},
+        {"items": [{**SVC, "kind": None}], "apiVersion": "v1", "kind": "ServiceList"},
+        # An array of objects and Lists.
+        [NS, {"apiVersion": "v1", "kind": "List", "items": [SVC]}],
+    ],
+)
+def test_json_lists_in_any_key_order(document: Any) -> None:
+    text = json.dumps(document).replace('"kind": null, ', "")
+    records = parse_records(Path("s.json"), text.encode())
+    assert {type(r).__name__ for r in records} >= {"Service"}
+    assert [r.name for r in records if type(r).__name__ == "Service"] == ["web"]
+
+
+def test_a_bad_json_item_is_named_with_its_field(tmp_path: Path) -> None:
+    items = [NS, *({**SVC, "metadata": {"name": f"s{i}", "namespace": "shop"}} for i in range(50))]
+    items[30] = {**items[30], "spec": {"clusterIP": "10.0.0.300"}}
+    data = json.dumps({"apiVersion": "v1", "items": items, "kind": "List"}).encode()
+    with pytest.raises(SnapshotError) as info:
+        parse_records(Path("s.json"), data)
+    assert str(info.value) == (
+        "s.json: Service shop/s29: spec.clusterIP: not an IP address: '10.0.0.300'; "
+        "fix or remove that object"
+    )
+
+
+@pytest.mark.parametrize(
     ("content", "message"),
     [
         (
@@ -188,7 +220,7 @@ INCOMPLETE = [
     # A write cut short: YAML that parses but ends mid-line; JSON that does not parse.
     (NS_YAML[:-1], "ends mid-line, as a file still being written does"),
     (NS_YAML + "---\napiVersion: v1\nkind: Namesp", "ends mid-line"),
-    (json.dumps([NS, SVC])[:-3], "not valid YAML or JSON: Expecting ',' delimiter"),
+    (json.dumps([NS, SVC])[:-3], "not valid YAML or JSON: parse error: premature EOF"),
     (
         "kind: List\nitems:\n- {kind: Service, metadata: {name: w",
         "line 4, column 1: did not find expected ',' or '}' (while parsing a flow mapping)",

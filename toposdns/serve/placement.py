@@ -59,10 +59,11 @@ class Placer:
         """Place from a new snapshot, forgetting the placements it may have moved."""
         previous, self.snapshot = self.snapshot, snapshot
         self.follow(snapshot)
-        if not snapshot.follows(previous):
+        changed = snapshot.changed_since(previous)
+        if changed is None:
             self.placed.clear()
             return
-        for change in snapshot.changes:
+        for change in changed:
             if change[0] == "loc":
                 self.placed.pop(change[1], None)
             elif change[0] == "cidr":

@@ -244,8 +244,9 @@ class Responder:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
         self.placer.update(snapshot)
-        if snapshot.follows(previous) and snapshot.synced == previous.synced:
-            self.cache.invalidate(snapshot.changes)
+        changed = snapshot.changed_since(previous)
+        if changed is not None and snapshot.synced == previous.synced:
+            self.cache.invalidate(changed)
             # Serials, placements and what the dropped entries said may all have moved.
             self.cache.forget_rendered()
         else:

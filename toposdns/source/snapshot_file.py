@@ -11,10 +11,10 @@ short ends mid-line; JSON cut short does not parse). Nesting is bounded, and so 
 aliases stand for, as Kubernetes' own YAML reader bounds it (PyYAML's `yaml.dump` writes an
 alias wherever two objects share a dict; a "billion laughs" file is refused).
 
-YAML is read one object at a time: each item of a List (and each document) is converted to its
-slim record as soon as it is parsed, and its parse tree dropped, so loading takes little more
-memory than the records it keeps. A reload reads and parses in a thread, so DNS keeps answering
-however large the file.
+Both formats are read one object at a time: each item of a List (and each YAML document or
+element of a JSON array) is converted to its slim record as soon as it is parsed, and its parse
+tree dropped, so loading takes little more memory than the records it keeps. A reload reads
+and parses in a thread, so DNS keeps answering however large the file.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
+import io
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import ijson
 import yaml
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import SafeConstructor
@@ -306,7 +308,7 @@ def parse_records(path: Path, data: bytes) -> list[Record]:
     is_json = data.lstrip().startswith((b"{", b"["))
     cut = not is_json and not data.endswith((b"\n", b"\r"))
     try:
-        objects = _objects([json.loads(data)]) if is_json else _Loader(data).objects()
+        objects = _json_objects(data) if is_json else _Loader(data).objects()
         records = _convert(path, objects)
     except SnapshotError:
         if cut:  # the last object is likely cut short: say why
@@ -314,6 +316,8 @@ def parse_records(path: Path, data: bytes) -> list[Record]:
         raise
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{path}: not valid YAML or JSON: {_yaml_problem(exc)}") from None
+    except ijson.JSONError as exc:
+        raise SnapshotError(f"{path}: not valid YAML or JSON: {_json_problem(exc)}") from None
     except RecursionError:
         raise SnapshotError(f"{path}: not valid YAML or JSON: nested too deeply") from None
     except ValueError as exc:  # bad JSON, or a YAML value its tag cannot hold (2024-13-45)
@@ -380,7 +384,80 @@ def load_snapshot(
     return build_snapshot(records, int(time.time()) if serial is None else serial)
 
 
-def _objects(documents: list[Any]) -> Iterator[Any]:
+def _json_objects(data: bytes) -> Iterator[Any]:
+    """The objects of a JSON file, each parsed when it is reached (ijson's C parser): the
+    items of a List one at a time, as the YAML loader reads them, never the whole tree."""
+    if _json_depth(data) > MAX_DEPTH:
+        raise RecursionError()  # ijson's cost grows with the square of the depth
+    if data.lstrip().startswith(b"["):  # an array of objects: one element at a time
+        yield from _objects(ijson.items(io.BytesIO(data), "item", use_float=True))
+        return
+    # One object. kubectl writes a List's "kind" after its "items", so look it up first: a
+    # pass over the bytes in C that builds nothing.
+    kind = next(ijson.items(io.BytesIO(data), "kind"), None)
+    if (
+        not isinstance(kind, str) or not kind.endswith("List") or _items_type(data) != "start_array"
+    ):  # not a List, or not one of items: the object, whole
+        yield from _objects(list(ijson.items(io.BytesIO(data), "", use_float=True)))
+        return
+    api_version = next(ijson.items(io.BytesIO(data), "apiVersion"), None)
+    list_kind = {"kind": kind, "apiVersion": api_version}
+    for item in ijson.items(io.BytesIO(data), "items.item", use_float=True):
+        yield from _list_items({**list_kind, "items": [item]}, kind)
+
+
+_QUOTED = re.compile(rb'"[^"]*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'[]{}"'))
+#: Bytes examined at a time by `_json_depth` (its memory is about twice this).
+_DEPTH_CHUNK = 1 << 22
+
+
+def _json_depth(data: bytes) -> int:
+    """How deep JSON nests, up to MAX_DEPTH + 1, at C speed and in bounded memory.
+
+    Chunk by chunk: escaped backslashes and quotes out, then all but brackets and quotes, then
+    what is between quotes (a string open at a chunk's end stays open into the next). Of the
+    brackets left, innermost pairs go once per level; unbalanced ones are the parser's to
+    report."""
+    brackets = bytearray()
+    in_string = False
+    start = 0
+    while start < len(data):
+        end = start + _DEPTH_CHUNK
+        while end < len(data) and data[end - 1] == 0x5C:  # never cut after a backslash
+            end += 1
+        chunk = data[start:end].replace(b"\\\\", b"").replace(b'\\"', b"")
+        kept = (b'"' if in_string else b"") + chunk.translate(None, _NOT_STRUCTURE)
+        in_string = kept.count(b'"') % 2 == 1
+        brackets += _QUOTED.sub(b"", kept + b'"' if in_string else kept)
+        start = end
+    depth, left = 0, bytes(brackets)
+    while left and depth <= MAX_DEPTH:
+        inner = _INNERMOST.sub(b"", left)
+        if len(inner) == len(left):
+            break
+        left, depth = inner, depth + 1
+    return depth
+
+
+def _items_type(data: bytes) -> str | None:
+    """The parse event that starts the top-level `items` ("start_array" for a list), None
+    when there is none. Reads events only until it: the keys before it are small."""
+    for prefix, event, _value in ijson.parse(io.BytesIO(data)):
+        if prefix == "items" and event != "map_key":
+            return str(event)
+        if prefix == "" and event == "end_map":
+            break
+    return None
+
+
+def _json_problem(exc: ijson.JSONError) -> str:
+    """ijson's message on one line (it draws the place on the lines after)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _objects(documents: Iterable[Any]) -> Iterator[Any]:
     for doc in documents:
         if doc is None:
             continue

@@ -16,7 +16,6 @@ sink's business: the DNS source turns them into store records, the controller in
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, message_of, request
 from toposdns.kube.resources import CustomResource
@@ -244,7 +244,7 @@ class Reflector:
                 pending = lines.pop()
                 for line in lines:
                     if line.strip():
-                        version = self.version = self.apply(json.loads(line), version)
+                        version = self.version = self.apply(orjson.loads(line), version)
         finally:
             response.release()
 

@@ -27,13 +27,19 @@ from toposdns.store.model import (
     canonical_ip,
 )
 from toposdns.store.placement import NO_PREFIXES, add_prefix, remove_prefix
-from toposdns.store.snapshot import Dependency, Snapshot, new_lineage
+from toposdns.store.snapshot import EVERYTHING, Dependency, Snapshot, new_lineage
 from toposdns.store.topology import Policy, policy_for
 
 Key = tuple[str, str]
 SliceRef = tuple[EndpointSlice, Endpoint, str]
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+#: A full list notes a change per object: past this many, a snapshot says that everything
+#: changed (its readers start over, as they would anyway), rather than carry a set of 300,000
+#: words (25 MB at 150,000 PodLocators) for as long as it is the latest.
+MAX_NOTED_CHANGES = 10_000
 
 
 def record_key(record: Record) -> tuple[type, str, str]:
@@ -46,7 +52,9 @@ class StoreBuilder:
 
     def __init__(self) -> None:
         self._slices: dict[Key, EndpointSlice] = {}
-        self._locators: dict[Key, PodLocator] = {}
+        #: namespace -> name -> locator: nested rather than keyed by (namespace, name), which
+        #: would cost a tuple per locator (8 MB at 150,000).
+        self._locators: dict[str, dict[str, PodLocator]] = {}
         self._node_holders: dict[str, dict[Key, PodLocator]] = {}
         # Indexes, as the snapshot exposes them.
         self._services: Map[Key, Service] = Map()
@@ -62,13 +70,14 @@ class StoreBuilder:
         self._prefixes = NO_PREFIXES
         self._policies: Map[Key, Policy] = Map()
         #: What changed since the last snapshot.
-        self._changes: set[Dependency] = set()
+        #: None: more than MAX_NOTED_CHANGES, so everything counts as changed.
+        self._changes: set[Dependency] | None = set()
         self._last = Snapshot(lineage=new_lineage())
 
     @property
     def dirty(self) -> bool:
         """True if something changed since the last snapshot."""
-        return bool(self._changes)
+        return self._changes is None or bool(self._changes)
 
     def keys(self, kind: type) -> set[tuple[str, str]]:
         """(namespace, name) of every stored object of a kind."""
@@ -77,7 +86,7 @@ class StoreBuilder:
         if kind is EndpointSlice:
             return set(self._slices)
         if kind is PodLocator:
-            return set(self._locators)
+            return {(ns, name) for ns, names in self._locators.items() for name in names}
         return {("", name) for name in self._namespaces}
 
     def service(self, namespace: str, name: str) -> Service | None:
@@ -95,7 +104,7 @@ class StoreBuilder:
         if record.name in self._namespaces:
             return False
         self._namespaces = self._namespaces.set(record.name, True)
-        self._changes.add(("ns", record.name))
+        self._note(("ns", record.name))
         return True
 
     def remove(self, kind: type, namespace: str, name: str) -> bool:
@@ -115,14 +124,17 @@ class StoreBuilder:
                 self._update_policy((old_slice.namespace, old_slice.service))
             return old_slice is not None
         if kind is PodLocator:
-            old_locator = self._locators.pop(key, None)
+            names = self._locators.get(namespace, {})
+            old_locator = names.pop(name, None)
             if old_locator is not None:
+                if not names:
+                    del self._locators[namespace]
                 self._unindex_locator(old_locator)
             return old_locator is not None
         if name not in self._namespaces:
             return False
         self._namespaces = self._namespaces.delete(name)
-        self._changes.add(("ns", name))
+        self._note(("ns", name))
         return True
 
     def replace_all(
@@ -157,10 +169,19 @@ class StoreBuilder:
             synced=synced,
             lineage=last.lineage,
             generation=last.generation + 1,
-            changes=frozenset(self._changes),
+            changes=EVERYTHING if self._changes is None else frozenset(self._changes),
         )
         self._changes = set()
         return self._last
+
+    def _note(self, word: Dependency) -> None:
+        """Note a change for the next snapshot, unless so many are noted that it is cheaper to
+        say that everything changed."""
+        changes = self._changes
+        if changes is not None:
+            changes.add(word)
+            if len(changes) > MAX_NOTED_CHANGES:
+                self._changes = None
 
     # Services
 
@@ -174,8 +195,8 @@ class StoreBuilder:
         self._services = self._services.set(key, svc)
         for ip in dict.fromkeys(canonical_ip(ip) for ip in svc.cluster_ips):
             self._service_ips = self._service_ips.set(ip, self._service_ips.get(ip, ()) + (svc,))
-            self._changes.add(("ip", ip))
-        self._changes.add(("svc", *key))
+            self._note(("ip", ip))
+        self._note(("svc", *key))
         self._update_policy(key)
         return True
 
@@ -183,8 +204,8 @@ class StoreBuilder:
         for ip in dict.fromkeys(canonical_ip(ip) for ip in svc.cluster_ips):
             rest = tuple(s for s in self._service_ips.get(ip, ()) if s is not svc)
             self._service_ips = _set_or_drop(self._service_ips, ip, rest)
-            self._changes.add(("ip", ip))
-        self._changes.add(("svc", svc.namespace, svc.name))
+            self._note(("ip", ip))
+        self._note(("svc", svc.namespace, svc.name))
 
     # EndpointSlices
 
@@ -203,8 +224,8 @@ class StoreBuilder:
                 ip = canonical_ip(address)
                 refs = self._endpoint_ips.get(ip, ()) + ((eps, ep, address),)
                 self._endpoint_ips = self._endpoint_ips.set(ip, refs)
-                self._changes.add(("ip", ip))
-        self._changes.add(("svc", *service))
+                self._note(("ip", ip))
+        self._note(("svc", *service))
         self._update_policy(service)
         return True
 
@@ -217,8 +238,8 @@ class StoreBuilder:
                 ip = canonical_ip(address)
                 refs = tuple(ref for ref in self._endpoint_ips.get(ip, ()) if ref[0] is not eps)
                 self._endpoint_ips = _set_or_drop(self._endpoint_ips, ip, refs)
-                self._changes.add(("ip", ip))
-        self._changes.add(("svc", *service))
+                self._note(("ip", ip))
+        self._note(("svc", *service))
 
     def _update_policy(self, key: Key) -> None:
         svc = self._services.get(key)
@@ -231,25 +252,26 @@ class StoreBuilder:
                 self._policies = self._policies.delete(key)
             else:
                 self._policies = self._policies.set(key, policy)
-            self._changes.add(("svc", *key))
+            self._note(("svc", *key))
 
     # PodLocators
 
     def _put_locator(self, locator: PodLocator) -> bool:
-        key = (locator.namespace, locator.name)
-        old = self._locators.get(key)
+        names = self._locators.setdefault(locator.namespace, {})
+        old = names.get(locator.name)
         if old == locator:
             return False
         if old is not None:
             self._unindex_locator(old)
-        self._locators[key] = locator
+        names[locator.name] = locator
         if locator.is_node:
+            key = (locator.namespace, locator.name)
             node = locator.node_name or locator.name
             self._node_holders.setdefault(node, {})[key] = locator
             self._node_locators = self._node_locators.set(node, _first(self._node_holders[node]))
-            self._changes.add(("node", node))
+            self._note(("node", node))
         for ip in dict.fromkeys(locator.addresses):  # canonical already
-            self._changes.add(("loc", ip))
+            self._note(("loc", ip))
             current = self._combined.get(ip)
             if current is None:
                 self._combined = self._combined.set(ip, locator)  # the usual case
@@ -258,7 +280,7 @@ class StoreBuilder:
             self._shared = self._shared.set(ip, holders)
             self._combined = self._combined.set(ip, _choose(holders))
         for cidr in dict.fromkeys(locator.cidrs):  # canonical already
-            self._changes.add(("cidr", cidr))
+            self._note(("cidr", cidr))
             self._prefixes = add_prefix(self._prefixes, cidr, locator)
         return True
 
@@ -273,9 +295,9 @@ class StoreBuilder:
             else:
                 self._node_holders.pop(node, None)
                 self._node_locators = _set_or_drop(self._node_locators, node, None)
-            self._changes.add(("node", node))
+            self._note(("node", node))
         for ip in dict.fromkeys(locator.addresses):  # canonical already
-            self._changes.add(("loc", ip))
+            self._note(("loc", ip))
             shared = self._shared.get(ip)
             if shared is None:
                 if self._combined.get(ip) is locator:
@@ -285,7 +307,7 @@ class StoreBuilder:
             self._shared = _set_or_drop(self._shared, ip, rest if len(rest) > 1 else None)
             self._combined = self._combined.set(ip, _choose(rest))
         for cidr in dict.fromkeys(locator.cidrs):
-            self._changes.add(("cidr", cidr))
+            self._note(("cidr", cidr))
             self._prefixes = remove_prefix(self._prefixes, cidr, locator)
 
 

@@ -25,6 +25,7 @@ from toposdns.store.model import (
     Port,
     Record,
     Service,
+    canonical_ip,
 )
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -161,7 +162,7 @@ def _endpoint_slice(
         addresses = _list(ep.get("addresses"), obj, f"{where}.addresses")
         if address_type == "FQDN":
             continue  # FQDN slices are deprecated and never served by CoreDNS.
-        addrs = tuple(_ip(a, obj, f"{where}.addresses[{j}]") for j, a in enumerate(addresses))
+        addrs = _ips(addresses, obj, f"{where}.addresses")
         target = _mapping(ep.get("targetRef"), obj, f"{where}.targetRef")
         pod_name = _str(target.get("name"), obj, f"{where}.targetRef.name")
         hints = ep.get("hints")
@@ -208,17 +209,15 @@ def _hint_names(
 def _pod_locator(
     raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
 ) -> PodLocator:
-    addresses = tuple(
-        _ip(a, obj, f"addresses[{i}]", canonical=True)
-        for i, a in enumerate(_list(raw.get("addresses"), obj, "addresses"))
-    )
+    addresses = _ips(_list(raw.get("addresses"), obj, "addresses"), obj, "addresses", True)
     cidrs = tuple(
         _cidr(c, obj, f"cidrs[{i}]") for i, c in enumerate(_list(raw.get("cidrs"), obj, "cidrs"))
     )
     labels = _mapping(raw.get("nodeLabels"), obj, "nodeLabels")
-    node_labels = _intern_labels(
-        {_str(k, obj, "nodeLabels"): _str(v, obj, f"nodeLabels[{k}]") for k, v in labels.items()}
-    )
+    if not all(type(k) is str and type(v) is str for k, v in labels.items()):
+        for k, v in labels.items():  # find the first that is not, and say so
+            _str(v, obj, f"nodeLabels[{_str(k, obj, 'nodeLabels')}]")
+    node_labels = _intern_labels(dict(labels))
     meta_labels = _mapping(meta.get("labels"), obj, "metadata.labels")
     return PodLocator(
         namespace=namespace,
@@ -262,10 +261,22 @@ def _ip(value: Any, obj: Any, field: str, canonical: bool = False) -> str:
     """The address as written (endpoint names are made from it), or in canonical form."""
     text = _str(value, obj, field, required=True)
     try:
-        ip = ipaddress.ip_address(text)
+        ip = canonical_ip(text)
     except ValueError:
         raise ObjectError(obj, field, f"not an IP address: {text!r}") from None
-    return str(ip) if canonical else text
+    return ip if canonical else text
+
+
+def _ips(values: list[Any], obj: Any, field: str, canonical: bool = False) -> tuple[str, ...]:
+    """`_ip` of every item of a list; each item's field is named only if one is refused (a
+    sync checks some 300,000 addresses)."""
+    try:
+        if all(type(value) is str for value in values):
+            ips = tuple(canonical_ip(value) for value in values)
+            return ips if canonical else tuple(values)
+    except ValueError:
+        pass
+    return tuple(_ip(value, obj, f"{field}[{i}]", canonical) for i, value in enumerate(values))
 
 
 #: The shortest prefix a locator may claim, per family: a node's pod range is far longer, and a

@@ -29,6 +29,9 @@ from toposdns.store.topology import Policy
 #: ("cidr", prefix): the PodLocators claiming a prefix (client placement);
 #: ("node", name): a node's PodLocator.
 Dependency = tuple[str, ...]
+#: The `changes` of a snapshot that changed too much to say what (a full list): anything may
+#: have changed.
+EVERYTHING: frozenset[Dependency] = frozenset({("*",)})
 
 _lineages = count(1)
 
@@ -81,6 +84,13 @@ class Snapshot:
             and self.lineage == previous.lineage
             and self.generation == previous.generation + 1
         )
+
+    def changed_since(self, previous: Snapshot) -> frozenset[Dependency] | None:
+        """What changed since `previous`; None when anything may have (it is not the snapshot
+        just before this one, or so much changed that the builder did not say what)."""
+        if not self.follows(previous) or self.changes is EVERYTHING:
+            return None
+        return self.changes
 
     def place(self, address: str, length: int | None = None) -> Placement:
         """Which locator places `address` (canonical), or the prefix `address/length`."""
