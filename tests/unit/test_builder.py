@@ -145,3 +145,26 @@ def test_a_full_list_says_everything_changed_rather_than_what() -> None:
     assert third.locators["10.1.0.5"].name == "p5" and "10.0.0.1" not in third.locators
     builder.put(PodLocator("a", "q", ("10.2.0.1",), "n1", {}))
     assert builder.snapshot(4).changed_since(third) == {("loc", "10.2.0.1")}
+
+
+def test_a_full_list_of_locators_matches_one_put_at_a_time() -> None:
+    """The bulk path of `replace_all` (new pod locators on unclaimed addresses) and the rest:
+    updates, shared addresses, node locators and prefixes end as `put` would leave them."""
+    rng = random.Random(11)
+    for _ in range(30):
+        before = [random_record(rng) for _ in range(20)]
+        listed = [random_record(rng) for _ in range(40)]
+        listed.append(PodLocator("a", "range", (), "n1", {}, is_node=True, cidrs=("10.9.0.0/24",)))
+        bulk, one_by_one = StoreBuilder(), StoreBuilder()
+        for builder in (bulk, one_by_one):
+            builder.replace_all(PodLocator, [r for r in before if isinstance(r, PodLocator)])
+        locators = {record_key(r): r for r in listed if isinstance(r, PodLocator)}
+        assert bulk.replace_all(PodLocator, list(locators.values()))
+        for key in one_by_one.keys(PodLocator) - {k[1:] for k in locators}:
+            one_by_one.remove(PodLocator, *key)
+        for record in locators.values():
+            one_by_one.put(record)
+        want, got = one_by_one.snapshot(1), bulk.snapshot(1)
+        assert comparable(got) == comparable(want)
+        assert got.place("10.9.0.7") == want.place("10.9.0.7")
+        assert not bulk.replace_all(PodLocator, list(locators.values()))

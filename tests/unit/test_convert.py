@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -253,3 +254,113 @@ def test_errors_name_object_and_field(raw: dict[str, Any], message: str) -> None
     with pytest.raises(ObjectError) as info:
         convert_object(raw)
     assert str(info.value).startswith(message)
+
+
+def pod_locator(**fields: Any) -> dict[str, Any]:
+    """A per-pod PodLocator of the common shape, with `fields` replaced (None: removed)."""
+    raw: dict[str, Any] = {
+        "apiVersion": "toposdns.io/v1alpha1",
+        "kind": "PodLocator",
+        "metadata": {
+            "name": "web-0",
+            "namespace": "shop",
+            "labels": {"toposdns.io/locator": "pod"},
+        },
+        "addresses": ["10.1.0.1"],
+        "nodeName": "node-a",
+        "nodeLabels": {"topology.kubernetes.io/zone": "z1"},
+    }
+    raw.update(fields)
+    return {key: value for key, value in raw.items() if value is not None}
+
+
+ZONE = {"topology.kubernetes.io/zone": "z1"}
+
+#: The common shape and its near relatives, some of which only the field-by-field checks take:
+#: both paths give the same record.
+LOCATOR_SHAPES = {
+    "common": (pod_locator(), PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE)),
+    "no labels": (
+        pod_locator(metadata={"name": "web-0", "namespace": "shop"}),
+        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE),
+    ),
+    "node": (
+        pod_locator(
+            metadata={"name": "n", "namespace": "t", "labels": {"toposdns.io/locator": "node"}}
+        ),
+        PodLocator("t", "n", ("10.1.0.1",), "node-a", ZONE, is_node=True),
+    ),
+    "no node name": (
+        pod_locator(nodeName=None),
+        PodLocator("shop", "web-0", ("10.1.0.1",), "", ZONE),
+    ),
+    "no addresses": (
+        pod_locator(addresses=[]),
+        PodLocator("shop", "web-0", (), "node-a", ZONE),
+    ),
+    "empty cidrs": (
+        pod_locator(cidrs=[]),
+        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE),
+    ),
+    "IPv6 made canonical": (
+        pod_locator(addresses=["10.1.0.1", "fd00:0::1"]),
+        PodLocator("shop", "web-0", ("10.1.0.1", "fd00::1"), "node-a", ZONE),
+    ),
+    "cidrs": (
+        pod_locator(cidrs=["10.244.3.0/24"]),
+        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE, cidrs=("10.244.3.0/24",)),
+    ),
+    "no node labels": (
+        pod_locator(nodeLabels=None),
+        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", {}),
+    ),
+}
+
+
+@pytest.mark.parametrize(("raw", "want"), LOCATOR_SHAPES.values(), ids=LOCATOR_SHAPES.keys())
+def test_pod_locator_shapes(raw: dict[str, Any], want: PodLocator) -> None:
+    got = convert_object(raw)
+    assert isinstance(got, PodLocator)
+    assert got == want and got.labels == want.labels
+
+
+def test_locators_of_a_node_share_its_labels_whichever_path_converts_them() -> None:
+    common = convert_object(pod_locator(nodeLabels={"zone": "shared"}))
+    checked = convert_object(pod_locator(nodeLabels={"zone": "shared"}, addresses=["fd00::1"]))
+    assert isinstance(common, PodLocator) and isinstance(checked, PodLocator)
+    assert common.node_labels is checked.node_labels and common.labels is checked.labels
+
+
+#: Shapes the common path must hand on to the field-by-field checks, for their message.
+LOCATOR_ERRORS = {
+    "address not a string": (pod_locator(addresses=[7]), "addresses[0]: must be a string, got int"),
+    "address with NUL": (pod_locator(addresses=["10.1.0.1\0"]), "addresses[0]: not an IP address"),
+    "addresses not a list": (
+        pod_locator(addresses="10.1.0.1"),
+        "addresses: must be a list, got str",
+    ),
+    "node name not a string": (pod_locator(nodeName=3), "nodeName: must be a string, got int"),
+    "label value": (
+        pod_locator(nodeLabels={"zone": 1}),
+        "nodeLabels[zone]: must be a string, got int",
+    ),
+    "cidrs not a list": (pod_locator(cidrs=""), "cidrs: must be a list, got str"),
+    "metadata labels": (
+        pod_locator(metadata={"name": "web-0", "namespace": "shop", "labels": []}),
+        "metadata.labels: must be a mapping, got list",
+    ),
+    "empty name": (
+        pod_locator(metadata={"name": "", "namespace": "shop"}),
+        "metadata.name: must not be empty",
+    ),
+    "wrong version": (
+        pod_locator(apiVersion="toposdns.io/v1"),
+        "apiVersion/kind: unsupported toposdns.io/v1/PodLocator",
+    ),
+}
+
+
+@pytest.mark.parametrize(("raw", "message"), LOCATOR_ERRORS.values(), ids=LOCATOR_ERRORS.keys())
+def test_unusual_pod_locators_are_checked_field_by_field(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ObjectError, match=re.escape(message)):
+        convert_object(raw)

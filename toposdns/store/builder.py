@@ -142,12 +142,19 @@ class StoreBuilder:
     ) -> bool:
         """Make the stored objects of a kind exactly `records` (after a full list), except
         that the objects named in `keep` (namespace, name) stay as they are."""
-        changed = False
-        seen = set(keep)
-        for record in records:
-            seen.add((getattr(record, "namespace", ""), record.name))
-            changed |= self.put(record)
-        for namespace, name in self.keys(kind) - seen:
+        stored = self.keys(kind)
+        if stored:  # only what was stored before can be missing from the list
+            seen = set(keep)
+            records = list(records)
+            seen.update((getattr(record, "namespace", ""), record.name) for record in records)
+            stored -= seen
+        if kind is PodLocator:
+            changed = self._put_locators(records)  # type: ignore[arg-type]
+        else:
+            changed = False
+            for record in records:
+                changed |= self.put(record)
+        for namespace, name in stored:
             changed |= self.remove(kind, namespace, name)
         return changed
 
@@ -283,6 +290,37 @@ class StoreBuilder:
             self._note(("cidr", cidr))
             self._prefixes = add_prefix(self._prefixes, cidr, locator)
         return True
+
+    def _put_locators(self, locators: Iterable[PodLocator]) -> bool:
+        """`put` of many locators; False if all equal what is stored.
+
+        A full list of 150,000 pod locators is mostly new locators whose addresses no other
+        locator claims: those go into one mutation of the address index, rather than a new
+        persistent map per address. The rest take `_put_locator` afterwards, which ends in
+        the same state: which locator places a shared address does not depend on order."""
+        combined = self._combined.mutate()
+        rest = []
+        note = self._note
+        changed = False
+        for locator in locators:
+            names = self._locators.setdefault(locator.namespace, {})
+            if locator.is_node or locator.cidrs or locator.name in names:
+                rest.append(locator)
+                continue
+            for ip in locator.addresses:
+                if ip in combined:
+                    rest.append(locator)
+                    break
+            else:
+                changed = True
+                names[locator.name] = locator
+                for ip in locator.addresses:
+                    combined[ip] = locator
+                    note(("loc", ip))
+        self._combined = combined.finish()
+        for locator in rest:
+            changed |= self._put_locator(locator)
+        return changed
 
     def _unindex_locator(self, locator: PodLocator) -> None:
         key = (locator.namespace, locator.name)

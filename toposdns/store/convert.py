@@ -10,6 +10,7 @@ import ipaddress
 import re
 import sys
 from collections.abc import Mapping
+from socket import AF_INET, inet_ntop, inet_pton
 from typing import Any
 
 from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
@@ -30,6 +31,8 @@ from toposdns.store.model import (
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 TOPOLOGY_KEYS_ANNOTATION = "toposdns.io/topology-keys"
+
+_POD_LOCATOR_VERSION = POD_LOCATOR.api_version
 
 #: (apiVersion, kind) pairs a snapshot or the live source may hold.
 KINDS = {
@@ -65,6 +68,10 @@ def describe(raw: Any) -> str:
 
 def convert_object(raw: Any) -> Record:
     """Convert one raw object; raise ObjectError if it is malformed or of an unknown kind."""
+    if type(raw) is dict and raw.get("kind") == "PodLocator":
+        locator = _common_pod_locator(raw)
+        if locator is not None:
+            return locator
     obj = raw
     if not isinstance(raw, Mapping):
         raise ObjectError(describe(raw), "", "not a mapping")  # a str `obj` is taken as a name
@@ -217,7 +224,7 @@ def _pod_locator(
     if not all(type(k) is str and type(v) is str for k, v in labels.items()):
         for k, v in labels.items():  # find the first that is not, and say so
             _str(v, obj, f"nodeLabels[{_str(k, obj, 'nodeLabels')}]")
-    node_labels = _intern_labels(dict(labels))
+    node_labels = _intern_labels(labels)
     meta_labels = _mapping(meta.get("labels"), obj, "metadata.labels")
     return PodLocator(
         namespace=namespace,
@@ -230,18 +237,67 @@ def _pod_locator(
     )
 
 
+def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
+    """The PodLocator of the shape nearly all have (one per pod: IPv4 addresses in canonical
+    form, no cidrs), checked in as few operations as a sync of 150,000 can afford; None for
+    any other shape, which `_pod_locator` then checks field by field and names what is wrong.
+    Both give equal records for what this accepts."""
+    meta = raw.get("metadata")
+    addresses = raw.get("addresses")
+    labels = raw.get("nodeLabels")
+    node_name = raw.get("nodeName")
+    cidrs = raw.get("cidrs")
+    if (
+        raw.get("apiVersion") != _POD_LOCATOR_VERSION
+        or type(meta) is not dict
+        or type(addresses) is not list
+        or type(labels) is not dict
+        or not (node_name is None or type(node_name) is str)
+        or not (cidrs is None or cidrs == [])
+    ):
+        return None
+    name = meta.get("name")
+    namespace = meta.get("namespace")
+    meta_labels = meta.get("labels")
+    if (
+        type(name) is not str
+        or not name
+        or type(namespace) is not str
+        or not namespace
+        or not (meta_labels is None or type(meta_labels) is dict)
+    ):
+        return None
+    try:
+        for address in addresses:
+            if inet_ntop(AF_INET, inet_pton(AF_INET, address)) != address:
+                return None  # not canonical: written back in canonical form
+    except (OSError, TypeError, ValueError):  # not an IPv4 address, or not a string
+        return None
+    for key, value in labels.items():
+        if type(key) is not str or type(value) is not str:
+            return None
+    return PodLocator(
+        namespace=sys.intern(namespace),
+        name=name,
+        addresses=tuple(addresses),
+        node_name=sys.intern(node_name or ""),
+        node_labels=_intern_labels(labels),
+        is_node=meta_labels is not None and meta_labels.get(NODE_LOCATOR_LABEL) == "node",
+    )
+
+
 _LABEL_SETS: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
 
 
-def _intern_labels(labels: dict[str, str]) -> dict[str, str]:
-    """One shared dict per distinct label set: every pod on a node carries the same labels,
-    so 100,000 locators hold a few thousand dicts, and the hot path can key on identity."""
+def _intern_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """One shared dict (a copy) per distinct label set: every pod on a node carries the same
+    labels, so 100,000 locators hold a few thousand dicts, and the hot path can key on identity."""
     key = frozenset(labels.items())
     shared = _LABEL_SETS.get(key)
     if shared is None:
         if len(_LABEL_SETS) >= 100_000:
             _LABEL_SETS.clear()  # bounded; old sets stay shared by the objects holding them
-        shared = _LABEL_SETS[key] = labels
+        shared = _LABEL_SETS[key] = dict(labels)
     return shared
 
 
