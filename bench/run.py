@@ -93,7 +93,7 @@ class Scenario:
     extra: list[str] = field(default_factory=list)
     fixed: bool = False  # also a fixed-rate latency run
     variants: tuple[str, ...] = ()
-    target: float = 0.5  # the target ratio to Knot
+    target: float = 0.8  # the target ratio to Knot
     names_per_file: int = 0
 
     def servers(self, running: Collection[str]) -> list[str]:
@@ -285,7 +285,7 @@ def write_scenarios(
         if name == "repeated":
             scenarios.append(
                 Scenario(name, "repeated names", "toposdns", [repeated], fixed=True,
-                         variants=tuple(VARIANTS), target=0.8)
+                         variants=tuple(VARIANTS), target=0.9)
             )  # fmt: skip
         elif name == "distinct" and distinct is not None:
             files = []
@@ -295,7 +295,15 @@ def write_scenarios(
             # -n 1: one pass at most, so no name is asked twice; a fast server ends early.
             title = f"{args.distinct:,} distinct names a round"
             scenarios.append(
-                Scenario(name, title, "toposdns", files, ["-n", "1"], names_per_file=args.distinct)
+                Scenario(
+                    name,
+                    title,
+                    "toposdns",
+                    files,
+                    ["-n", "1"],
+                    target=0.6,
+                    names_per_file=args.distinct,
+                )  # fmt: skip
             )
         elif name == "ecs":
             ecs = workdir / "ecs.bin"
