@@ -50,6 +50,7 @@ from toposdns.controller.desired import (
     pod_facts,
     pod_locator_of,
 )
+from toposdns.kube.client import list_core
 from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 from toposdns.metrics import CONTROLLER_LOCATORS, CONTROLLER_POD_LOCATORS
 from toposdns.source.watch import Resource, custom_resource, object_key
@@ -59,10 +60,8 @@ log = logging.getLogger("toposdns")
 #: (namespace, name) of a locator; a pod's locator has its pod's key.
 Key = tuple[str, str]
 
-PODS = Resource(
-    "pods", "Pod", "v1", lambda a: a.core.list_pod_for_all_namespaces_without_preload_content
-)
-NODES = Resource("nodes", "Node", "v1", lambda a: a.core.list_node_without_preload_content)
+PODS = Resource("pods", "Pod", "v1", lambda a: list_core(a, "pods"))
+NODES = Resource("nodes", "Node", "v1", lambda a: list_core(a, "nodes"))
 LOCATORS = custom_resource(POD_LOCATOR)
 WATCHED = (PODS, NODES, LOCATORS)
 #: A listed object as `ClusterState.prepare` keeps it: its key, and its facts.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from toposdns.kube.client import Apis
+from toposdns.kube.client import Apis, list_core
 from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import DNS_PROGRAMMING_DURATION, MALFORMED_OBJECTS
 from toposdns.options import Plugin, Setting, file, seconds, sets
@@ -73,14 +73,12 @@ CLUSTER: Plugin[ClusterOptions] = Plugin(
     directive="kubernetes",
 )
 
-NAMESPACES = Resource(
-    "namespaces", "Namespace", "v1", lambda a: a.core.list_namespace_without_preload_content
-)
+NAMESPACES = Resource("namespaces", "Namespace", "v1", lambda a: list_core(a, "namespaces"))
 SERVICES = Resource(
     "services",
     "Service",
     "v1",
-    lambda a: a.core.list_service_for_all_namespaces_without_preload_content,
+    lambda a: list_core(a, "services"),
 )
 ENDPOINT_SLICES = Resource(
     "endpointslices",
