@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -463,3 +465,21 @@ def test_a_malformed_cidr_keeps_the_locator_it_replaces(
     messages = [record.getMessage() for record in caplog.records]
     bad = "PodLocator toposdns/node-a: cidrs[1]: '10.244.4.7/24' has host bits set"
     assert any(bad in message for message in messages), messages
+
+
+def test_the_dns_source_does_without_the_generated_core_api() -> None:
+    """Its list and watch calls go through the ApiClient: importing the generated CoreV1Api
+    would cost more CPU at startup than decoding a large cluster's lists."""
+    script = (
+        "import sys\n"
+        "from kubernetes.aio import client\n"
+        "from toposdns.kube.client import apis_of\n"
+        "from toposdns.source.kube import RESOURCES\n"
+        "apis = apis_of(client.ApiClient())\n"
+        "calls = [resource.call(apis) for resource in RESOURCES]\n"
+        "print('kubernetes.aio.client.api.core_v1_api' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False"
