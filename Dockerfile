@@ -5,8 +5,12 @@
 # e.g. `docker buildx imagetools inspect debian:12-slim`):
 # - builder: a virtual environment in /opt/venv with every dependency from requirements.lock,
 #   each checked against its hashes (pip-compile --generate-hashes; the command is in its header),
-#   then toposdns built from this tree and installed from its wheel, compiled to bytecode;
-# - runtime: distroless Python (no shell, no pip, no apt) with that venv copied in, nothing else.
+#   then toposdns built from this tree and installed from its wheel, compiled to bytecode. The
+#   wheel's per-query modules are compiled with mypyc (pyproject.toml, [tool.toposdns]), with
+#   Debian's gcc and python3-dev; TOPOSDNS_COMPILE=required makes a failure to compile fail
+#   the build instead of falling back to plain Python;
+# - runtime: distroless Python (no shell, no pip, no apt, no compiler) with that venv copied in,
+#   nothing else: the compiled modules are .so files in it, linked against libc only.
 #
 # Port 53 as a non-root user, as CoreDNS's image does it: the venv's interpreter python3.11 (a
 # copy, not a link to the base's) carries the file capability cap_net_bind_service=+ep. It is the
@@ -19,20 +23,22 @@
 FROM debian:12-slim@sha256:ccb33c3ac5b02588fc1d9e4fc09b952e433d0c54d8618d0ee1afadf1f3cf2455 AS builder
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    TOPOSDNS_COMPILE=required
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-venv libcap2-bin \
+ && apt-get install -y --no-install-recommends python3-venv python3-dev gcc libcap2-bin \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY requirements.lock pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml setup.py README.md ./
 COPY toposdns ./toposdns
-# The lock holds the build's own tools too (setuptools, wheel): nothing unhashed is installed,
-# and pip builds toposdns's wheel with them, offline. Then pip and those tools leave the venv.
+# The lock holds the build's own tools too (setuptools, wheel, mypy with mypyc): nothing unhashed
+# is installed, and pip builds toposdns's wheel with them, offline. Then pip and those tools
+# leave the venv (the compiled modules need none of them at run time).
 RUN python3 -m venv --copies /opt/venv \
  && /opt/venv/bin/pip install --require-hashes --no-deps --only-binary :all: -r requirements.lock \
  && /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-deps --no-index --find-links /wheels --compile toposdns \
- && /opt/venv/bin/pip uninstall --yes pip setuptools wheel \
+ && /opt/venv/bin/pip uninstall --yes pip setuptools wheel packaging mypy mypy-extensions librt ast-serialize pathspec \
  && setcap cap_net_bind_service=+ep /opt/venv/bin/python3.11
 
 FROM gcr.io/distroless/python3-debian12:nonroot@sha256:17b27c84c985a53d0cd2adef4f196ca327fa9b6755369be605cf45533b4e700b AS runtime

@@ -2,8 +2,10 @@
 runs here).
 
 The image must be a two-stage build on Debian 12's Python 3.11, both bases pinned by digest: the
-builder installs every dependency from the hashed lock file into a virtual environment, then the
-project's own wheel, compiled, and gives the venv's interpreter the file capability to bind port
+builder installs every dependency from the hashed lock file into a virtual environment (the
+build's tools too: setuptools, wheel, mypy with mypyc), then the project's own wheel, its
+per-query modules compiled with mypyc (with gcc and python3-dev, failing rather than falling
+back to plain Python) and the rest to bytecode, removes the build's tools, and gives the venv's interpreter the file capability to bind port
 53 (as CoreDNS's image does); the runtime stage is distroless (no shell, pip or apt), copies only
 that venv, runs as a numeric non-root user, writes nothing at run time, and starts `toposdns`.
 """
@@ -172,13 +174,25 @@ def test_builder_installs_the_locked_dependencies_then_the_wheel_into_a_venv() -
     assert install[install.index("--find-links") + 1] == wheel_dir
     assert "toposdns" in install
     assert "." not in install and "-e" not in install
-    # Then pip and the build tools leave the venv: the runtime gets no installer.
+    # Then pip and the build tools leave the venv: the runtime gets no installer, no mypyc.
     (uninstall,) = [shlex.split(s) for s in steps if s.startswith(f"{pip} uninstall")]
-    assert {"pip", "setuptools", "wheel", "--yes"} <= set(uninstall)
+    assert {"pip", "--yes"} <= set(uninstall)
+    assert build_only() <= set(uninstall), "every package the lock holds for the build only"
     order = [venv[0], " ".join(lock_install), wheel[0], installs[0], " ".join(uninstall)]
     assert [steps.index(s) if s in steps else -1 for s in order] == sorted(
         steps.index(s) if s in steps else -1 for s in order
     )
+
+
+def test_builder_compiles_with_mypyc_or_fails() -> None:
+    # The image ships the compiled form: gcc and the Python headers in the builder only (the
+    # runtime stage installs nothing), and setup.py told to fail rather than fall back.
+    (install,) = [shlex.split(s) for s in builder_steps() if s.startswith("apt-get install")]
+    assert {"-y", "--no-install-recommends", "gcc", "python3-dev"} <= set(install)
+    assert env_values(BUILDER)["TOPOSDNS_COMPILE"] == "required"
+    assert "TOPOSDNS_COMPILE" not in env_values(RUNTIME)
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["toposdns"]["compiled"]
+    assert listed and all((ROOT / path).is_file() for path in listed)
 
 
 def test_interpreter_binds_port_53_with_a_file_capability() -> None:
@@ -211,6 +225,47 @@ def locked_requirements() -> dict[str, tuple[str, list[str]]]:
     return locked
 
 
+BUILD_REQUIRES = "toposdns (pyproject.toml::build-system.requires)"
+
+
+def locked_via() -> dict[str, set[str]]:
+    """requirements.lock's `# via` comments: name -> what asked for it."""
+    via: dict[str, set[str]] = {}
+    name = ""
+    for line in LOCK.read_text().splitlines():
+        text = line.strip()
+        if line and not line[0].isspace() and not text.startswith("#"):
+            name = canonicalize_name(Requirement(text.rstrip(" \\")).name)
+            via[name] = set()
+        elif text.startswith("# via "):
+            via[name].add(text.removeprefix("# via ").strip())
+        elif text.startswith("#   ") and name:
+            via[name].add(text.removeprefix("#").strip())
+    return via
+
+
+def build_only() -> set[str]:
+    """The locked packages that only the build asked for (setuptools, mypy and its deps)."""
+    via = locked_via()
+    only: set[str] = set()
+    while True:
+        more = {
+            name
+            for name, askers in via.items()
+            if name not in only
+            and askers
+            and all(a == BUILD_REQUIRES or canonicalize_name(a) in only for a in askers)
+        }
+        if not more:
+            return only
+        only |= more
+
+
+def test_the_build_tools_are_locked_for_the_build_only() -> None:
+    assert {"setuptools", "wheel", "mypy", "mypy-extensions"} <= build_only()
+    assert not {"typing-extensions", "dnslib", "aiohttp"} & build_only()
+
+
 def test_lock_file_pins_every_dependency_with_hashes() -> None:
     locked = locked_requirements()
     for requirement, hashes in locked.values():
@@ -239,7 +294,7 @@ def test_builder_copies_what_the_build_needs() -> None:
         assert not [w for w in words if w.startswith("--from")]
         sources += words[:-1]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", pyproject["project"]["readme"], "toposdns", LOCK.name}
+    needed = {"pyproject.toml", "setup.py", pyproject["project"]["readme"], "toposdns", LOCK.name}
     assert needed <= set(sources)
     for source in sources:
         assert (ROOT / source).exists(), source
@@ -356,7 +411,7 @@ def test_ignore_patterns() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["pyproject.toml", "README.md", "toposdns/__init__.py", "toposdns/wire/decode.py"],
+    ["pyproject.toml", "setup.py", "README.md", "toposdns/__init__.py", "toposdns/wire/decode.py"],
 )
 def test_dockerignore_keeps_the_build_inputs(path: str) -> None:
     assert (ROOT / path).exists()
@@ -371,6 +426,9 @@ def test_dockerignore_keeps_the_build_inputs(path: str) -> None:
         "manifests/base/deployment.yaml",
         "bench/run.py",
         "toposdns/__pycache__/cli.cpython-311.pyc",
+        "toposdns/wire/decode.cpython-311-x86_64-linux-gnu.so",
+        "toposdns__mypyc.cpython-311-x86_64-linux-gnu.so",
+        "build/lib.linux-x86_64-cpython-311/toposdns/wire/decode.c",
         ".venv/bin/python",
         "Dockerfile",
         "requirements.in",

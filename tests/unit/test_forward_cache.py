@@ -304,7 +304,7 @@ def test_entries_count_down_carry_each_clients_opt_and_are_authoritative() -> No
     upstream.add_answer(*dnslib.RR.fromZone("web.example.org. 60 IN A 192.0.2.1"))
     upstream.header.ad = 1
     upstream.add_ar(dnslib.EDNS0(udp_len=1232, opts=[dnslib.EDNSOption(10, b"servercookie")]))
-    wire = upstream.pack()
+    wire = bytes(upstream.pack())
     entry = cache.store(b"key", wire, dnslib.DNSRecord.parse(wire))
     assert entry.kind == "success" and cache.get(b"key") is entry
     assert len(cache.success) == 1 and len(cache.denial) == 0

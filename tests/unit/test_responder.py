@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 import dnslib
 import pytest
 
-import toposdns.serve.responder as responder_module
 from tests.helpers import SHOP_WEB, config_of, snapshot_of
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
@@ -106,13 +107,26 @@ def test_edns_version_1_gets_badvers(responder: Responder) -> None:
     assert reply.header.rcode == 0 and reply.ar[0].ttl >> 24 == 1 and not reply.rr
 
 
-def test_internal_error_is_servfail_with_a_log_line(
-    responder: Responder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    def broken(*args: object) -> None:
+class Broken(Mapping[tuple[str, str], object]):
+    """A snapshot index that fails on every look: a bug in the resolver, as the responder meets
+    it (compiled modules cannot be patched, so the fault comes in with the data)."""
+
+    def __getitem__(self, key: tuple[str, str]) -> object:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(responder_module, "resolve", broken)
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        raise RuntimeError("boom")
+
+    def __len__(self) -> int:
+        raise RuntimeError("boom")
+
+
+def test_internal_error_is_servfail_with_a_log_line(
+    responder: Responder, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Past the templates (which answer before the resolver's try), into the resolver.
+    responder.negatives = None
+    responder.snapshot = replace(responder.snapshot, services=Broken())
     with caplog.at_level(logging.ERROR, logger="toposdns"):
         reply = ask(responder, "web.shop.svc.cluster.local")
     assert (reply.header.rcode, reply.header.aa, len(reply.questions)) == (2, 0, 1)

@@ -1,0 +1,81 @@
+"""Which form of toposdns the tests run: the modules compiled with mypyc, or plain Python.
+
+`python -m pytest` imports `toposdns` from the source tree, so the compiled form is what
+`pip install -e .` (or `python setup.py build_ext --inplace`) built there: the .so files next
+to the .py files. TOPOSDNS_COMPILE, the variable setup.py reads, says what the suite expects:
+`required` (CI: every listed module compiled), `no` (plain Python: `python -m tests.plain`),
+or unset/`auto` (either, but all or none). In every case a compiled module older than its
+source is an error: it would test code that is no longer there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compiled_modules() -> list[str]:
+    """The modules pyproject.toml lists for mypyc, as dotted names."""
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["toposdns"]["compiled"]
+    return [path.removesuffix(".py").replace("/", ".") for path in listed]
+
+
+def origins() -> dict[str, Path]:
+    """Each listed module -> the file it is imported from."""
+    found = {}
+    for name in compiled_modules():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        found[name] = Path(spec.origin)
+    return found
+
+
+def is_compiled(origin: Path) -> bool:
+    return origin.suffix in {".so", ".pyd"}
+
+
+def form() -> str:
+    """`compiled` or `plain Python`, as the header of a test run shows it."""
+    loaded = origins().values()
+    compiled = sum(map(is_compiled, loaded))
+    return f"compiled ({compiled} modules)" if compiled else "plain Python"
+
+
+def problems() -> list[str]:
+    """What is wrong with the form the tests would run, against what TOPOSDNS_COMPILE expects."""
+    rebuild = "rebuild with `python setup.py build_ext --inplace` (or delete the .so files)"
+    expected = os.environ.get("TOPOSDNS_COMPILE", "auto")
+    found = origins()
+    compiled = [name for name, origin in found.items() if is_compiled(origin)]
+    plain = [name for name, origin in found.items() if not is_compiled(origin)]
+    wrong = []
+    for name in compiled:
+        source = found[name].parent / (name.rpartition(".")[2] + ".py")
+        if source.stat().st_mtime > found[name].stat().st_mtime:
+            wrong.append(f"{found[name]} is older than {source.name}: {rebuild}")
+    if expected == "required" and plain:
+        wrong.append(f"TOPOSDNS_COMPILE=required, but plain Python: {', '.join(plain)}")
+    elif expected == "no" and compiled:
+        wrong.append(f"TOPOSDNS_COMPILE=no, but compiled: {', '.join(compiled)}")
+    elif compiled and plain:
+        wrong.append(f"only some modules compiled (plain: {', '.join(plain)}): {rebuild}")
+    return wrong
+
+
+#: What a plain copy of the tree leaves out: built files, caches, environments.
+NOT_COPIED = shutil.ignore_patterns(
+    "*.so", "*.pyd", "__pycache__", ".git", ".venv", "build", "*.egg-info", ".*_cache", ".hypothesis"
+)
+
+
+def copy_plain(destination: Path, what: str = ".") -> Path:
+    """A copy of the tree (or of `what` in it) without any compiled module: plain Python."""
+    shutil.copytree(
+        ROOT / what, destination / what, ignore=NOT_COPIED, symlinks=True, dirs_exist_ok=True
+    )
+    return destination
