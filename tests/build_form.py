@@ -69,7 +69,7 @@ def problems() -> list[str]:
 
 #: What a plain copy of the tree leaves out: built files, caches, environments.
 NOT_COPIED = shutil.ignore_patterns(
-    "*.so", "*.pyd", "__pycache__", ".git", ".venv", "build", "*.egg-info", ".*_cache", ".hypothesis"
+    "*.so", "*.pyd", "__pycache__", ".git", ".venv", "build", "*.egg-info", ".*_cache", ".hypo*"
 )
 
 

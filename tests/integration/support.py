@@ -43,10 +43,15 @@ class Server(ServerProcess):
     """One `toposdns serve` process on loopback, with its stderr collected by a thread."""
 
     def __init__(
-        self, snapshot: Path | None, args: tuple[str, ...] = (), wrapper: tuple[str, ...] = ()
+        self,
+        snapshot: Path | None,
+        args: tuple[str, ...] = (),
+        wrapper: tuple[str, ...] = (),
+        tree: Path = REPO,
     ) -> None:
         """Serve `snapshot`; None serves from the cluster (pass --kubeconfig in `args`).
-        `wrapper` is a command that runs the server, such as `prlimit --nofile=N:N --`."""
+        `wrapper` is a command that runs the server, such as `prlimit --nofile=N:N --`; `tree`
+        the source tree whose `toposdns` runs (a plain-Python copy, say)."""
         self.snapshot = snapshot
         self.args = args
         self.host = ""
@@ -60,7 +65,8 @@ class Server(ServerProcess):
                 *toposdns_command(
                     "serve", *source, "--listen", "127.0.0.1:0", "--lameduck", "0", *workers, *args
                 ),
-            ]
+            ],
+            cwd=tree,
         )
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:

@@ -24,6 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 
 
+#: Prints whether the installed toposdns.wire.decode is a compiled module, and whether mypy
+#: (mypyc's package) is importable where it runs: the compiled form needs no build tool.
+COMPILED_CHECK = (
+    "import importlib.util, toposdns.wire.decode as m; "
+    "print(m.__file__.endswith('.so'), importlib.util.find_spec('mypy') is not None)"
+)
+
+
 def readme_commands() -> list[str]:
     """The one-line `sh` blocks of the README that start with apt-get: try it, then test it."""
     blocks = re.findall(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
@@ -37,11 +45,18 @@ def steps(command: str) -> list[str]:
 def test_readme_has_the_two_commands() -> None:
     try_it, test_it = readme_commands()
     assert steps(try_it)[-1].startswith("toposdns serve --snapshot examples/cluster.yaml ")
-    assert steps(test_it)[-1] == "python -m pytest"
+    # The whole suite on the compiled form (built in place by the editable install), then the
+    # unit tests on a plain-Python copy.
+    assert steps(test_it)[-3:] == [
+        "pip install -e '.[test]'",
+        "python -m pytest",
+        "python -m tests.plain tests/unit",
+    ]
     for command in (try_it, test_it):
         install = steps(command)
-        # Debian's python3 needs python3-venv for `-m venv`; both commands install into .venv.
-        assert "python3-venv" in install[1].split()
+        # Debian's python3 needs python3-venv for `-m venv`; both commands install into .venv;
+        # gcc and the Python headers let the install compile with mypyc.
+        assert {"python3-venv", "python3-dev", "gcc"} <= set(install[1].split())
         assert install[2:4] == ["python3 -m venv .venv", ". .venv/bin/activate"]
         assert install[4].startswith("pip install ")
         assert not [step for step in install if step.startswith(("sudo pip", "pip3 install"))]
@@ -128,3 +143,13 @@ def test_first_command_installs_with_debians_python(tmp_path: Path) -> None:
         check=True,
     )
     assert where.stdout.startswith(str(clone / ".venv" / "lib")), where.stdout
+    # Compiled with mypyc: gcc and python3-dev are installed for this suite, as the command
+    # installs them (and mypyc came into the build's own environment only).
+    compiled = subprocess.run(
+        [clone / ".venv" / "bin" / "python", "-c", COMPILED_CHECK],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert compiled.returncode == 0, compiled.stderr[-2000:]
+    assert compiled.stdout.split() == ["True", "False"], compiled.stdout

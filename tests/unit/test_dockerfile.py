@@ -5,9 +5,10 @@ The image must be a two-stage build on Debian 12's Python 3.11, both bases pinne
 builder installs every dependency from the hashed lock file into a virtual environment (the
 build's tools too: setuptools, wheel, mypy with mypyc), then the project's own wheel, its
 per-query modules compiled with mypyc (with gcc and python3-dev, failing rather than falling
-back to plain Python) and the rest to bytecode, removes the build's tools, and gives the venv's interpreter the file capability to bind port
-53 (as CoreDNS's image does); the runtime stage is distroless (no shell, pip or apt), copies only
-that venv, runs as a numeric non-root user, writes nothing at run time, and starts `toposdns`.
+back to plain Python) and the rest to bytecode, removes the build's tools, and gives the
+venv's interpreter the file capability to bind port 53 (as CoreDNS's image does); the runtime
+stage is distroless (no shell, pip, apt or compiler), copies only that venv, runs as a numeric
+non-root user, writes nothing at run time, and starts `toposdns`.
 """
 
 from __future__ import annotations
