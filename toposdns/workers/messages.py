@@ -9,8 +9,10 @@ what keeps a worker's data in the supervisor's order.
 from __future__ import annotations
 
 import asyncio
+import copyreg
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 
 from prometheus_client import Metric
 
@@ -92,6 +94,20 @@ class Reconfigure:
 
 
 Message = Changes | Replace | Scrape | Stop | Reconfigure | Serving | Applied | Families | Looped
+
+
+def rebuilt(value: Any) -> tuple[type, tuple[Any, ...]]:
+    """How pickle makes a frozen dataclass again: by its constructor, from its fields."""
+    return type(value), tuple(getattr(value, field.name) for field in fields(value))
+
+
+# The options a Reconfigure carries that are defined in modules compiled with mypyc (the
+# resolver's, the cache's, bufsize, any): their instances have no __dict__ for pickle to fill
+# and a frozen __setattr__, so pickle's default fails on them. Rebuilding by the constructor
+# works for both builds; every option with only init fields goes that way.
+for _options in (getattr(ServeConfig(), field.name) for field in fields(ServeConfig)):
+    if is_dataclass(_options) and all(field.init for field in fields(_options)):
+        copyreg.pickle(type(_options), rebuilt)
 
 
 def frame(message: Message) -> bytes:
