@@ -58,6 +58,10 @@ def problems() -> list[str]:
         source = found[name].parent / (name.rpartition(".")[2] + ".py")
         if source.stat().st_mtime > found[name].stat().st_mtime:
             wrong.append(f"{found[name]} is older than {source.name}: {rebuild}")
+    listed = {ROOT.joinpath(*name.split(".")) for name in found}
+    for stray in sorted((ROOT / "toposdns").rglob("*.so")):
+        if stray.parent / stray.name.partition(".")[0] not in listed:
+            wrong.append(f"{stray} is compiled but not listed in pyproject.toml: delete it")
     if expected == "required" and plain:
         wrong.append(f"TOPOSDNS_COMPILE=required, but plain Python: {', '.join(plain)}")
     elif expected == "no" and compiled:

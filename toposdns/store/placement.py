@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from immutables import Map
 
 from toposdns.store.model import PodLocator
 
 #: (IP version, prefix length) -> network address as an integer -> the locators claiming it.
-PrefixMap = Map[tuple[int, int], Map[int, tuple[PodLocator, ...]]]
+PrefixMap: TypeAlias = Map[tuple[int, int], Map[int, tuple[PodLocator, ...]]]
 #: Bits per IP version, and its network type.
 BITS = {4: 32, 6: 128}
 NETWORKS: dict[int, type[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {
