@@ -305,6 +305,7 @@ def where(config: ServeConfig) -> dict[str, object]:
         "workers": config.toposdns.workers,
         "http": config.toposdns.http,
         "log": config.log,  # the frontends are chosen at startup
+        "udp_batch": config.toposdns.udp_batch,
     }
 
 
