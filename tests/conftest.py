@@ -14,10 +14,10 @@ from tests.server_process import REPO
 DATAGRAMS_C = REPO / "toposdns" / "serve" / "datagrams.c"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _datagrams_built() -> None:
-    """The batched UDP frontend's C extension, built in place when the C is newer than it, so
-    that the servers the tests start answer through it (`--udp-batch on`, the default)."""
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The batched UDP frontend's C extension, built in place before collection when the C is
+    newer than it, so that the servers the tests start answer through it (`--udp-batch on`,
+    the default) and its unit tests can import it."""
     built = list(DATAGRAMS_C.parent.glob("datagrams.*.so"))
     if built and all(so.stat().st_mtime >= DATAGRAMS_C.stat().st_mtime for so in built):
         return
