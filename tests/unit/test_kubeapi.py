@@ -21,7 +21,9 @@ from kubernetes import client, config, watch
 from kubernetes.aio import client as aio_client
 from kubernetes.aio import config as aio_config
 
+from tests import objects
 from tests.kubeapi import FakeApiServer
+from tests.objects import namespace
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -32,32 +34,17 @@ GROUP, VERSION, PLURAL = "toposdns.io", "v1alpha1", "podlocators"
 # ----- objects -----
 
 
+#: The port of the DNS Services and EndpointSlices these tests store.
+DNS = [{"name": "dns", "port": 53, "protocol": "UDP"}]
+
+
 def service(name: str, namespace: str = "default", ip: str = "10.96.0.10") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
-    }
+    return objects.service(name, namespace, cluster_ip=ip, ports=DNS)
 
 
 def endpoint_slice(name: str, svc: str, addresses: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": {"kubernetes.io/service-name": svc},
-        },
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": addresses, "conditions": {"ready": True}}],
-        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
-    }
-
-
-def namespace(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    endpoint = {"addresses": addresses, "conditions": {"ready": True}}
+    return objects.endpoint_slice(svc, "default", [endpoint], name=name, ports=DNS)
 
 
 def locator(name: str, zone: str = "a") -> dict[str, Any]:
