@@ -117,7 +117,8 @@ def test_typed_and_custom_lists(server: FakeApiServer, api: client.ApiClient) ->
     server.add(namespace("default"))
     server.add(service("web", "prod", "10.96.0.20"))
     rv_dns = server.add(service("dns", "default"))
-    server.add(endpoint_slice("dns-abc", "dns", ["10.244.1.5"]))
+    dns_slice = endpoint_slice("dns-abc", "dns", ["10.244.1.5"])
+    server.add(dns_slice)
     server.add(locator("pod-a"))
     server.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
     server.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "x"}})
@@ -139,7 +140,7 @@ def test_typed_and_custom_lists(server: FakeApiServer, api: client.ApiClient) ->
 
     slices = client.DiscoveryV1Api(api).list_endpoint_slice_for_all_namespaces()
     assert slices.items[0].endpoints[0].addresses == ["10.244.1.5"]
-    assert slices.items[0].metadata.labels == {"kubernetes.io/service-name": "dns"}
+    assert slices.items[0].metadata.labels == dns_slice["metadata"]["labels"]
     assert [n.metadata.name for n in core.list_namespace().items] == ["default"]
     assert [n.metadata.name for n in core.list_node().items] == ["n1"]
     assert [p.metadata.name for p in core.list_pod_for_all_namespaces().items] == ["p"]
