@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.support import STOP_TIMEOUT, Server, StartServer, copy_snapshot
 from tests.kubeapi import FakeApiServer
-from tests.objects import service
+from tests.objects import namespace, service
 
 
 def _stop_all(servers: list[Server]) -> None:
@@ -62,7 +62,7 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def api() -> Iterator[FakeApiServer]:
     """The stand-in API server, holding namespace shop and its Service web (10.96.0.5)."""
     server = FakeApiServer()
-    server.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
+    server.add(namespace("shop"))
     server.add(service("web", cluster_ip="10.96.0.5"))
     server.start()
     yield server

@@ -47,13 +47,8 @@ def endpoint_slice(name: str, svc: str, addresses: list[str]) -> dict[str, Any]:
     return objects.endpoint_slice(svc, "default", [endpoint], name=name, ports=DNS)
 
 
-def locator(name: str, zone: str = "a") -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "PodLocator",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"zone": zone},
-    }
+def locator(name: str) -> dict[str, Any]:
+    return objects.pod_locator(name, "default", node_name="node-a")
 
 
 # ----- fixtures and helpers -----
@@ -120,8 +115,8 @@ def test_typed_and_custom_lists(server: FakeApiServer, api: client.ApiClient) ->
     dns_slice = endpoint_slice("dns-abc", "dns", ["10.244.1.5"])
     server.add(dns_slice)
     server.add(locator("pod-a"))
-    server.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
-    server.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "x"}})
+    server.add(objects.node("n1"))
+    server.add(objects.pod("p", "x", node_name="n1", ips=["10.244.1.9"]))
     core = client.CoreV1Api(api)
 
     services = core.list_service_for_all_namespaces()
@@ -647,7 +642,7 @@ def test_podlocator_writes(server: FakeApiServer, api: client.ApiClient) -> None
         custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, locator("p"))
     assert info.value.status == 409 and status_of(info.value)["reason"] == "AlreadyExists"
 
-    stale = dict(created, spec={"zone": "b"})
+    stale = dict(created, nodeName="node-b")
     updated = custom.replace_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "p", stale)
     assert updated["metadata"]["generation"] == 2 and updated["metadata"]["uid"] == meta["uid"]
     with pytest.raises(client.ApiException) as info:  # created's RV is stale now
@@ -656,7 +651,7 @@ def test_podlocator_writes(server: FakeApiServer, api: client.ApiClient) -> None
     assert "the object has been modified" in status_of(info.value)["message"]
 
     deleted = custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "p")
-    assert deleted["spec"] == {"zone": "b"}
+    assert deleted["nodeName"] == "node-b"
     for call in (custom.get_namespaced_custom_object, custom.delete_namespaced_custom_object):
         with pytest.raises(client.ApiException) as info:
             call(GROUP, VERSION, "default", PLURAL, "p")
@@ -674,10 +669,10 @@ def test_podlocator_writes(server: FakeApiServer, api: client.ApiClient) -> None
             _request_timeout=5,
         )
     )
-    assert [(e["type"], e["object"]["spec"]["zone"]) for e in events] == [
-        ("ADDED", "a"),
-        ("MODIFIED", "b"),
-        ("DELETED", "b"),
+    assert [(e["type"], e["object"]["nodeName"]) for e in events] == [
+        ("ADDED", "node-a"),
+        ("MODIFIED", "node-b"),
+        ("DELETED", "node-b"),
     ]
     assert events[-1]["object"]["metadata"]["resourceVersion"] == server.resource_version
 
