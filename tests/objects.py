@@ -25,7 +25,7 @@ HTTP: JSON = {"name": "http", "port": 80, "protocol": "TCP"}
 READY: JSON = {"type": "Ready", "status": "True"}
 
 
-def metadata(
+def _metadata(
     name: str,
     namespace: str | None = None,
     labels: Mapping[str, str] | None = None,
@@ -50,7 +50,7 @@ def namespace(name: str) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": metadata(name, labels={"kubernetes.io/metadata.name": name}),
+        "metadata": _metadata(name, labels={"kubernetes.io/metadata.name": name}),
     }
 
 
@@ -81,7 +81,7 @@ def service(
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(name, namespace, labels, annotations),
+        "metadata": _metadata(name, namespace, labels, annotations),
         "spec": body | spec,
     }
 
@@ -107,7 +107,7 @@ def endpoint_slice(
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": metadata(name or f"{service}-1", namespace, labels, annotations),
+        "metadata": _metadata(name or f"{service}-1", namespace, labels, annotations),
         "addressType": address_type,
         "ports": _ports(ports),
         "endpoints": [dict(endpoint) for endpoint in endpoints],
@@ -155,7 +155,7 @@ def node(
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": metadata(
+        "metadata": _metadata(
             name, labels={"kubernetes.io/hostname": name} if labels is None else labels, uid=uid
         ),
         "spec": dict(spec or {}),
@@ -199,7 +199,7 @@ def pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": metadata(name, namespace, uid=uid),
+        "metadata": _metadata(name, namespace, uid=uid),
         "spec": body,
         "status": state | status,
     }
@@ -226,7 +226,7 @@ def pod_locator(
     raw: JSON = {
         "apiVersion": LOCATOR_VERSION,
         "kind": "PodLocator",
-        "metadata": metadata(name, namespace, meta_labels or None),
+        "metadata": _metadata(name, namespace, meta_labels or None),
     }
     for field, value in (
         ("addresses", addresses),
@@ -246,9 +246,8 @@ SHOP_WEB: list[JSON] = [namespace("shop"), service(cluster_ip="10.96.0.5")]
 def forwarder_service(*ready: str, not_ready: Iterable[str] = ()) -> list[JSON]:
     """Service kube-system/coredns (the forwarders `--ecs-trust-service` may trust) and its
     EndpointSlice, with these endpoint addresses."""
-    endpoints = [{"addresses": [address]} for address in ready] + [
-        {"addresses": [address], "conditions": {"ready": False}} for address in not_ready
-    ]
+    endpoints = [endpoint(address) for address in ready]
+    endpoints += [endpoint(address, ready=False) for address in not_ready]
     dns = [{"name": "dns", "port": 53}]
     return [
         service("coredns", "kube-system", cluster_ip="10.96.0.20", ports=dns),
