@@ -5,10 +5,11 @@
 # e.g. `docker buildx imagetools inspect debian:12-slim`):
 # - builder: a virtual environment in /opt/venv with every dependency from requirements.lock,
 #   each checked against its hashes (pip-compile --generate-hashes; the command is in its header),
-#   then toposdns built from this tree and installed from its wheel, compiled to bytecode. The
-#   wheel's per-query modules are compiled with mypyc (pyproject.toml, [tool.toposdns]), with
-#   Debian's gcc and python3-dev; TOPOSDNS_COMPILE=required makes a failure to compile fail
-#   the build instead of falling back to plain Python;
+#   then toposdns built from this tree and installed from its wheel, compiled to bytecode, with
+#   its C extension (the batched UDP frontend; the build fails without it) and its per-query
+#   modules compiled with mypyc (pyproject.toml, [tool.toposdns]), with Debian's gcc and
+#   python3-dev: TOPOSDNS_COMPILE=required makes a failure to compile them fail the build
+#   instead of falling back to plain Python;
 # - runtime: distroless Python (no shell, no pip, no apt, no compiler) with that venv copied in,
 #   nothing else: the compiled modules are .so files in it, linked against libc only.
 #
@@ -26,7 +27,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     TOPOSDNS_COMPILE=required
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-venv python3-dev gcc libcap2-bin \
+ && apt-get install -y --no-install-recommends python3-venv libcap2-bin gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY requirements.lock pyproject.toml setup.py README.md ./
@@ -38,6 +39,7 @@ RUN python3 -m venv --copies /opt/venv \
  && /opt/venv/bin/pip install --require-hashes --no-deps --only-binary :all: -r requirements.lock \
  && /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-deps --no-index --find-links /wheels --compile toposdns \
+ && /opt/venv/bin/python3 -c 'import toposdns.serve.datagrams' \
  && /opt/venv/bin/pip uninstall --yes pip setuptools wheel packaging mypy mypy-extensions librt ast-serialize pathspec \
  && setcap cap_net_bind_service=+ep /opt/venv/bin/python3.11
 

@@ -1,12 +1,17 @@
-"""Build toposdns: the per-query modules compiled with mypyc, or plain Python if that fails.
+"""Build toposdns: its C extension and its per-query modules compiled with mypyc, or plain Python
+where that fails.
 
-The modules compiled are listed in pyproject.toml, `[tool.toposdns] compiled` (the one list;
-docs/architecture.md, "Compiled modules", says why these). Every one of them stays importable
-as plain Python: the wheel carries the .py files too, and a build that cannot compile (no C
-compiler, no Python headers, mypyc missing) warns in one line and installs them uncompiled.
+- `toposdns/serve/datagrams.c` (recvmmsg and sendmmsg for the UDP frontend) is the one module
+  written in C. Without it (no C compiler, no Python headers, not Linux) the server answers UDP
+  one datagram per system call (`--udp-batch` says so when it starts).
+- The modules every query runs through are compiled with mypyc: those pyproject.toml lists,
+  `[tool.toposdns] compiled` (the one list; docs/architecture.md, "Compiled modules", says why
+  these). Each stays importable as plain Python: the wheel carries the .py files too.
 
-TOPOSDNS_COMPILE chooses: `auto` (the default: compile, else fall back with the warning),
-`required` (the image's build: fail rather than fall back), `no` (plain Python, no warning).
+A build that cannot compile either warns in one line each and installs without it.
+TOPOSDNS_COMPILE chooses for mypyc: `auto` (the default: compile, else fall back with the
+warning), `required` (the image's build and CI: fail rather than fall back), `no` (plain
+Python, no warning). For a work tree run in place: `python setup.py build_ext --inplace`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 MODES = ("auto", "required", "no")
+#: The extension group mypyc builds: one shared runtime library, a small module per file.
+GROUP = "toposdns"
+
+DATAGRAMS = Extension(
+    "toposdns.serve.datagrams",
+    ["toposdns/serve/datagrams.c"],
+    extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=c11", "-D_GNU_SOURCE"],
+)
 
 
 def compiled_paths() -> list[str]:
@@ -30,37 +43,6 @@ def compiled_paths() -> list[str]:
     with open(ROOT / "pyproject.toml", "rb") as file:
         listed: list[str] = tomllib.load(file)["tool"]["toposdns"]["compiled"]
     return listed
-
-
-def fall_back(what: str) -> None:
-    """The one warning line of a build that installs plain Python (or, if required, the error)."""
-    if MODE == "required":
-        sys.exit(f"toposdns: compiling with mypyc failed ({what}) and TOPOSDNS_COMPILE=required")
-    print(
-        f"WARNING: toposdns: compiling with mypyc failed ({what}); "
-        "installing plain Python, which runs the same but slower",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-class BuildOrFallBack(build_ext):  # type: ignore[misc]
-    """build_ext that runs mypyc only when it builds (not for metadata: it takes a while), and
-    turns a failure to compile the C into a plain-Python install."""
-
-    def finalize_options(self) -> None:
-        self.distribution.ext_modules = extensions()
-        super().finalize_options()
-
-    def run(self) -> None:
-        try:
-            super().run()
-        except Exception as error:  # CompileError, LinkError, a missing compiler: all the same
-            # All or nothing: the modules share mypyc's runtime library, and a wheel with some
-            # of them compiled would be neither build.
-            for extension in self.extensions:
-                Path(self.get_ext_fullpath(extension.name)).unlink(missing_ok=True)
-            fall_back(first_line(error))
 
 
 def first_line(error: BaseException) -> str:
@@ -73,30 +55,81 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0][:160] if lines else ''}".rstrip(": ")
 
 
-def extensions() -> list[Any]:
+def warn(line: str) -> None:
+    print(f"WARNING: toposdns: {line}", file=sys.stderr, flush=True)
+
+
+def mypyc_failed(what: str) -> None:
+    """The one warning line of a build that installs plain Python (or, if required, the error)."""
+    if MODE == "required":
+        sys.exit(f"toposdns: compiling with mypyc failed ({what}) and TOPOSDNS_COMPILE=required")
+    warn(
+        f"compiling with mypyc failed ({what}); installing plain Python, which runs the same "
+        "but slower"
+    )
+
+
+def mypyc_extensions() -> list[Any]:
     """mypyc's extension modules for the listed files, or none where it cannot make them."""
     if MODE == "no":
         return []
     try:
         from mypyc.build import mypycify
     except ImportError as error:
-        fall_back(f"mypyc is not installed: {error}")
+        mypyc_failed(f"mypyc is not installed: {error}")
         return []
     try:
-        # One group, one shared runtime library (toposdns__mypyc). mypyc type-checks first, where
-        # pip builds: an isolated environment has none of the dependencies or stubs. The code
-        # is mypy --strict already (CI checks that); here a missing library is only Any.
+        # mypyc type-checks first, where pip builds: an isolated environment has none of the
+        # dependencies or stubs. The code is mypy --strict already (CI checks that); here a
+        # missing library is only Any.
         options = ["--config-file", os.devnull, "--ignore-missing-imports"]
-        return list(mypycify([*options, *compiled_paths()], group_name="toposdns"))
+        return list(mypycify([*options, *compiled_paths()], group_name=GROUP))
     except (Exception, SystemExit) as error:
-        fall_back(first_line(error))
+        mypyc_failed(first_line(error))
         return []
+
+
+def is_mypyc(extension: Any) -> bool:
+    return extension is not DATAGRAMS
+
+
+class BuildOrFallBack(build_ext):  # type: ignore[misc]
+    """build_ext that runs mypyc only when it builds (not for metadata: it takes a while), and
+    turns a failure to compile into an install without what failed."""
+
+    def finalize_options(self) -> None:
+        datagrams = [DATAGRAMS] if sys.platform.startswith("linux") else []
+        self.distribution.ext_modules = datagrams + mypyc_extensions()
+        super().finalize_options()
+
+    def build_extensions(self) -> None:
+        self.check_extensions_list(self.extensions)
+        for extension in [e for e in self.extensions if not is_mypyc(e)]:
+            try:
+                self.build_extension(extension)
+            except Exception as error:  # CompileError, LinkError, a missing compiler: alike
+                self.extensions.remove(extension)
+                warn(
+                    f"building the C extension failed ({first_line(error)}); installing "
+                    "without it: UDP is then answered one datagram per system call"
+                )
+        compiled = [e for e in self.extensions if is_mypyc(e)]
+        try:
+            for extension in compiled:
+                self.build_extension(extension)
+        except Exception as error:
+            # All or nothing: the modules share mypyc's runtime library, and a wheel with some
+            # of them compiled would be neither build.
+            for extension in compiled:
+                Path(self.get_ext_fullpath(extension.name)).unlink(missing_ok=True)
+            self.extensions = [e for e in self.extensions if not is_mypyc(e)]
+            mypyc_failed(first_line(error))
 
 
 MODE = os.environ.get("TOPOSDNS_COMPILE", "auto")
 if MODE not in MODES:
     sys.exit(f"toposdns: TOPOSDNS_COMPILE={MODE!r}: use one of {', '.join(MODES)}")
 
-# A stand-in until build_ext runs mypyc: it marks the wheel as built for this platform.
-STAND_IN = [] if MODE == "no" else [Extension("toposdns__mypyc", sources=[])]
-setup(ext_modules=STAND_IN, cmdclass={"build_ext": BuildOrFallBack})
+# A stand-in until build_ext runs (and mypyc with it): it marks the wheel as built for this
+# platform. build_ext replaces the list.
+setup(ext_modules=[DATAGRAMS], cmdclass={"build_ext": BuildOrFallBack})

@@ -17,6 +17,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: setup.py's group_name: mypyc's runtime library is `toposdns__mypyc`.
+GROUP = "toposdns"
 
 
 def compiled_modules() -> list[str]:
@@ -60,7 +62,8 @@ def problems() -> list[str]:
             wrong.append(f"{found[name]} is older than {source.name}: {rebuild}")
     listed = {ROOT.joinpath(*name.split(".")) for name in found}
     for stray in sorted((ROOT / "toposdns").rglob("*.so")):
-        if stray.parent / stray.name.partition(".")[0] not in listed:
+        module = stray.parent / stray.name.partition(".")[0]
+        if is_mypyc_output(stray.parent, stray.name) and module not in listed:
             wrong.append(f"{stray} is compiled but not listed in pyproject.toml: delete it")
     if expected == "required" and plain:
         wrong.append(f"TOPOSDNS_COMPILE=required, but plain Python: {', '.join(plain)}")
@@ -71,15 +74,31 @@ def problems() -> list[str]:
     return wrong
 
 
-#: What a plain copy of the tree leaves out: built files, caches, environments.
+def is_mypyc_output(directory: Path, name: str) -> bool:
+    """A module mypyc built (it has a .py of the same name next to it), or its runtime library.
+    The C extension (serve/datagrams, from a .c file) is not one."""
+    if not name.endswith((".so", ".pyd")):
+        return False
+    module = name.partition(".")[0]
+    return module == f"{GROUP}__mypyc" or (directory / f"{module}.py").exists()
+
+
+#: What a plain copy of the tree leaves out besides mypyc's output: caches, environments.
 NOT_COPIED = shutil.ignore_patterns(
-    "*.so", "*.pyd", "__pycache__", ".git", ".venv", "build", "*.egg-info", ".*_cache", ".hypo*"
+    "__pycache__", ".git", ".venv", "build", "*.egg-info", ".*_cache", ".hypo*"
 )
 
 
+def ignored(directory: str, names: list[str]) -> set[str]:
+    """shutil.copytree's `ignore`: mypyc's output and NOT_COPIED."""
+    mypyc = {name for name in names if is_mypyc_output(Path(directory), name)}
+    return mypyc | set(NOT_COPIED(directory, names))
+
+
 def copy_plain(destination: Path, what: str = ".") -> Path:
-    """A copy of the tree (or of `what` in it) without any compiled module: plain Python."""
+    """A copy of the tree (or of `what` in it) without mypyc's modules: plain Python (the C
+    extension stays, so that only mypyc differs)."""
     shutil.copytree(
-        ROOT / what, destination / what, ignore=NOT_COPIED, symlinks=True, dirs_exist_ok=True
+        ROOT / what, destination / what, ignore=ignored, symlinks=True, dirs_exist_ok=True
     )
     return destination

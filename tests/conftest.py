@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests import build_form
+from tests.server_process import REPO
+
+DATAGRAMS_C = REPO / "toposdns" / "serve" / "datagrams.c"
 
 
 def pytest_report_header() -> str:
@@ -15,7 +21,22 @@ def pytest_report_header() -> str:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    # Before any test: a stale or unexpected build would make every result about other code.
+    """The batched UDP frontend's C extension, built in place before collection when the C is
+    newer than it, so that the servers the tests start answer through it (`--udp-batch on`,
+    the default) and its unit tests can import it. Then the modules compiled with mypyc are
+    checked, not built (that takes a minute or more; `pip install -e .` or `python setup.py
+    build_ext --inplace` builds them): a stale or unexpected build would make every result
+    about other code."""
+    built = list(DATAGRAMS_C.parent.glob("datagrams.*.so"))
+    if not built or any(so.stat().st_mtime < DATAGRAMS_C.stat().st_mtime for so in built):
+        subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=REPO,
+            check=True,
+            timeout=300,
+            capture_output=True,
+            env={**os.environ, "TOPOSDNS_COMPILE": "no"},  # the C extension only
+        )
     wrong = build_form.problems()
     if wrong:
         pytest.exit("toposdns build: " + "; ".join(wrong), returncode=pytest.ExitCode.USAGE_ERROR)

@@ -9,7 +9,8 @@ from dataclasses import replace
 import dnslib
 import pytest
 
-from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import SHOP_WEB
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
 OBJECTS = SHOP_WEB
