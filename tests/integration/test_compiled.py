@@ -84,10 +84,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     assert codes == [0, 0], [server.tail() for server in started]
 
 
-def mapped_toposdns_libraries(server: Server) -> set[str]:
-    """The toposdns shared objects the server's process has loaded."""
+def mapped_mypyc_modules(server: Server) -> set[str]:
+    """The modules built by mypyc (and its runtime library) the server's process has loaded."""
     maps = Path(f"/proc/{server.pid}/maps").read_text().splitlines()
-    return {Path(line.split()[-1]).name for line in maps if "toposdns" in line and ".so" in line}
+    loaded = {Path(line.split()[-1]) for line in maps if line.endswith(".so")}
+    return {p.name for p in loaded if build_form.is_mypyc_output(p.parent, p.name)}
 
 
 def ask_both(servers: tuple[Server, Server], message: bytes, source: str) -> list[bytes | None]:
@@ -126,8 +127,9 @@ def tcp_replies(address: tuple[str, int], batch: list[bytes]) -> list[bytes | No
 
 def test_the_two_servers_run_the_two_builds(servers: tuple[Server, Server]) -> None:
     compiled, plain = servers
-    assert any(name.startswith("toposdns__mypyc") for name in mapped_toposdns_libraries(compiled))
-    assert not mapped_toposdns_libraries(plain)
+    mypyc = mapped_mypyc_modules(compiled)
+    assert any(name.startswith(f"{build_form.GROUP}__mypyc.") for name in mypyc), mypyc
+    assert not mapped_mypyc_modules(plain)
 
 
 def test_compiled_and_plain_replies_are_the_same_bytes(servers: tuple[Server, Server]) -> None:
