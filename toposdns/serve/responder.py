@@ -294,7 +294,7 @@ class Responder:
         labels = NO_LABELS
         if entry.__class__ is TopologyReplies:
             labels, via_ecs = self.placer.place(source, echo.subnet)
-            found = entry.get(labels)
+            found = self.cache.choose(entry, labels)
             if found is None:
                 return None
             cached, row = found

@@ -44,6 +44,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.responder = responder
         self.reply_cache = responder.cache
         self.table = responder.cache.table  # only ever changed in place
+        #: Where each client is placed, remembered per snapshot (also only changed in place).
+        self.placed = responder.placer.placed
         self.metrics = responder.metrics
         #: Fast-path hits until the next timed one, and the last timed hit's duration.
         self.untimed = 0
@@ -75,11 +77,14 @@ class UdpProtocol(asyncio.DatagramProtocol):
         counts = None
         if entry.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
-            placed = self.responder.placer.placed.get(addr[0])
-            if placed is not None:  # else the responder places it first
-                locator = placed.locator
+            placement = self.placed.get(addr[0])
+            if placement is not None:  # else the responder places it first
+                locator = placement.locator
                 labels = NO_LABELS if locator is None else locator.labels
-                found = entry.get(labels)
+                # ReplyCache.choose, its memo looked up inline: the call costs as much.
+                found = entry.by_labels.get(id(labels))
+                if found is None:
+                    found = self.reply_cache.choose(entry, labels)
                 if found is not None:
                     entry, counts = found
         if type(entry) is Cached and entry.small and not data[11]:
