@@ -125,6 +125,7 @@ class Cached:
         "rotation",
         "compressed_rotation",
         "hits",
+        "row",
         "words",
         "size",
         "small",
@@ -157,6 +158,8 @@ class Cached:
         )
         #: The counters of its hits, one row per transport (None without metrics).
         self.hits = hits
+        #: A topology-filtered reply's `TopologyCounts` row (set when kept); else None.
+        self.row: list[int] | None = None
         self.words = words
         self.size = (
             len(reply)
@@ -215,10 +218,10 @@ class TopologyReplies:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.replies: dict[tuple[object, ...], tuple[Cached, list[int]]] = {}
+        self.replies: dict[tuple[object, ...], Cached] = {}
         #: id(labels) -> reply. Equal label sets are one interned object (store/convert.py);
         #: `held` keeps each remembered one alive, so its id cannot pass to another object.
-        self.by_labels: dict[int, tuple[Cached, list[int]]] = {}
+        self.by_labels: dict[int, Cached] = {}
         self.held: list[Labels] = []
         self.words: tuple[Dependency, ...] = ()
         self.size = TOPOLOGY_OVERHEAD
@@ -315,12 +318,13 @@ class ReplyCache:
             signature = policy.signature(labels)
             old = entry.replies.get(signature)
             if old is not None:  # what the remembered labels point at goes
-                forgotten = old[0].size + LABELS_OVERHEAD * len(entry.held)
+                forgotten = old.size + LABELS_OVERHEAD * len(entry.held)
                 entry.size -= forgotten
                 self.bytes_held -= forgotten
                 entry.by_labels.clear()
                 entry.held.clear()
-            entry.replies[signature] = (cached, row or [0, 0])
+            cached.row = row or [0, 0]
+            entry.replies[signature] = cached
             entry.size += cached.size
             self.bytes_held += cached.size
             new = tuple(word for word in cached.words if word not in entry.words)
@@ -330,9 +334,9 @@ class ReplyCache:
             self.evict()
         return True
 
-    def choose(self, entry: TopologyReplies, labels: Labels) -> tuple[Cached, list[int]] | None:
-        """The reply of `entry` for a client with these labels, if one is cached, and the
-        `TopologyCounts` row its answers count in. Remembered by the labels' identity (the
+    def choose(self, entry: TopologyReplies, labels: Labels) -> Cached | None:
+        """The reply of `entry` for a client with these labels, if one is cached (its `row`
+        is the `TopologyCounts` row its answers count in). Remembered by the labels' identity (the
         UDP frontend looks there first), counted in the bound."""
         found = entry.by_labels.get(id(labels))
         if found is not None:

@@ -297,7 +297,7 @@ class Responder:
             found = self.cache.choose(entry, labels)
             if found is None:
                 return None
-            cached, row = found
+            cached, row = found, found.row
         else:
             cached = entry  # type: ignore[assignment]
         if cached.question != data[12 : plain_question_end(data, key)]:
@@ -682,7 +682,7 @@ class Responder:
             if isinstance(entry, TopologyReplies):
                 if not entry.replies:
                     continue
-                entry = next(iter(entry.replies.values()))[0]
+                entry = next(iter(entry.replies.values()))
             counts[entry.hits[0].kind if entry.hits else UNCACHED] += 1
         if self.forwarder is not None:
             counts[SUCCESS] += len(self.forwarder.cache.success)

@@ -88,7 +88,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
                 if found is None:
                     found = self.reply_cache.choose(entry, labels)
                 if found is not None:
-                    entry, counts = found
+                    entry, counts = found, found.row
         if type(entry) is Cached and entry.small and not data[11]:
             cached = entry  # the raw key matched its lower-cased key: the same case
             rotation = cached.rotation
