@@ -355,3 +355,18 @@ def test_a_udp_hit_follows_the_placement_of_its_source() -> None:
         counted += 2
         assert sum(row[0] for row in rows.values()) == counted, step
         assert sum(row[1] for row in rows.values()) - before == unplaced, step
+
+
+def test_a_reply_rendered_for_one_client_is_not_replayed_to_another() -> None:
+    # The same bytes (a cookie, so the reply is kept as rendered) from three placed clients.
+    responder = Responder(CONFIG, SNAPSHOT)
+    frontends = Frontends(responder)
+    question = dnslib.DNSRecord.question(WEB)
+    question.add_ar(dnslib.EDNS0(opts=[dnslib.EDNSOption(10, b"01234567")]))
+    data = bytes(question.pack())
+    for _ in range(3):  # built, found and rendered, then replayed: the same every time
+        for source, want in (("127.0.0.2", ["10.1.0.1"]), ("127.0.0.4", NODE_C_WEB)):
+            (got,) = frontends.over_udp(UDP4, data, source)
+            assert got == reference_reply(data, UDP4, source, SNAPSHOT, CONFIG), source
+            assert addresses(dnslib.DNSRecord.parse(got)) == want, source
+    assert responder.cache.renders[UDP4.slot]
