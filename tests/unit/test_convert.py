@@ -346,6 +346,14 @@ def test_locators_of_a_node_share_its_labels_whichever_path_converts_them() -> N
     assert common.node_labels is checked.node_labels and common.labels is checked.labels
 
 
+def test_a_node_whose_labels_change_gives_its_next_locators_the_new_labels() -> None:
+    before = convert_object(pod_locator(nodeName="node-l", nodeLabels={"zone": "z1"}))
+    after = convert_object(pod_locator(nodeName="node-l", nodeLabels={"zone": "z2"}))
+    assert isinstance(before, PodLocator) and isinstance(after, PodLocator)
+    assert before.node_labels == {"zone": "z1"} and after.node_labels == {"zone": "z2"}
+    assert after.labels == {"zone": "z2", "(nodeName)": "node-l"}
+
+
 #: Shapes the common path must hand on to the field-by-field checks, for their message.
 LOCATOR_ERRORS = {
     "address not a string": (pod_locator(addresses=[7]), "addresses[0]: must be a string, got int"),

@@ -286,15 +286,22 @@ def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
                 return None  # not canonical: written back in canonical form
     except (OSError, TypeError, ValueError):  # not an IPv4 address, or not a string
         return None
-    for key, value in labels.items():
-        if type(key) is not str or type(value) is not str:
-            return None
+    node_name = node_name or ""
+    node_labels = _NODE_LABELS.get(node_name)
+    if node_labels is None or node_labels != labels:  # equal to checked strings: strings too
+        for key, value in labels.items():
+            if type(key) is not str or type(value) is not str:
+                return None
+        node_labels = _intern_labels(labels)
+        if len(_NODE_LABELS) >= 100_000:
+            _NODE_LABELS.clear()  # bounded, as _LABEL_SETS
+        _NODE_LABELS[sys.intern(node_name)] = node_labels
     return PodLocator(
         namespace=sys.intern(namespace),
         name=name,
         addresses=tuple(addresses),
-        node_name=sys.intern(node_name or ""),
-        node_labels=_intern_labels(labels),
+        node_name=sys.intern(node_name),
+        node_labels=node_labels,
         is_node=meta_labels is not None and meta_labels.get(NODE_LOCATOR_LABEL) == "node",
     )
 
@@ -419,6 +426,9 @@ def _shared_port(name: str, protocol: str, number: int) -> Port:
 
 
 _LABEL_SETS: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
+#: Node name -> the shared labels its last common locator carried: a node's pods carry the
+#: same labels, found equal here at less cost than by `_intern_labels`.
+_NODE_LABELS: dict[str, dict[str, str]] = {}
 
 
 def _intern_labels(labels: Mapping[str, str]) -> dict[str, str]:
