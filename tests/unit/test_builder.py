@@ -168,33 +168,3 @@ def test_a_full_list_of_locators_matches_one_put_at_a_time() -> None:
         assert comparable(got) == comparable(want)
         assert got.place("10.9.0.7") == want.place("10.9.0.7")
         assert not bulk.replace_all(PodLocator, list(locators.values()))
-
-
-def test_a_full_list_of_slices_matches_one_put_at_a_time() -> None:
-    """The bulk path of `replace_all` for EndpointSlices, first lists and re-lists with updates,
-    ends as `put` would leave it, down to the order of each service's slices."""
-    rng = random.Random(12)
-    for _ in range(30):
-        services = [r for r in (random_record(rng) for _ in range(20)) if isinstance(r, Service)]
-        before = [
-            r for r in (random_record(rng) for _ in range(40)) if isinstance(r, EndpointSlice)
-        ]
-        listed = [
-            r for r in (random_record(rng) for _ in range(60)) if isinstance(r, EndpointSlice)
-        ]
-        bulk, one_by_one = StoreBuilder(), StoreBuilder()
-        for builder in (bulk, one_by_one):
-            for svc in services:
-                builder.put(svc)
-            builder.replace_all(EndpointSlice, list({record_key(r): r for r in before}.values()))
-        slices = list({record_key(r): r for r in listed}.values())
-        bulk.replace_all(EndpointSlice, slices)
-        for key in one_by_one.keys(EndpointSlice) - {k[1:] for k in map(record_key, slices)}:
-            one_by_one.remove(EndpointSlice, *key)
-        for record in slices:
-            one_by_one.put(record)
-        want, got = one_by_one.snapshot(1), bulk.snapshot(1)
-        assert comparable(got) == comparable(want)
-        assert dict(got.slices) == dict(want.slices)  # in the same order
-        assert dict(got.endpoint_ips) == dict(want.endpoint_ips)
-        assert not bulk.replace_all(EndpointSlice, slices)

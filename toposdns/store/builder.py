@@ -150,8 +150,6 @@ class StoreBuilder:
             stored -= seen
         if kind is PodLocator:
             changed = self._put_locators(records)  # type: ignore[arg-type]
-        elif kind is EndpointSlice:
-            changed = self._put_slices(records)  # type: ignore[arg-type]
         else:
             changed = False
             for record in records:
@@ -237,43 +235,6 @@ class StoreBuilder:
         self._note(("svc", *service))
         self._update_policy(service)
         return True
-
-    def _put_slices(self, slices: Iterable[EndpointSlice]) -> bool:
-        """`put` of many slices, in order; False if all equal what is stored.
-
-        New slices go into one mutation of each index, rather than a new persistent map per
-        endpoint address (a first list has some 70,000), and the policies of their services
-        are worked out once at the end, from the same slices `put` would have seen last."""
-        changed = False
-        by_service = self._by_service.mutate()
-        endpoint_ips = self._endpoint_ips.mutate()
-        services: dict[Key, None] = {}
-        note = self._note
-        for eps in slices:
-            key = (eps.namespace, eps.name)
-            old = self._slices.get(key)
-            if old is not None:  # an update, through `put`: on the indexes as they are now
-                if old == eps:
-                    continue
-                self._by_service, self._endpoint_ips = by_service.finish(), endpoint_ips.finish()
-                changed |= self._put_slice(eps)
-                by_service, endpoint_ips = self._by_service.mutate(), self._endpoint_ips.mutate()
-                continue
-            changed = True
-            self._slices[key] = eps
-            service = (eps.namespace, eps.service)
-            by_service[service] = by_service.get(service, ()) + (eps,)
-            for ep in eps.endpoints:
-                for address in ep.addresses:
-                    ip = canonical_ip(address)
-                    endpoint_ips[ip] = endpoint_ips.get(ip, ()) + ((eps, ep, address),)
-                    note(("ip", ip))
-            note(("svc", *service))
-            services[service] = None
-        self._by_service, self._endpoint_ips = by_service.finish(), endpoint_ips.finish()
-        for service in services:
-            self._update_policy(service)
-        return changed
 
     def _unindex_slice(self, eps: EndpointSlice) -> None:
         service = (eps.namespace, eps.service)
