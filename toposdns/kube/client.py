@@ -7,6 +7,7 @@ Every call goes through a `*_without_preload_content` method, so that bodies sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -66,6 +67,7 @@ class Reachability:
             self.down_since = None
 
 
+@functools.cache
 def aio_client() -> tuple[ModuleType, ModuleType]:
     """`kubernetes.aio.client` and `kubernetes.aio.config`, without the packages around them.
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 
 from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, list_all, message_of, request
@@ -32,7 +31,6 @@ from toposdns.metrics import API_ERRORS, WATCH_RESTARTS
 log = logging.getLogger("toposdns")
 
 Object = dict[str, Any]
-Call = Callable[..., Awaitable[aiohttp.ClientResponse]]
 #: How long one LIST page may take.
 LIST_TIMEOUT = 60.0
 

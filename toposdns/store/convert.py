@@ -33,12 +33,13 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 TOPOLOGY_KEYS_ANNOTATION = "toposdns.io/topology-keys"
 
 _POD_LOCATOR_VERSION = POD_LOCATOR.api_version
+_SLICE_VERSION = "discovery.k8s.io/v1"
 
 #: (apiVersion, kind) pairs a snapshot or the live source may hold.
 KINDS = {
     ("v1", "Service"),
     ("v1", "Namespace"),
-    ("discovery.k8s.io/v1", "EndpointSlice"),
+    (_SLICE_VERSION, "EndpointSlice"),
     (POD_LOCATOR.api_version, POD_LOCATOR.kind),
 }
 
@@ -304,9 +305,6 @@ def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
         node_labels,
         meta_labels is not None and meta_labels.get(NODE_LOCATOR_LABEL) == "node",
     )
-
-
-_SLICE_VERSION = "discovery.k8s.io/v1"
 
 
 def _common_endpoint_slice(raw: dict[str, Any]) -> EndpointSlice | None:
