@@ -281,12 +281,8 @@ def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
         or not (meta_labels is None or type(meta_labels) is dict)
     ):
         return None
-    try:
-        for address in addresses:
-            if inet_ntop(AF_INET, inet_pton(AF_INET, address)) != address:
-                return None  # not canonical: written back in canonical form
-    except (OSError, TypeError, ValueError):  # not an IPv4 address, or not a string
-        return None
+    if not _canonical_ipv4(addresses):
+        return None  # left to `_pod_locator`, which writes them in canonical form or refuses
     node_name = node_name or ""
     node_labels = _NODE_LABELS.get(node_name)
     if node_labels is None or node_labels != labels:  # equal to checked strings: strings too
@@ -374,12 +370,8 @@ def _common_endpoint(ep: dict[str, Any]) -> Endpoint | None:
         or hints is not None
     ):
         return None  # hints (rare) are left to the checks, with their two nested lists
-    try:
-        for address in addresses:
-            if inet_ntop(AF_INET, inet_pton(AF_INET, address)) != address:
-                return None  # kept as written by `_endpoint_slice`, but checked by ipaddress
-    except (OSError, TypeError, ValueError):  # not an IPv4 address, or not a string
-        return None
+    if not _canonical_ipv4(addresses):
+        return None  # left to `_endpoint_slice`, which checks them with ipaddress
     return Endpoint(
         tuple(addresses),
         hostname or "",
@@ -387,6 +379,17 @@ def _common_endpoint(ep: dict[str, Any]) -> Endpoint | None:
         sys.intern(node_name or ""),
         sys.intern(zone or ""),
     )
+
+
+def _canonical_ipv4(addresses: list[Any]) -> bool:
+    """True if every item is an IPv4 address in canonical form (one C call each way)."""
+    try:
+        for address in addresses:
+            if inet_ntop(AF_INET, inet_pton(AF_INET, address)) != address:
+                return False
+    except (OSError, TypeError, ValueError):  # not an IPv4 address, or not a string
+        return False
+    return True
 
 
 def _common_ports(raw_ports: list[Any]) -> tuple[Port, ...] | None:
