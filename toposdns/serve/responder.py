@@ -259,6 +259,10 @@ class Responder:
         rendered = self.cache.renders[transport.slot].get(data[2:])
         if rendered is not None and (rendered.source is None or rendered.source == source):
             return self.replayed(rendered, data, started)
+        if len(data) > 16 and not data[11] and self.negatives is not None:
+            reply = self.first_time(data, transport, started)
+            if reply is not None:
+                return reply
         split = split_query(data)
         if split is None:  # not a plain query: decoded in full, never cached
             return self.decoded(data, transport, source, started)
@@ -424,6 +428,25 @@ class Responder:
                 return None
             reply = rendered
         return reply, qtype, stored
+
+    def first_time(self, data: bytes, transport: Transport, started: float) -> bytes | None:
+        """The reply from templates to a query without OPT record (stub resolvers send most
+        first-time names so) whose key has no reply cached; None for the usual path, which
+        gives the same reply to the rest (`negative`), the same cache entry and counts."""
+        assert self.negatives is not None
+        templated = self.negatives.plain(data, self.snapshot)
+        if templated is None:
+            return None
+        reply, key, qtype, depends = templated
+        if key in self.cache.table or len(reply) > MIN_UDP_SIZE and not transport.tcp:
+            return None  # cached, or to cut to its limit
+        self.cache.misses += 1
+        stored = None
+        if self.again(key):
+            stored = self.template_entry(data, key, reply, qtype, depends)
+            self.cache.store(key, stored)
+        self.count_miss(stored)
+        return self.counted(data, reply, transport, started, qtype)
 
     def template_entry(
         self, data: bytes, key: bytes, reply: bytes, qtype: int, depends: frozenset[Dependency]
