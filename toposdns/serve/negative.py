@@ -155,12 +155,28 @@ class Negatives:
             if count == 2 and lower[starts[0] : zone_at] == _NS_DNS:
                 return None
             return zone_at, _NOTHING, None
+        config = self.config
+        if kind == _SVC and count > 1 and (count <= 5 or not config.zonal):
+            # `absent` for the other search-path names and services that do not exist, on
+            # bytes; an endpoint name of a service that exists takes the general way below.
+            if count > 5 or lower[starts[-2] :] in _REVERSE:
+                return zone_at, _NOTHING, None
+            namespace = lower[starts[count - 2] + 1 : last].decode()
+            listed = config.namespaces
+            if namespace not in snapshot.namespaces or listed and namespace not in listed:
+                return zone_at, frozenset({("ns", namespace)}), None
+            if count == 2:
+                return None  # NODATA
+            service = lower[starts[count - 3] + 1 : starts[count - 2]].decode()
+            if (namespace, service) not in snapshot.services:
+                return zone_at, frozenset({("ns", namespace), ("svc", namespace, service)}), None
+            if count != 4:
+                return None
         text = lower.decode()
         tail = tuple(
             [text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 5) : count]]
         )
         reverse = len(starts) >= 2 and lower[starts[-2] :] in _REVERSE
-        config = self.config
         depends = absent(tail, count, reverse, snapshot, config)
         if depends is not None:
             return zone_at, depends, None
