@@ -96,11 +96,12 @@ class Negatives:
 
     def plain(
         self, data: bytes, snapshot: Snapshot
-    ) -> tuple[bytes, bytes, int, frozenset[Dependency]] | None:
-        """`reply` for a query without OPT record, the shape stub resolvers send, read from
-        its bytes alone: (reply, cache key, qtype, dependencies), or None for anything else.
-        It accepts what wire/edns.py `split_query` accepts without OPT, and its key is
-        `plain_key`'s; it walks the name once, for both."""
+    ) -> tuple[bytes, tuple[bytes, int, frozenset[Dependency]] | None] | None:
+        """`reply` for an A or AAAA query without OPT record, the shape stub resolvers send,
+        read from its bytes alone: (its cache key, (reply, qtype, dependencies) or None when
+        only the resolver can tell), or None for any other message. It accepts what
+        wire/edns.py `split_query` accepts without OPT, and its key is `plain_key`'s; it walks
+        the name once, for both."""
         size = len(data)
         if size < 17 or data[2] & 0xF8 or data[4:12] != _ONE_QUESTION:
             return None
@@ -127,9 +128,13 @@ class Negatives:
         key = data[2:-4].lower() + kind
         verdict = self.verdict(key[10:-4], starts, snapshot)
         if verdict is None:
-            return None
+            return key, None
         zone_at, depends, address = verdict
-        return self.written(data, at + 1, qtype, zone_at, address, b"", snapshot), key, qtype, depends
+        return key, (
+            self.written(data, at + 1, qtype, zone_at, address, b"", snapshot),
+            qtype,
+            depends,
+        )
 
     def verdict(
         self, lower: bytes, starts: list[int], snapshot: Snapshot
