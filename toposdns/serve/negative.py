@@ -19,9 +19,11 @@ from toposdns.resolve.resolver import (
     REVERSE_ZONES,
     ResolverConfig,
     absent,
+    endpoint_hostnames,
     pod_address,
     zone_soa,
 )
+from toposdns.store.model import EndpointSlice, Service
 from toposdns.store.snapshot import Dependency, Snapshot
 from toposdns.wire.codes import AA, AAAA, COPIED_FLAGS, NOERROR, NXDOMAIN, QR, SERVFAIL, A, Name
 from toposdns.wire.decode import read_name
@@ -35,6 +37,8 @@ _SVC = SVC.encode()
 _POD = POD.encode()
 _NS_DNS = name_wire(("ns", "dns"))[:-1]
 _NOTHING: frozenset[Dependency] = frozenset()
+#: Services whose endpoint labels are kept at most (`Negatives.hostnames`).
+KNOWN_SERVICES = 16_384
 
 
 def _wire(zone: Name) -> tuple[bytes, int]:
@@ -53,6 +57,10 @@ class Negatives:
         self.fallthrough = [_wire(zone) for zone in config.fallthrough]
         #: SOA records by (zone as asked, serial).
         self.soas: dict[tuple[bytes, int], bytes] = {}
+        #: Endpoint labels by service, with the service and slices they were read from.
+        self.known: dict[
+            tuple[str, str], tuple[Service, tuple[EndpointSlice, ...] | None, frozenset[str]]
+        ] = {}
         #: An answer record's type, class, TTL and data length, by record type.
         self.heads = {
             A: pack("!HHIH", A, 1, config.ttl, 4),
@@ -173,10 +181,12 @@ class Negatives:
             if count == 2:
                 return None  # NODATA
             service = lower[starts[count - 3] + 1 : starts[count - 2]].decode()
-            if (namespace, service) not in snapshot.services:
-                return zone_at, frozenset({("ns", namespace), ("svc", namespace, service)}), None
-            if count != 4:
+            svc = snapshot.services.get((namespace, service))
+            if svc is not None and (
+                count != 4 or lower[1 : starts[1]].decode() in self.hostnames(svc, snapshot)
+            ):
                 return None
+            return zone_at, frozenset({("ns", namespace), ("svc", namespace, service)}), None
         text = lower.decode()
         tail = tuple(
             [text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 5) : count]]
@@ -189,6 +199,21 @@ class Negatives:
         if address is None:
             return None
         return zone_at, frozenset({("ns", tail[-2])}), address
+
+    def hostnames(self, svc: Service, snapshot: Snapshot) -> frozenset[str]:
+        """The service's endpoint labels (resolver `endpoint_hostnames`), kept while the
+        service and its slices stay the same objects: endpoint names of addresses no endpoint
+        has are asked of the same services over and over."""
+        key = (svc.namespace, svc.name)
+        slices = snapshot.slices.get(key)
+        known = self.known.get(key)
+        if known is not None and known[0] is svc and known[1] is slices:
+            return known[2]
+        names = endpoint_hostnames(svc, snapshot, self.config)
+        if len(self.known) >= KNOWN_SERVICES:
+            self.known.clear()
+        self.known[key] = (svc, slices, names)
+        return names
 
     def written(
         self,
