@@ -395,7 +395,13 @@ def pod_address(tail: Name, count: int, config: ResolverConfig) -> bytes | None:
     other family), or None when only `resolve` can tell. It depends on the namespace alone."""
     if config.pods != "insecure" or count < 3 or tail[-1] != POD:
         return None
-    address = _pod_address(tail[-3])
+    return packed_pod_address(tail[-3])
+
+
+def packed_pod_address(label: str) -> bytes | None:
+    """The address a pod name's first label stands for (`10-1-2-3`, `fd00--4`), packed, or
+    None when it stands for none (the name does not exist)."""
+    address = _pod_address(label)
     try:
         if ":" not in address:
             # inet_pton reads a dotted quad as strictly as ipaddress (no leading zeros).

@@ -20,6 +20,7 @@ from toposdns.resolve.resolver import (
     ResolverConfig,
     absent,
     endpoint_hostnames,
+    packed_pod_address,
     pod_address,
     zone_soa,
 )
@@ -169,15 +170,24 @@ class Negatives:
                 return None
             return zone_at, _NOTHING, None
         config = self.config
-        if kind == _SVC and count > 1 and (count <= 5 or not config.zonal):
-            # `absent` for the other search-path names and services that do not exist, on
-            # bytes; an endpoint name of a service that exists takes the general way below.
+        if count > 1 and (count <= 5 or kind == _POD or not config.zonal):
+            # `absent` and `pod_address` on bytes, for the other search-path names, services
+            # that do not exist, endpoint names and pod names.
             if count > 5 or lower[starts[-2] :] in _REVERSE:
                 return zone_at, _NOTHING, None
             namespace = lower[starts[count - 2] + 1 : last].decode()
             listed = config.namespaces
+            in_namespace = frozenset({("ns", namespace)})
             if namespace not in snapshot.namespaces or listed and namespace not in listed:
-                return zone_at, frozenset({("ns", namespace)}), None
+                return zone_at, in_namespace, None
+            if kind == _POD:
+                if config.pods == "disabled":
+                    return zone_at, in_namespace, None
+                if config.pods != "insecure" or count < 3:
+                    return None
+                label = lower[starts[count - 3] + 1 : starts[count - 2]].decode()
+                address = packed_pod_address(label)
+                return None if address is None else (zone_at, in_namespace, address)
             if count == 2:
                 return None  # NODATA
             service = lower[starts[count - 3] + 1 : starts[count - 2]].decode()
@@ -187,9 +197,11 @@ class Negatives:
             ):
                 return None
             return zone_at, frozenset({("ns", namespace), ("svc", namespace, service)}), None
-        text = lower.decode()
-        tail = tuple(
-            [text[at + 1 : at + 1 + lower[at]] for at in starts[max(0, count - 5) : count]]
+        tail = tuple(  # the zonal names of services, `svc.<zone>` and `pod.<zone>`
+            [
+                lower[at + 1 : at + 1 + lower[at]].decode()
+                for at in starts[max(0, count - 5) : count]
+            ]
         )
         reverse = len(starts) >= 2 and lower[starts[-2] :] in _REVERSE
         depends = absent(tail, count, reverse, snapshot, config)
