@@ -8,6 +8,11 @@ or is a pod name under `pods insecure` (`pod_address`). The reply is then the qu
 and either the zone's SOA (NXDOMAIN, or NODATA for a pod name of the other family) or the pod's
 one address record, its owner the name as asked, from bytes kept per zone spelling and serial.
 Anything else goes the ordinary way; the differential test holds both to resolve + encode.
+
+A query without OPT record (`Negatives.plain`) is read off its bytes alone: one walk of its name
+gives its cache key and the labels the decision reads, and the common shapes (search-path
+names, services that do not exist, endpoint names, pod names) are decided on those bytes, with
+one lookup for the namespace and one for the service.
 """
 
 from __future__ import annotations
