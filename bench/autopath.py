@@ -20,14 +20,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import REPO, ServerProcess, free_port, toposdns_command
-from bench.live_server import wait_ready
-
 # glibc as the client, the stub upstream and the metrics reader are the test suite's own, as
 # the stand-in API server is for the other benchmarks.
-from tests import glibc
-from tests.integration.support import metric_total
-from tests.upstream import stub_upstream
+from bench.harness import (
+    REPO,
+    ServerProcess,
+    free_port,
+    glibc,
+    metric_total,
+    stub_upstream,
+    toposdns_command,
+)
+from bench.live_server import wait_ready
 
 TOPOLOGY = REPO / "examples" / "topology.yaml"
 UPSTREAM = {

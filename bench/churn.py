@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import dnsperf
-from bench.harness import FakeApiServer, ServerProcess, log, machine
+from bench.harness import (
+    FakeApiServer,
+    ServerProcess,
+    endpoint,
+    endpoint_slice,
+    log,
+    machine,
+    service,
+)
 from bench.live_cluster import (
     ZONES,
     Cluster,
@@ -110,29 +118,14 @@ class LocatorChanger:
             server.add(obj)
 
     def _probe_objects(self) -> tuple[JSON, JSON]:
-        meta = {"name": "probe", "namespace": PROBE_NAMESPACE}
-        service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {**meta, "annotations": {
-                "toposdns.io/topology-keys": "topology.kubernetes.io/zone"}},
-            "spec": {"clusterIP": "None", "clusterIPs": ["None"],
-                     "ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
-        }  # fmt: skip
-        eps = {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {"name": "probe-1", "namespace": PROBE_NAMESPACE,
-                         "labels": {"kubernetes.io/service-name": "probe"}},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
-            "endpoints": [
-                {"addresses": [address], "conditions": {"ready": True}, "nodeName": node[0],
-                 "zone": node[1]["topology.kubernetes.io/zone"]}
-                for address, node in zip(self.endpoints, self.zones, strict=True)
-            ],
-        }  # fmt: skip
-        return service, eps
+        keys = {"toposdns.io/topology-keys": "topology.kubernetes.io/zone"}
+        probe = service("probe", PROBE_NAMESPACE, cluster_ip="None", annotations=keys)
+        endpoints = [
+            endpoint(address, nodeName=node[0], zone=node[1]["topology.kubernetes.io/zone"])
+            for address, node in zip(self.endpoints, self.zones, strict=True)
+        ]
+        port = [{"name": "http", "port": 8080}]
+        return probe, endpoint_slice("probe", PROBE_NAMESPACE, endpoints, ports=port)
 
     def change(self, avoid: str | None = None) -> tuple[str, str, float]:
         """(the probed name, the address it must answer now, perf_counter just before the

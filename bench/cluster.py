@@ -10,6 +10,8 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from bench.harness import endpoint_slice, namespace, pod_locator, service
+
 ZONE = "cluster.local"
 TTL = 5
 SOA_SERIAL = 1
@@ -130,10 +132,7 @@ def snapshot_objects(
     adds a PodLocator per address that places a client (a querying address, or an ECS address)
     on that node.
     """
-    items: list[JSON] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-        for ns in cluster.namespaces
-    ]
+    items: list[JSON] = [namespace(ns) for ns in cluster.namespaces]
     for svc in cluster.services:
         items.append(service_object(svc, topology))
         items.append(slice_object(svc))
@@ -149,58 +148,40 @@ def snapshot_objects(
 
 
 def service_object(svc: Service, topology: bool) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": svc.name, "namespace": svc.namespace},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": "None",
-            "clusterIPs": ["None"],
-            "selector": {"app": svc.name},
-            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80}],
-            **({"topologyKeys": TOPOLOGY_KEYS} if topology else {}),
-        },
-    }
+    return service(
+        svc.name,
+        svc.namespace,
+        cluster_ip="None",
+        ports=[{"name": "http", "port": 80, "targetPort": 80}],
+        selector={"app": svc.name},
+        **({"topologyKeys": TOPOLOGY_KEYS} if topology else {}),
+    )
 
 
 def slice_object(svc: Service) -> JSON:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{svc.name}-abcde",
-            "namespace": svc.namespace,
-            "labels": {"kubernetes.io/service-name": svc.name},
-        },
-        "addressType": "IPv4",
-        "endpoints": [
-            {
-                "addresses": [ep.ip],
-                "nodeName": ep.node.name,
-                "zone": ep.node.zone,
-                "conditions": {"ready": True},
-                "targetRef": {"kind": "Pod", "namespace": svc.namespace, "name": ep.pod},
-            }
-            for ep in svc.endpoints
-        ],
-        "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
-    }
+    endpoints = [
+        {
+            "addresses": [ep.ip],
+            "nodeName": ep.node.name,
+            "zone": ep.node.zone,
+            "conditions": {"ready": True},
+            "targetRef": {"kind": "Pod", "namespace": svc.namespace, "name": ep.pod},
+        }
+        for ep in svc.endpoints
+    ]
+    return endpoint_slice(svc.name, svc.namespace, endpoints, name=f"{svc.name}-abcde")
 
 
 def locator_object(name: str, namespace: str, ip: str, node: Node, kind: str = "") -> JSON:
     """A PodLocator placing `ip` on `node` (`kind` is its toposdns.io/locator label, if any)."""
-    metadata: JSON = {"name": name, "namespace": namespace}
-    if kind:
-        metadata["labels"] = {"toposdns.io/locator": kind}
-    return {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": metadata,
-        "addresses": [ip],
-        "nodeName": node.name,
-        "nodeLabels": node.labels,
-    }
+    return pod_locator(
+        name,
+        namespace,
+        addresses=[ip],
+        node_name=node.name,
+        node_labels=node.labels,
+        role=kind or None,
+    )
 
 
 # --------------------------------------------------------------------------- the Knot zone

@@ -35,9 +35,17 @@ from pathlib import Path
 import dnslib
 
 from bench.cluster import generate_cluster, snapshot_objects
-from bench.harness import HOST, ServerProcess, free_port, log, machine, toposdns_command
-from tests.helpers import headless
-from tests.upstream import stub_upstream
+from bench.harness import (
+    HOST,
+    ServerProcess,
+    free_port,
+    headless,
+    log,
+    machine,
+    namespace,
+    stub_upstream,
+    toposdns_command,
+)
 
 BIG_ENDPOINTS = 100
 SRV_NAME = "_http._tcp.big.flood.svc.cluster.local"
@@ -51,8 +59,7 @@ def big_service() -> list[dict[str, object]]:
     endpoints = [
         {"addresses": [f"10.200.0.{i + 1}"], "hostname": f"big-{i}"} for i in range(BIG_ENDPOINTS)
     ]
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "flood"}}
-    return [namespace, *headless("big", "flood", endpoints)]
+    return [namespace("flood"), *headless("big", "flood", endpoints)]
 
 
 def query(name: str, qtype: str, size: int | None = None) -> bytes:

@@ -1,5 +1,6 @@
 """What every benchmark shares: logging, percentiles, free ports, a description of the machine,
-and the test suite's stand-in API server and server-process wrapper.
+and the test suite's stand-in API server, server-process wrapper, Kubernetes object builders,
+stub upstream and glibc client.
 
 The benchmarks run as modules from the repository root (`python -m bench.run`), so `toposdns`,
 `bench` and `tests` import from there with no path set-up.
@@ -16,21 +17,36 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-# The stand-in API server and the process wrapper are the test suite's own: the benchmarks
-# measure against the same fakes the tests check the server with. Imported here only.
+# The stand-in API server, the process wrapper, the objects, the upstream and the clients are
+# the test suite's own: the benchmarks measure against the same fakes the tests check the server
+# with. Imported here only.
+from tests import glibc
+from tests.integration.support import metric_total
 from tests.kubeapi import FakeApiServer
+from tests.objects import endpoint, endpoint_slice, headless, namespace, pod_locator, service
 from tests.server_process import REPO, ServerProcess, toposdns_command
+from tests.upstream import StubUpstream, stub_upstream
 
 __all__ = [
     "HOST",
     "REPO",
     "FakeApiServer",
     "ServerProcess",
+    "StubUpstream",
     "cpu_model",
+    "endpoint",
+    "endpoint_slice",
     "free_port",
+    "glibc",
+    "headless",
     "log",
     "machine",
+    "metric_total",
+    "namespace",
     "percentile",
+    "pod_locator",
+    "service",
+    "stub_upstream",
     "toposdns_command",
 ]
 

@@ -59,8 +59,20 @@ import dns.rcode
 import dns.rdatatype
 
 from bench import dnsperf as perf
-from bench.harness import HOST, FakeApiServer, ServerProcess, log, percentile, toposdns_command
-from tests.upstream import StubUpstream
+from bench.harness import (
+    HOST,
+    FakeApiServer,
+    ServerProcess,
+    StubUpstream,
+    endpoint,
+    endpoint_slice,
+    log,
+    namespace,
+    percentile,
+    pod_locator,
+    service,
+    toposdns_command,
+)
 
 JSON = dict[str, Any]
 NS = "soak"
@@ -93,55 +105,28 @@ SAMPLE_EVERY = 10.0
 def slice_object(name: str, endpoints: list[tuple[str, str]]) -> JSON:
     """An EndpointSlice of `name` with ready endpoints (address, node)."""
     zone_of = dict(NODES)
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{name}-1",
-            "namespace": NS,
-            "labels": {"kubernetes.io/service-name": name},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
-        "endpoints": [
-            {
-                "addresses": [address],
-                "conditions": {"ready": True},
-                "nodeName": node,
-                "zone": zone_of[node],
-            }
-            for address, node in endpoints
-        ],
-    }
+    endpoints_ = [
+        endpoint(address, nodeName=node, zone=zone_of[node]) for address, node in endpoints
+    ]
+    return endpoint_slice(name, NS, endpoints_, ports=[{"name": "http", "port": 8080}])
 
 
 def service_object(name: str, cluster_ip: str | None, topology: bool = False) -> JSON:
-    ip = cluster_ip or "None"
-    meta: JSON = {"name": name, "namespace": NS}
-    if topology:
-        meta["annotations"] = {"toposdns.io/topology-keys": "topology.kubernetes.io/zone,*"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "clusterIP": ip,
-            "clusterIPs": [ip],
-            "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
-        },
-    }
+    keys = {"toposdns.io/topology-keys": "topology.kubernetes.io/zone,*"}
+    return service(
+        name, NS, cluster_ip=cluster_ip or "None", annotations=keys if topology else None
+    )
 
 
 def locator_object(client: str, node: str) -> JSON:
     zone = dict(NODES)[node]
-    return {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {"name": "client-" + client.replace(".", "-"), "namespace": NS},
-        "addresses": [client],
-        "nodeName": node,
-        "nodeLabels": {"kubernetes.io/hostname": node, "topology.kubernetes.io/zone": zone},
-    }
+    return pod_locator(
+        "client-" + client.replace(".", "-"),
+        NS,
+        addresses=[client],
+        node_name=node,
+        node_labels={"kubernetes.io/hostname": node, "topology.kubernetes.io/zone": zone},
+    )
 
 
 @dataclass
@@ -173,7 +158,7 @@ class Truth:
         self.clients: dict[str, History] = {}  # client address -> node
         self.next_address = int(ipaddress.IPv4Address("10.200.0.1"))
         now = time.monotonic()
-        api.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        api.add(namespace(NS))
         for i in range(CLUSTER_IPS):
             api.add(service_object(f"c-{i}", f"10.96.1.{i + 1}"))
         names = [f"h-{i}" for i in range(HEADLESS)] + [f"t-{i}" for i in range(TOPOLOGY)]

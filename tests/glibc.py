@@ -14,6 +14,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+import yaml
+
+from tests import objects
+
 GETENT_TIMEOUT = 30.0
 
 
@@ -72,14 +76,10 @@ def getent_ahosts(conf: Path, name: str) -> subprocess.CompletedProcess[str]:
 def pod_locator(namespace: str, name: str = "glibc") -> str:
     """A snapshot item: a PodLocator placing 127.0.0.1, where getent's queries come from, in
     `namespace`."""
-    return (
-        "- apiVersion: toposdns.io/v1alpha1\n"
-        "  kind: PodLocator\n"
-        f"  metadata: {{name: {name}, namespace: {namespace}}}\n"
-        "  addresses: [127.0.0.1]\n"
-        "  nodeName: node-a\n"
-        "  nodeLabels: {kubernetes.io/hostname: node-a}\n"
+    locator = objects.pod_locator(
+        name, namespace, addresses=["127.0.0.1"], node_labels={"kubernetes.io/hostname": "node-a"}
     )
+    return yaml.safe_dump([locator], sort_keys=False)
 
 
 def addresses(done: subprocess.CompletedProcess[str]) -> set[str]:

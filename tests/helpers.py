@@ -1,4 +1,5 @@
-"""Shared test helpers: snapshots from raw objects, configs, and comparing records as text."""
+"""Shared test helpers: snapshots from raw objects (tests/objects.py builds them), configs, and
+comparing records as text."""
 
 from __future__ import annotations
 
@@ -12,47 +13,6 @@ from toposdns.resolve.resolver import ResolverConfig
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import convert_object
 from toposdns.store.snapshot import Snapshot
-
-#: Namespace shop and its ClusterIP Service web (10.96.0.5): the smallest cluster with a name.
-SHOP_WEB: list[dict[str, Any]] = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
-    },
-]
-
-
-def headless(
-    name: str,
-    namespace: str,
-    endpoints: list[dict[str, Any]],
-    family: str = "IPv4",
-    **spec: Any,
-) -> list[dict[str, Any]]:
-    """A headless Service with one port, `http` 80, and one EndpointSlice of `endpoints`."""
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}], **spec},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": f"{name}-1",
-                "namespace": namespace,
-                "labels": {"kubernetes.io/service-name": name},
-            },
-            "addressType": family,
-            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-            "endpoints": endpoints,
-        },
-    ]
 
 
 def snapshot_of(objects: Iterable[dict[str, Any]], synced: bool = True) -> Snapshot:
@@ -114,31 +74,3 @@ def normal_text(zone_lines: Iterable[str]) -> list[str]:
 def normal_rrs(rrs: Iterable[dnslib.RR]) -> list[str]:
     """Parsed records as comparable text, sorted."""
     return sorted(normal(rr) for rr in rrs)
-
-
-def forwarder_service(*ready: str, not_ready: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Service kube-system/coredns (the forwarders `--ecs-trust-service` may trust) and its
-    EndpointSlice, with these endpoint addresses."""
-    endpoints = [{"addresses": [address]} for address in ready] + [
-        {"addresses": [address], "conditions": {"ready": False}} for address in not_ready
-    ]
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "coredns", "namespace": "kube-system"},
-            "spec": {"clusterIP": "10.96.0.20", "ports": [{"name": "dns", "port": 53}]},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": "coredns-1",
-                "namespace": "kube-system",
-                "labels": {"kubernetes.io/service-name": "coredns"},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "dns", "port": 53}],
-            "endpoints": endpoints,
-        },
-    ]

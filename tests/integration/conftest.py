@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import STOP_TIMEOUT, Server, StartServer, copy_snapshot, service
+from tests.integration.support import STOP_TIMEOUT, Server, StartServer, copy_snapshot
 from tests.kubeapi import FakeApiServer
+from tests.objects import namespace, service
 
 
 def _stop_all(servers: list[Server]) -> None:
@@ -61,8 +62,8 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def api() -> Iterator[FakeApiServer]:
     """The stand-in API server, holding namespace shop and its Service web (10.96.0.5)."""
     server = FakeApiServer()
-    server.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
-    server.add(service("web", "10.96.0.5"))
+    server.add(namespace("shop"))
+    server.add(service("web", cluster_ip="10.96.0.5"))
     server.start()
     yield server
     server.stop()

@@ -17,7 +17,6 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import dns.message
 import dns.query
@@ -268,13 +267,3 @@ def metric_total(port: int, name: str) -> float:
         for sample in family.samples
         if sample.name == name
     )
-
-
-def service(name: str, ip: str) -> dict[str, Any]:
-    """A ClusterIP Service in namespace shop, as the API server would list it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": "shop"},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80}]},
-    }

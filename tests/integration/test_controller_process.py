@@ -14,6 +14,7 @@ import pytest
 
 from tests.integration.support import REPO, http_get, wait_until
 from tests.kubeapi import FakeApiServer
+from tests.objects import node
 from toposdns import __version__
 
 pytestmark = pytest.mark.integration
@@ -28,12 +29,11 @@ def free_port() -> int:
 def test_probes_metrics_and_release_on_sigterm(tmp_path: Path) -> None:
     api = FakeApiServer(leases=True)
     api.add(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "z1"}},
-            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]},
-        }
+        node(
+            "n1",
+            labels={"topology.kubernetes.io/zone": "z1"},
+            addresses=[("InternalIP", "10.0.0.1")],
+        )
     )
     api.fail_next("pods", 500, count=3)  # the first lists fail for a while: not ready
     api.start()

@@ -13,8 +13,9 @@ import pytest
 from prometheus_client import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, service, wait_until
+from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, wait_until
 from tests.kubeapi import FakeApiServer
+from tests.objects import endpoint_slice, service
 from tests.upstream import stub_upstream
 from toposdns import REVISION_VARIABLE
 
@@ -47,22 +48,15 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 UPSTREAM = {("www.example.test", "A"): ["www.example.test. 300 IN A 192.0.2.10"]}
 
 
-def endpoint_slice(name: str, service_name: str, ip: str, triggered: float) -> dict[str, Any]:
+def triggered_slice(name: str, service_name: str, ip: str, triggered: float) -> dict[str, Any]:
     """An EndpointSlice as the endpoint controller writes it, with its trigger time."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(triggered))
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": "shop",
-            "labels": {"kubernetes.io/service-name": service_name},
-            "annotations": {TRIGGER_TIME: f"{stamp}.{int(triggered % 1 * 1e9):09d}Z"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 80}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
-    }
+    return endpoint_slice(
+        service_name,
+        endpoints=[{"addresses": [ip], "conditions": {"ready": True}}],
+        name=name,
+        annotations={TRIGGER_TIME: f"{stamp}.{int(triggered % 1 * 1e9):09d}Z"},
+    )
 
 
 def scrape(port: int) -> dict[str, Metric]:
@@ -87,7 +81,7 @@ def running(
     request: pytest.FixtureRequest, api: FakeApiServer, tmp_path: Path
 ) -> Iterator[tuple[Server, int, FakeApiServer]]:
     """A server on the stand-in API with two upstreams, and its metrics port."""
-    api.add(service("db", "None"))
+    api.add(service("db", cluster_ip="None"))
     with stub_upstream(UPSTREAM) as good, stub_upstream(UPSTREAM, mode="garbage") as bad:
         upstreams = f"127.0.0.1:{good.port},127.0.0.1:{bad.port}"
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
@@ -119,8 +113,8 @@ def test_coredns_series_are_present_with_their_labels(
 ) -> None:
     server, http, api = running
     api.wait_for_watches(4)
-    api.add(endpoint_slice("db-a", "db", "10.1.0.7", time.time() - 0.5))
-    api.add(endpoint_slice("web-a", "web", "10.1.0.8", time.time() - 0.5))
+    api.add(triggered_slice("db-a", "db", "10.1.0.7", time.time() - 0.5))
+    api.add(triggered_slice("web-a", "web", "10.1.0.8", time.time() - 0.5))
     asked = []  # the queries sent, all of which the cache counts
 
     def db_answers() -> bool:

@@ -30,6 +30,7 @@ from tests.integration.support import (
     wait_until,
 )
 from tests.kubeapi import FakeApiServer
+from tests.objects import headless, service
 from tests.server_process import ServerProcess, toposdns_command
 from tests.upstream import stub_upstream
 
@@ -40,26 +41,11 @@ UPSTREAM = {
     ("example.org", "A"): ["example.org. 300 IN A 192.0.2.80"],
 }
 #: A headless Service with three ready endpoints, for `loadbalance`.
-LB_SERVICE = {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {"name": "lb", "namespace": "shop"},
-    "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
-}
-LB_SLICE = {
-    "apiVersion": "discovery.k8s.io/v1",
-    "kind": "EndpointSlice",
-    "metadata": {
-        "name": "lb-1",
-        "namespace": "shop",
-        "labels": {"kubernetes.io/service-name": "lb"},
-    },
-    "addressType": "IPv4",
-    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-    "endpoints": [
-        {"addresses": [f"10.244.0.{i}"], "conditions": {"ready": True}} for i in (1, 2, 3)
-    ],
-}
+LB_OBJECTS = headless(
+    "lb",
+    "shop",
+    [{"addresses": [f"10.244.0.{i}"], "conditions": {"ready": True}} for i in (1, 2, 3)],
+)
 
 
 def kubeadm_corefile(ports: dict[str, int], kubeconfig: Path, upstream: int, ttl: int = 30) -> str:
@@ -137,8 +123,8 @@ class CorefileServer(Server):
 
 @pytest.fixture
 def cluster(api: FakeApiServer) -> FakeApiServer:
-    api.add(LB_SERVICE)
-    api.add(LB_SLICE)
+    for obj in LB_OBJECTS:
+        api.add(obj)
     return api
 
 
@@ -176,14 +162,7 @@ def test_kubeadms_corefile_answers_as_coredns_there(
     assert outside.rdata("A") == ["192.0.2.80"] and int(outside.answer[0][1]) <= 30  # cache 30
     # In the cluster's zone nothing is cached: a Service that appears is found at once.
     assert dig(server, "new.shop.svc.cluster.local").status == "NXDOMAIN"
-    cluster.add(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "new", "namespace": "shop"},
-            "spec": {"clusterIP": "10.96.0.7", "ports": [{"name": "http", "port": 80}]},
-        }
-    )
+    cluster.add(service("new", "shop", cluster_ip="10.96.0.7"))
     assert wait_until(lambda: dig(server, "new.shop.svc.cluster.local").status == "NOERROR", 5)
     query = dns.message.make_query("lb.shop.svc.cluster.local", "A")
     orders = {tuple(str(rr) for rr in udp(server, query).answer[0]) for _ in range(20)}

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, service, wait_until
+from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, wait_until
 from tests.kubeapi import FakeApiServer
+from tests.objects import service
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ def test_serves_the_cluster_from_the_api(api: FakeApiServer, tmp_path: Path, wor
         assert dig(server, "nothing.shop.svc.cluster.local").status == "NXDOMAIN"
 
         api.wait_for_watches(4)
-        api.modify(service("web", "10.96.0.6"))
+        api.modify(service("web", cluster_ip="10.96.0.6"))
         changed = time.monotonic()
         assert wait_until(
             lambda: (

@@ -18,42 +18,19 @@ from tests.integration.support import (
     udp,
     wait_until,
 )
+from tests.objects import endpoint_slice, service
 
 pytestmark = pytest.mark.integration
 
 RELOAD_TIMEOUT = 5.0
 
-CHECKOUT = {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {"name": "checkout", "namespace": "shop"},
-    "spec": {
-        "type": "ClusterIP",
-        "clusterIP": "10.96.10.30",
-        "clusterIPs": ["10.96.10.30"],
-        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-    },
-}
+CHECKOUT = service("checkout", cluster_ip="10.96.10.30")
 
-BROKEN_SLICE = {
-    "apiVersion": "discovery.k8s.io/v1",
-    "kind": "EndpointSlice",
-    "metadata": {
-        "name": "cart-zz9",
-        "namespace": "shop",
-        "labels": {"kubernetes.io/service-name": "cart"},
-    },
-    "addressType": "IPv4",
-    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-    "endpoints": [{"addresses": ["not-an-ip"], "conditions": {"ready": True}}],
-}
+BROKEN_SLICE = endpoint_slice(
+    "cart", endpoints=[{"addresses": ["not-an-ip"], "conditions": {"ready": True}}], name="cart-zz9"
+)
 
-CART = {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {"name": "cart", "namespace": "shop"},
-    "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
-}
+CART = service("cart", cluster_ip="None")
 
 
 def load(path: Path) -> dict[str, Any]:

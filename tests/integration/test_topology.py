@@ -13,7 +13,6 @@ import dns.query
 import pytest
 import yaml
 
-from tests.helpers import forwarder_service
 from tests.integration.support import (
     Server,
     StartServer,
@@ -23,6 +22,7 @@ from tests.integration.support import (
     replace_file,
     wait_until,
 )
+from tests.objects import forwarder_service
 
 pytestmark = pytest.mark.integration
 

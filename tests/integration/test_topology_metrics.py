@@ -35,6 +35,7 @@ from tests.integration.support import (
     rrset_texts,
     wait_until,
 )
+from tests.objects import headless
 
 pytestmark = pytest.mark.integration
 
@@ -50,29 +51,14 @@ UNPLACED = "10.9.9.9"  # no PodLocator holds it
 UDP_ROUNDS, TCP_ROUNDS = 3, 2  # the rounds after the first of each transport hit the cache
 
 # A service with EndpointSlice zone hints: its endpoints in z1 and z2.
-FEED_OBJECTS = [
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "feed", "namespace": "shop"},
-        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
-    },
-    {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": "feed-1",
-            "namespace": "shop",
-            "labels": {"kubernetes.io/service-name": "feed"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 80}],
-        "endpoints": [
-            {"addresses": ["10.244.1.40"], "zone": "z1", "hints": {"forZones": [{"name": "z1"}]}},
-            {"addresses": ["10.244.3.40"], "zone": "z2", "hints": {"forZones": [{"name": "z2"}]}},
-        ],
-    },
-]
+FEED_OBJECTS = headless(
+    "feed",
+    "shop",
+    [
+        {"addresses": ["10.244.1.40"], "zone": "z1", "hints": {"forZones": [{"name": "z1"}]}},
+        {"addresses": ["10.244.3.40"], "zone": "z2", "hints": {"forZones": [{"name": "z2"}]}},
+    ],
+)
 
 # (source address, ECS address or None, name, type, counted as (policy, tier) or None, unplaced)
 QUERIES = [

@@ -24,13 +24,13 @@ from tests.integration.support import (
     copy_snapshot,
     http_get,
     replace_file,
-    service,
     tcp,
     udp,
     wait_until,
 )
 from tests.integration.test_topology import TOPOLOGY, ask_with_ecs
 from tests.kubeapi import FakeApiServer
+from tests.objects import service
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -251,7 +251,7 @@ def api_requests(api: FakeApiServer, tmp_path: Path, workers: str) -> Counter[tu
         server.wait_ready()
         api.wait_for_watches(4)
         ip = f"10.96.0.{int(workers) + 10}"
-        api.modify(service("web", ip))
+        api.modify(service("web", cluster_ip=ip))
         query = dns.message.make_query("web.shop.svc.cluster.local", "A")
         assert wait_until(lambda: all(addresses(udp(server, query)) == {ip} for _ in range(8)), 5)
     finally:

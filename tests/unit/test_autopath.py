@@ -11,6 +11,7 @@ import dnslib
 import pytest
 
 from tests.helpers import config_of, snapshot_of
+from tests.objects import namespace, pod_locator, service
 from toposdns.resolve.answer import RR, Answer
 from toposdns.resolve.autopath import (
     AutopathOptions,
@@ -141,45 +142,16 @@ def test_coredns_cnamer(original: str, records: list[str], expected: list[str]) 
 
 # The walk, through the responder. The cluster: namespaces shop and other, a ClusterIP web in
 # other, an ExternalName ext in other; a pod of shop at 10.244.9.9, a node at 10.0.0.1.
+HOST_A = {"kubernetes.io/hostname": "node-a"}
 OBJECTS: list[dict[str, Any]] = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}},
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "other"},
-        "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": 80}]},
-    },
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.6", "ports": [{"name": "http", "port": 80}]},
-    },
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "ext", "namespace": "other"},
-        "spec": {"type": "ExternalName", "externalName": "b.com"},
-    },
-    {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {"name": "client", "namespace": "shop"},
-        "addresses": ["10.244.9.9"],
-        "nodeName": "node-a",
-        "nodeLabels": {"kubernetes.io/hostname": "node-a"},
-    },
-    {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {"name": "node-a", "namespace": "toposdns",
-                     "labels": {"toposdns.io/locator": "node"}},
-        "addresses": ["10.0.0.1"],
-        "nodeName": "node-a",
-        "nodeLabels": {"kubernetes.io/hostname": "node-a"},
-    },
-]  # fmt: skip
+    namespace("shop"),
+    namespace("other"),
+    service("web", "other", cluster_ip="10.96.0.5"),
+    service("web", "shop", cluster_ip="10.96.0.6"),
+    service("ext", "other", cluster_ip=None, ports=(), type="ExternalName", externalName="b.com"),
+    pod_locator("client", addresses=["10.244.9.9"], node_labels=HOST_A),
+    pod_locator("node-a", "toposdns", addresses=["10.0.0.1"], node_labels=HOST_A, role="node"),
+]
 POD, NODE, STRANGER = "10.244.9.9", "10.0.0.1", "10.0.0.99"
 # autopath_test.go's nextHandler map, upstream: the names it has (A 127.0.0.53, TTL 3600), and
 # one with three addresses; every other name is NXDOMAIN.

@@ -13,7 +13,8 @@ import dnslib
 import pytest
 
 from tests.differential import reference_reply
-from tests.helpers import SHOP_WEB, config_of, headless, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import SHOP_WEB, headless
 from toposdns.serve.cache import Cached, ReplyCache, container_memory_limit, default_max_bytes
 from toposdns.serve.forward_cache import CacheSettings, ForwardCache
 from toposdns.serve.responder import TCP4, UDP4, UDP6, Responder, Transport

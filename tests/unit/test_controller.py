@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from tests import objects
 from tests.kubeapi import FakeApiServer, RequestRecord
+from tests.objects import READY, pod_cidrs
 from toposdns.controller.app import Controller
 from toposdns.controller.config import ControllerConfig, LeaseSettings
 from toposdns.kube.client import apis_of, connect
@@ -38,54 +40,37 @@ POD_CIDRS = {f"n{k}": [f"10.{k}.0.0/24"] for k in range(1, 10)}
 
 
 def node(
-    name: str, zone: str, ip: str, cidrs: list[str] | None = None, **extra: Any
+    name: str, zone: str, ip: str, cidrs: list[str] | None = None, **status: Any
 ) -> dict[str, Any]:
-    cidrs = POD_CIDRS.get(name, []) if cidrs is None else cidrs
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name, ZONE: zone, "beta.kubernetes.io/os": "l"},
-        },
-        "spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs} if cidrs else {},
-        "status": {
-            "addresses": [
-                {"type": "InternalIP", "address": ip},
-                {"type": "Hostname", "address": name},
-            ],
-            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t0"}],
-            **extra,
-        },
-    }
+    """Node `name` in `zone` at `ip`, with its pod range from POD_CIDRS unless `cidrs` are given,
+    and a heartbeat in its Ready condition (the kubelet's routine write)."""
+    return objects.node(
+        name,
+        labels={"kubernetes.io/hostname": name, ZONE: zone, "beta.kubernetes.io/os": "l"},
+        addresses=[("InternalIP", ip), ("Hostname", name)],
+        spec=pod_cidrs(*(POD_CIDRS.get(name, []) if cidrs is None else cidrs)),
+        conditions=[{**READY, "lastHeartbeatTime": "t0"}],
+        **status,
+    )
 
 
 def pod(
     name: str, node_name: str, ip: str | None, ns: str = "shop", **status: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "i"}]},
-        "status": {
-            "phase": "Running",
-            **({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}),
-            **status,
-        },
-    }
+    return objects.pod(name, ns, node_name=node_name, ips=[ip] if ip else None, **status)
 
 
 def locator(name: str, ns: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {"name": name, "namespace": ns, "labels": dict(MANAGED)},
-        "addresses": ["10.9.9.9"],
-        "nodeName": "n1",
-        "nodeLabels": {ZONE: "z1"},
+    """A PodLocator as the controller writes them, at 10.9.9.9 on n1."""
+    return objects.pod_locator(
+        name,
+        ns,
+        addresses=["10.9.9.9"],
+        node_name="n1",
+        node_labels={ZONE: "z1"},
+        labels=MANAGED,
         **fields,
-    }
+    )
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests import objects
+from tests.objects import pod_cidrs
 from toposdns.controller.cidrs import (
     Prefix,
     PrefixIndex,
@@ -61,17 +63,8 @@ def test_usable_cidr(text: Any, usable: str | None) -> None:
 
 
 def raw_node(name: str, spec: dict[str, Any], ip: str | None = "10.0.0.1") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "labels": {"kubernetes.io/hostname": name},
-        },
-        "spec": spec,
-        "status": {"addresses": [{"type": "InternalIP", "address": ip}] if ip else []},
-    }
+    addresses = [("InternalIP", ip)] if ip else []
+    return objects.node(name, uid=f"uid-{name}", spec=spec, addresses=addresses)
 
 
 @pytest.mark.parametrize(
@@ -307,18 +300,11 @@ def test_learning_is_stable_under_a_rollout_and_a_restart() -> None:
 
 
 def spec_node(name: str, *cidrs: str, ip: str = "") -> dict[str, Any]:
-    spec = {"podCIDR": cidrs[0], "podCIDRs": list(cidrs)} if cidrs else {}
-    return raw_node(name, spec, ip or f"192.168.0.{name[1:]}")
+    return raw_node(name, pod_cidrs(*cidrs), ip or f"192.168.0.{name[1:]}")
 
 
 def raw_pod(name: str, node: str, *ips: str, host: bool = False) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "shop", "uid": f"uid-{name}"},
-        "spec": {"nodeName": node, **({"hostNetwork": True} if host else {})},
-        "status": {"phase": "Running", "podIP": ips[0], "podIPs": [{"ip": ip} for ip in ips]},
-    }
+    return objects.pod(name, node_name=node, ips=ips, host_network=host, uid=f"uid-{name}")
 
 
 SPEC_NODES = [spec_node("n1", "10.1.0.0/24", "fd00:1::/64"), spec_node("n2", "10.2.0.0/24")]

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests import objects
+from tests.objects import JSON
 from toposdns.cli import main
 from toposdns.config import ConfigError
 from toposdns.controller.config import (
@@ -30,58 +32,15 @@ REGION = "topology.kubernetes.io/region"
 HOST = "kubernetes.io/hostname"
 
 
-def node(
-    name: str = "n1",
-    labels: dict[str, str] | None = None,
-    addresses: list[tuple[str, str]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "labels": labels
-            if labels is not None
-            else {HOST: name, ZONE: "z1", REGION: "r1", "node.kubernetes.io/instance-type": "m"},
-        },
-        "status": {
-            "addresses": [
-                {"type": t, "address": a}
-                for t, a in (
-                    addresses
-                    if addresses is not None
-                    else [("InternalIP", "10.0.0.1"), ("Hostname", name)]
-                )
-            ],
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+def node(name: str = "n1", **fields: Any) -> dict[str, Any]:
+    """Node `name` in zone z1 of region r1, as these tests schedule pods on it."""
+    labels = {HOST: name, ZONE: "z1", REGION: "r1", "node.kubernetes.io/instance-type": "m"}
+    return objects.node(name, uid=f"uid-{name}", **{"labels": labels, **fields})
 
 
-def pod(
-    ips: list[str] | None = None,
-    node_name: str | None = "n1",
-    phase: str = "Running",
-    pod_ip: str | None = None,
-    host_network: bool = False,
-) -> dict[str, Any]:
-    status: dict[str, Any] = {"phase": phase}
-    if ips is not None:
-        status["podIPs"] = [{"ip": ip} for ip in ips]
-        status["podIP"] = ips[0] if ips else None
-    if pod_ip is not None:
-        status["podIP"] = pod_ip
-    spec: dict[str, Any] = {"hostNetwork": True} if host_network else {}
-    if node_name is not None:
-        spec["nodeName"] = node_name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "web-0", "namespace": "shop", "uid": "pod-uid"},
-        "spec": spec,
-        "status": status,
-    }
+def pod(ips: list[str] | None = None, node_name: str | None = "n1", **fields: Any) -> JSON:
+    """Pod shop/web-0 at `ips` on `node_name`."""
+    return objects.pod(ips=ips, node_name=node_name, uid="pod-uid", **fields)
 
 
 POD_OWNER = {
@@ -117,7 +76,7 @@ def test_a_running_pod_gets_a_locator_owned_by_it() -> None:
         (pod(["fd00:10:244:1::7"]), ["fd00:10:244:1::7"]),
         (pod(["10.1.0.7", "fd00:10:244:1::7"]), ["10.1.0.7", "fd00:10:244:1::7"]),
         (pod(["fd00:10:244:1::7", "10.1.0.7"]), ["fd00:10:244:1::7", "10.1.0.7"]),
-        (pod(pod_ip="10.1.0.8"), ["10.1.0.8"]),  # from before dual-stack: podIP only
+        (pod(podIP="10.1.0.8"), ["10.1.0.8"]),  # from before dual-stack: podIP only
         (pod(["FD00:10:244:1:0:0:0:7"]), ["fd00:10:244:1::7"]),  # canonical form
         (pod(["10.1.0.7", "10.1.0.7"]), ["10.1.0.7"]),
         (pod(["127.0.0.1", "10.1.0.7"]), ["10.1.0.7"]),  # the CRD refuses loopback

@@ -3,60 +3,43 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from tests.objects import endpoint_slice, pod_locator, service
 from toposdns.store.convert import ObjectError, convert_object
 from toposdns.store.model import CLUSTER_IP, EXTERNAL_NAME, HEADLESS, NO_PORT, PodLocator
 
-
-def service(spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop", **meta},
-        "spec": spec,
-    }
-
-
-def slice_(endpoints: list[Any], address_type: str = "IPv4", **extra: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": "web-abc",
-            "namespace": "shop",
-            "labels": {"kubernetes.io/service-name": "web"},
-        },
-        "addressType": address_type,
-        "endpoints": endpoints,
-        **extra,
-    }
+ZONE = {"topology.kubernetes.io/zone": "z1"}
 
 
 def test_service_kinds() -> None:
-    assert convert_object(service({"clusterIP": "None"})).kind == HEADLESS
+    assert convert_object(service(cluster_ip="None")).kind == HEADLESS
     dual = convert_object(
         service(
-            {"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1", "fd00::1"], "type": "LoadBalancer"}
+            cluster_ip="10.0.0.1",
+            ports=(),
+            clusterIPs=["10.0.0.1", "fd00::1"],
+            type="LoadBalancer",
         )
     )
     assert dual.kind == CLUSTER_IP and dual.cluster_ips == ("10.0.0.1", "fd00::1")
     assert dual.ports == (NO_PORT,)
-    ext = convert_object(service({"type": "ExternalName", "externalName": "example.org"}))
+    ext = convert_object(
+        service(cluster_ip=None, ports=(), type="ExternalName", externalName="example.org")
+    )
     assert ext.kind == EXTERNAL_NAME and ext.external_name == "example.org"
 
 
 def test_topology_fields() -> None:
     svc = convert_object(
         service(
-            {
-                "clusterIP": "None",
-                "topologyKeys": ["kubernetes.io/hostname", "*"],
-                "trafficDistribution": "PreferClose",
-            },
+            cluster_ip="None",
             annotations={"toposdns.io/topology-keys": "topology.kubernetes.io/zone, *"},
+            topologyKeys=["kubernetes.io/hostname", "*"],
+            trafficDistribution="PreferClose",
         )
     )
     assert svc.topology_keys == ("kubernetes.io/hostname", "*")
@@ -66,21 +49,23 @@ def test_topology_fields() -> None:
 
 def test_endpoint_slice_keeps_only_ready_endpoints() -> None:
     eps = convert_object(
-        slice_(
-            [
-                {
-                    "addresses": ["10.1.0.1"],
-                    "hostname": "web-0",
-                    "nodeName": "n1",
-                    "zone": "z1",
-                    "targetRef": {"kind": "Pod", "name": "web-0"},
-                    "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "n1"}]},
-                },
-                {"addresses": ["10.1.0.2"], "conditions": {"ready": False}},
-                {"addresses": ["10.1.0.3"], "conditions": {"ready": None}},
-            ],
-            ports=[{"name": "http", "port": 80}],
-        )
+        {
+            **endpoint_slice(
+                endpoints=[
+                    {
+                        "addresses": ["10.1.0.1"],
+                        "hostname": "web-0",
+                        "nodeName": "n1",
+                        "zone": "z1",
+                        "targetRef": {"kind": "Pod", "name": "web-0"},
+                        "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "n1"}]},
+                    },
+                    {"addresses": ["10.1.0.2"], "conditions": {"ready": False}},
+                    {"addresses": ["10.1.0.3"], "conditions": {"ready": None}},
+                ]
+            ),
+            "ports": [{"name": "http", "port": 80}],  # no protocol: TCP, as the API defaults it
+        }
     )
     assert [ep.addresses for ep in eps.endpoints] == [("10.1.0.1",), ("10.1.0.3",)]
     first = eps.endpoints[0]
@@ -97,31 +82,14 @@ def test_endpoint_slice_keeps_only_ready_endpoints() -> None:
 
 def test_pod_locator() -> None:
     locator = convert_object(
-        {
-            "apiVersion": "toposdns.io/v1alpha1",
-            "kind": "PodLocator",
-            "metadata": {
-                "name": "node-a",
-                "namespace": "toposdns",
-                "labels": {"toposdns.io/locator": "node"},
-            },
-            "addresses": ["192.168.0.10"],
-            "nodeName": "node-a",
-            "nodeLabels": {"topology.kubernetes.io/zone": "z1"},
-        }
+        pod_locator("node-a", "toposdns", addresses=["192.168.0.10"], node_labels=ZONE, role="node")
     )
     assert isinstance(locator, PodLocator) and locator.is_node
     assert locator.node_labels == {"topology.kubernetes.io/zone": "z1"}
 
 
-def node_locator(cidrs: list[Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {"name": "node-a", "namespace": "toposdns"},
-        "nodeName": "node-a",
-        "cidrs": cidrs,
-    }
+def node_locator(cidrs: Any) -> dict[str, Any]:
+    return pod_locator("node-a", "toposdns", addresses=None, cidrs=cidrs)
 
 
 def test_locator_cidrs_in_canonical_form() -> None:
@@ -174,70 +142,79 @@ def test_locator_cidr_errors(cidr: Any, message: str) -> None:
     ("raw", "message"),
     [
         (
-            {**node_locator([]), "cidrs": "10.244.3.0/24"},
+            node_locator("10.244.3.0/24"),
             "PodLocator toposdns/node-a: cidrs: must be a list, got str",
         ),
         (
-            slice_([{"addresses": ["not-an-ip"]}]),
-            "EndpointSlice shop/web-abc: endpoints[0].addresses[0]: not an IP address: 'not-an-ip'",
+            endpoint_slice(endpoints=[{"addresses": ["not-an-ip"]}]),
+            "EndpointSlice shop/web-1: endpoints[0].addresses[0]: not an IP address: 'not-an-ip'",
         ),
         (
-            slice_([{"addresses": ["10.1.0.1"]}, {"addresses": ["10.1.0.2", "10.1.0.300"]}]),
-            "EndpointSlice shop/web-abc: endpoints[1].addresses[1]: not an IP address",
+            endpoint_slice(
+                endpoints=[{"addresses": ["10.1.0.1"]}, {"addresses": ["10.1.0.2", "10.1.0.300"]}]
+            ),
+            "EndpointSlice shop/web-1: endpoints[1].addresses[1]: not an IP address",
         ),
         (
-            slice_(
-                [{"addresses": ["10.1.0.1"]}] * 2
+            endpoint_slice(
+                endpoints=[{"addresses": ["10.1.0.1"]}] * 2
                 + [{"addresses": ["10.1.0.3"], "hints": {"forZones": [{"name": 7}]}}]
             ),
-            "EndpointSlice shop/web-abc: endpoints[2].hints.forZones[0].name: must be a string, "
+            "EndpointSlice shop/web-1: endpoints[2].hints.forZones[0].name: must be a string, "
             "got int",
         ),
         (
-            slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]),
-            "EndpointSlice shop/web-abc: endpoints[0].hints.forZones[1]: must be a mapping",
+            endpoint_slice(
+                endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]
+            ),
+            "EndpointSlice shop/web-1: endpoints[0].hints.forZones[1]: must be a mapping",
         ),
         (
-            slice_([{"addresses": ["10.1.0.1"], "hints": {"forNodes": [{"name": 1}]}}]),
-            "EndpointSlice shop/web-abc: endpoints[0].hints.forNodes[0].name: must be a string",
+            endpoint_slice(
+                endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forNodes": [{"name": 1}]}}]
+            ),
+            "EndpointSlice shop/web-1: endpoints[0].hints.forNodes[0].name: must be a string",
         ),
         (
-            slice_([{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]),
-            "EndpointSlice shop/web-abc: endpoints[0].hints.forZones: must be a list, got dict",
+            endpoint_slice(
+                endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]
+            ),
+            "EndpointSlice shop/web-1: endpoints[0].hints.forZones: must be a list, got dict",
         ),
         (
-            service({"clusterIPs": ["10.0.0.1", "fd00::1:x"]}),
+            service(cluster_ip="10.0.0.1", clusterIPs=["10.0.0.1", "fd00::1:x"]),
             "Service shop/web: spec.clusterIPs[1]: not an IP address: 'fd00::1:x'",
         ),
         (
-            service({"clusterIP": "None", "topologyKeys": ["kubernetes.io/hostname", 5]}),
+            service(cluster_ip="None", topologyKeys=["kubernetes.io/hostname", 5]),
             "Service shop/web: spec.topologyKeys[1]: must be a string, got int",
         ),
         (
-            service({"clusterIP": "None"}, annotations={"toposdns.io/topology-keys": ["a"]}),
+            service(cluster_ip="None", annotations={"toposdns.io/topology-keys": ["a"]}),
             "Service shop/web: metadata.annotations[toposdns.io/topology-keys]: must be a string",
         ),
         (
-            {
-                "apiVersion": "toposdns.io/v1alpha1",
-                "kind": "PodLocator",
-                "metadata": {"name": "web-0", "namespace": "shop"},
-                "addresses": ["10.1.0.1", "10.1.0.256"],
-            },
+            pod_locator(addresses=["10.1.0.1", "10.1.0.256"], node_name=None),
             "PodLocator shop/web-0: addresses[1]: not an IP address: '10.1.0.256'",
         ),
         (
-            slice_([], address_type="IPv5"),
-            "EndpointSlice shop/web-abc: addressType: unknown addressType 'IPv5'",
+            endpoint_slice(address_type="IPv5"),
+            "EndpointSlice shop/web-1: addressType: unknown addressType 'IPv5'",
         ),
         (
-            service({"clusterIP": "10.0.0.300"}),
+            service(cluster_ip=None, clusterIP="10.0.0.300"),  # from before dual-stack
             "Service shop/web: spec.clusterIP: not an IP address: '10.0.0.300'",
         ),
-        (service({"type": "Bogus"}), "Service shop/web: spec.type: unknown service type 'Bogus'"),
-        (service({"type": "ExternalName"}), "Service shop/web: spec.externalName: is required"),
         (
-            service({"clusterIP": "10.0.0.1", "ports": [{"port": "80"}]}),
+            service(cluster_ip=None, type="Bogus"),
+            "Service shop/web: spec.type: unknown service type 'Bogus'",
+        ),
+        (
+            service(cluster_ip=None, ports=(), type="ExternalName"),
+            "Service shop/web: spec.externalName: is required",
+        ),
+        (
+            service(cluster_ip="10.0.0.1", ports=[{"port": "80"}]),
             "Service shop/web: spec.ports[0].port: not a port number: '80'",
         ),
         (
@@ -245,7 +222,7 @@ def test_locator_cidr_errors(cidr: Any, message: str) -> None:
             "Pod p: apiVersion/kind: unsupported v1/Pod",
         ),
         (
-            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {}},
+            {**service(cluster_ip="10.0.0.1"), "metadata": {"name": "web"}},
             "Service web: metadata.namespace: is required",
         ),
     ],
@@ -256,64 +233,32 @@ def test_errors_name_object_and_field(raw: dict[str, Any], message: str) -> None
     assert str(info.value).startswith(message)
 
 
-def pod_locator(**fields: Any) -> dict[str, Any]:
-    """A per-pod PodLocator of the common shape, with `fields` replaced (None: removed)."""
-    raw: dict[str, Any] = {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {
-            "name": "web-0",
-            "namespace": "shop",
-            "labels": {"toposdns.io/locator": "pod"},
-        },
-        "addresses": ["10.1.0.1"],
-        "nodeName": "node-a",
-        "nodeLabels": {"topology.kubernetes.io/zone": "z1"},
-    }
-    raw.update(fields)
-    return {key: value for key, value in raw.items() if value is not None}
+def common(**fields: Any) -> dict[str, Any]:
+    """A per-pod PodLocator of the common shape, with `fields` given to the builder."""
+    return pod_locator(**{"role": "pod", "node_labels": ZONE, **fields})
 
 
-ZONE = {"topology.kubernetes.io/zone": "z1"}
+#: What the common shape converts to.
+COMMON = PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE)
 
 #: The common shape and its near relatives, some of which only the field-by-field checks take:
 #: both paths give the same record.
 LOCATOR_SHAPES = {
-    "common": (pod_locator(), PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE)),
-    "no labels": (
-        pod_locator(metadata={"name": "web-0", "namespace": "shop"}),
-        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE),
-    ),
+    "common": (common(), COMMON),
+    "no labels": (common(role=None), COMMON),
     "node": (
-        pod_locator(
-            metadata={"name": "n", "namespace": "t", "labels": {"toposdns.io/locator": "node"}}
-        ),
-        PodLocator("t", "n", ("10.1.0.1",), "node-a", ZONE, is_node=True),
+        common(name="n", namespace="t", role="node"),
+        replace(COMMON, namespace="t", name="n", is_node=True),
     ),
-    "no node name": (
-        pod_locator(nodeName=None),
-        PodLocator("shop", "web-0", ("10.1.0.1",), "", ZONE),
-    ),
-    "no addresses": (
-        pod_locator(addresses=[]),
-        PodLocator("shop", "web-0", (), "node-a", ZONE),
-    ),
-    "empty cidrs": (
-        pod_locator(cidrs=[]),
-        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE),
-    ),
+    "no node name": (common(node_name=None), replace(COMMON, node_name="")),
+    "no addresses": (common(addresses=[]), replace(COMMON, addresses=())),
+    "empty cidrs": (common(cidrs=[]), COMMON),
     "IPv6 made canonical": (
-        pod_locator(addresses=["10.1.0.1", "fd00:0::1"]),
-        PodLocator("shop", "web-0", ("10.1.0.1", "fd00::1"), "node-a", ZONE),
+        common(addresses=["10.1.0.1", "fd00:0::1"]),
+        replace(COMMON, addresses=("10.1.0.1", "fd00::1")),
     ),
-    "cidrs": (
-        pod_locator(cidrs=["10.244.3.0/24"]),
-        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", ZONE, cidrs=("10.244.3.0/24",)),
-    ),
-    "no node labels": (
-        pod_locator(nodeLabels=None),
-        PodLocator("shop", "web-0", ("10.1.0.1",), "node-a", {}),
-    ),
+    "cidrs": (common(cidrs=["10.244.3.0/24"]), replace(COMMON, cidrs=("10.244.3.0/24",))),
+    "no node labels": (common(node_labels=None), replace(COMMON, node_labels={})),
 }
 
 
@@ -325,36 +270,36 @@ def test_pod_locator_shapes(raw: dict[str, Any], want: PodLocator) -> None:
 
 
 def test_locators_of_a_node_share_its_labels_whichever_path_converts_them() -> None:
-    common = convert_object(pod_locator(nodeLabels={"zone": "shared"}))
-    checked = convert_object(pod_locator(nodeLabels={"zone": "shared"}, addresses=["fd00::1"]))
-    assert isinstance(common, PodLocator) and isinstance(checked, PodLocator)
-    assert common.node_labels is checked.node_labels and common.labels is checked.labels
+    plain = convert_object(common(node_labels={"zone": "shared"}))
+    checked = convert_object(common(node_labels={"zone": "shared"}, addresses=["fd00::1"]))
+    assert isinstance(plain, PodLocator) and isinstance(checked, PodLocator)
+    assert plain.node_labels is checked.node_labels and plain.labels is checked.labels
 
 
 #: Shapes the common path must hand on to the field-by-field checks, for their message.
 LOCATOR_ERRORS = {
-    "address not a string": (pod_locator(addresses=[7]), "addresses[0]: must be a string, got int"),
-    "address with NUL": (pod_locator(addresses=["10.1.0.1\0"]), "addresses[0]: not an IP address"),
+    "address not a string": (common(addresses=[7]), "addresses[0]: must be a string, got int"),
+    "address with NUL": (common(addresses=["10.1.0.1\0"]), "addresses[0]: not an IP address"),
     "addresses not a list": (
-        pod_locator(addresses="10.1.0.1"),
+        common(addresses="10.1.0.1"),
         "addresses: must be a list, got str",
     ),
-    "node name not a string": (pod_locator(nodeName=3), "nodeName: must be a string, got int"),
+    "node name not a string": (common(nodeName=3), "nodeName: must be a string, got int"),
     "label value": (
-        pod_locator(nodeLabels={"zone": 1}),
+        common(node_labels={"zone": 1}),
         "nodeLabels[zone]: must be a string, got int",
     ),
-    "cidrs not a list": (pod_locator(cidrs=""), "cidrs: must be a list, got str"),
+    "cidrs not a list": (common(cidrs=""), "cidrs: must be a list, got str"),
     "metadata labels": (
-        pod_locator(metadata={"name": "web-0", "namespace": "shop", "labels": []}),
+        common(metadata={"name": "web-0", "namespace": "shop", "labels": []}),
         "metadata.labels: must be a mapping, got list",
     ),
     "empty name": (
-        pod_locator(metadata={"name": "", "namespace": "shop"}),
+        common(name=""),
         "metadata.name: must not be empty",
     ),
     "wrong version": (
-        pod_locator(apiVersion="toposdns.io/v1"),
+        common(apiVersion="toposdns.io/v1"),
         "apiVersion/kind: unsupported toposdns.io/v1/PodLocator",
     ),
 }

@@ -10,7 +10,8 @@ from dataclasses import replace
 import dnslib
 import pytest
 
-from tests.helpers import SHOP_WEB, config_of, kubernetes, snapshot_of
+from tests.helpers import config_of, kubernetes, snapshot_of
+from tests.objects import SHOP_WEB
 from toposdns.config import Reading
 from toposdns.options import ConfigError
 from toposdns.resolve.resolver import match_zone, resolve

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 from tests.helpers import config_of
 from tests.kubeapi import FakeApiServer
+from tests.objects import endpoint, endpoint_slice, namespace, pod_locator, service
 from toposdns.kube.client import apis_of, connect
 from toposdns.metrics import MALFORMED_OBJECTS, WATCH_RESTARTS
 from toposdns.resolve.resolver import resolve
@@ -33,41 +33,7 @@ FAST = WatchSettings(
     inactivity=1.0, watch_seconds=30, backoff_initial=0.05, backoff_max=0.2, page_size=2
 )
 CONFIG = config_of()
-
-
-def namespace(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-
-
-def service(name: str, ip: str, ns: str = "shop") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80}]},
-    }
-
-
-def eps(name: str, svc: str, ips: list[str], ns: str = "shop") -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 80}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}} for ip in ips],
-    }
-
-
-def locator(name: str, ip: str, zone: str, ns: str = "shop") -> dict[str, Any]:
-    return {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": {"name": name, "namespace": ns},
-        "addresses": [ip],
-        "nodeName": "n1",
-        "nodeLabels": {"topology.kubernetes.io/zone": zone},
-    }
+ZONE = "topology.kubernetes.io/zone"
 
 
 @pytest.fixture
@@ -75,10 +41,14 @@ def api() -> Iterator[FakeApiServer]:
     server = FakeApiServer()
     server.add(namespace("shop"))
     for i in range(5):
-        server.add(service(f"svc{i}", f"10.96.0.{i + 1}"))
-    server.add(service("db", "None"))
-    server.add(eps("db-1", "db", ["10.1.0.1", "10.1.0.2"]))
-    server.add(locator("client", "10.1.9.9", "z1"))
+        server.add(service(f"svc{i}", cluster_ip=f"10.96.0.{i + 1}"))
+    server.add(service("db", cluster_ip="None"))
+    server.add(
+        endpoint_slice("db", endpoints=[endpoint("10.1.0.1"), endpoint("10.1.0.2")], name="db-1")
+    )
+    server.add(
+        pod_locator("client", addresses=["10.1.9.9"], node_name="n1", node_labels={ZONE: "z1"})
+    )
     server.start()
     yield server
     server.stop()
@@ -184,16 +154,20 @@ def test_events_of_each_kind_change_answers_within_a_second(
         async with running(api.write_kubeconfig(tmp_path / "kubeconfig")) as run:
             await run.until(lambda: run.snapshot.synced)
             await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
-            api.modify(service("svc0", "10.96.1.1"))
+            api.modify(service("svc0", cluster_ip="10.96.1.1"))
             assert (
                 await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.1.1"])
                 < 1
             )
-            api.add(eps("db-2", "db", ["10.1.0.3"]))
+            api.add(endpoint_slice("db", endpoints=[endpoint("10.1.0.3")], name="db-2"))
             await run.until(lambda: len(run.answer("db.shop.svc.cluster.local")) == 3, 1)
             api.delete("EndpointSlice", "shop", "db-1")
             await run.until(lambda: run.answer("db.shop.svc.cluster.local") == ["10.1.0.3"], 1)
-            api.modify(locator("client", "10.1.9.9", "z2"))
+            api.modify(
+                pod_locator(
+                    "client", addresses=["10.1.9.9"], node_name="n1", node_labels={ZONE: "z2"}
+                )
+            )
             await run.until(
                 lambda: (
                     run.snapshot.locators["10.1.9.9"].node_labels["topology.kubernetes.io/zone"]
@@ -204,7 +178,7 @@ def test_events_of_each_kind_change_answers_within_a_second(
             api.delete("PodLocator", "shop", "client")
             await run.until(lambda: "10.1.9.9" not in run.snapshot.locators, 1)
             api.add(namespace("web"))
-            api.add(service("front", "10.96.2.2", ns="web"))
+            api.add(service("front", "web", cluster_ip="10.96.2.2"))
             await run.until(lambda: run.answer("front.web.svc.cluster.local") == ["10.96.2.2"], 1)
             api.delete("Namespace", None, "web")
             await run.until(lambda: "web" not in run.snapshot.namespaces, 1)
@@ -223,7 +197,7 @@ def test_410_relists_without_dropping_what_is_served(api: FakeApiServer, tmp_pat
             await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             synced_at = len(run.published)
             api.compact()  # open watches get ERROR 410; their versions are now too old
-            api.modify(service("svc2", "10.96.3.3"))
+            api.modify(service("svc2", cluster_ip="10.96.3.3"))
             await run.until(lambda: run.answer("svc2.shop.svc.cluster.local") == ["10.96.3.3"])
             # Every snapshot since the sync kept the other services: the relist swapped in place.
             for snap in run.published[synced_at:]:
@@ -245,7 +219,7 @@ def test_api_server_restart_keeps_data_and_catches_up(
             await asyncio.to_thread(api.stop)
             await asyncio.sleep(0.3)  # reflectors fail and back off meanwhile
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
-            api.add(service("late", "10.96.9.9"))
+            api.add(service("late", cluster_ip="10.96.9.9"))
             await asyncio.to_thread(api.restart)
             await run.until(lambda: run.answer("late.shop.svc.cluster.local") == ["10.96.9.9"])
             assert run.answer("svc0.shop.svc.cluster.local") == ["10.96.0.1"]
@@ -269,7 +243,7 @@ def test_a_dropped_watch_resumes_from_the_last_event(api: FakeApiServer, tmp_pat
             await run.until(lambda: run.snapshot.synced)
             await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
             for i in range(1, 6):
-                last = api.modify(service("svc0", f"10.96.5.{i}"))
+                last = api.modify(service("svc0", cluster_ip=f"10.96.5.{i}"))
                 await run.until(lambda: run.answer(svc0) == [f"10.96.5.{i}"])  # noqa: B023
             seen = len(run.published)
             api.requests.clear()
@@ -304,7 +278,7 @@ def test_each_dropped_watch_is_resumed_without_a_growing_backoff(
             for i in range(1, 7):  # doubling from 0.2 s, the sixth would wait 6.4-9.6 s
                 await asyncio.to_thread(api.wait_for_watches, 4, None, 15.0)
                 await asyncio.to_thread(api.restart)
-                api.modify(service("svc0", f"10.96.6.{i}"))
+                api.modify(service("svc0", cluster_ip=f"10.96.6.{i}"))
                 await run.until(lambda: run.answer(svc0) == [f"10.96.6.{i}"], 5.0)  # noqa: B023
 
     svc0 = "svc0.shop.svc.cluster.local"
@@ -322,7 +296,7 @@ def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:
             # With no bookmarks from this server, idle watches restart every 0.3 s anyway.
             await run.until(lambda: run.snapshot.synced)
             api.stall(1.0)
-            api.modify(service("svc0", "10.96.5.5"))
+            api.modify(service("svc0", cluster_ip="10.96.5.5"))
             await asyncio.sleep(0.6)
             assert WATCH_RESTARTS.labels("services", "timeout")._value.get() > before
             await run.until(lambda: run.answer("svc0.shop.svc.cluster.local") == ["10.96.5.5"])
@@ -333,7 +307,7 @@ def test_a_stalled_watch_is_noticed(api: FakeApiServer, tmp_path: Path) -> None:
 def test_malformed_objects_are_skipped_and_the_rest_served(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
-    bad = eps("bad", "db", ["not-an-ip"])
+    bad = endpoint_slice("db", endpoints=[endpoint("not-an-ip")], name="bad")
     api.add_raw("endpointslices", bad)
     before = MALFORMED_OBJECTS.labels("EndpointSlice")._value.get()
 
@@ -342,12 +316,14 @@ def test_malformed_objects_are_skipped_and_the_rest_served(
             await run.until(lambda: run.snapshot.synced)
             assert run.answer("db.shop.svc.cluster.local") == ["10.1.0.1", "10.1.0.2"]
             await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
-            api.modify(eps("bad", "db", ["10.1.0.7"]))  # fixed: now served
+            api.modify(
+                endpoint_slice("db", endpoints=[endpoint("10.1.0.7")], name="bad")
+            )  # fixed: now served
             await run.until(lambda: "10.1.0.7" in run.answer("db.shop.svc.cluster.local"), 1)
-            broken = service("svc3", "10.96.0.4")
+            broken = service("svc3", cluster_ip="10.96.0.4")
             broken["spec"]["clusterIPs"] = ["10.96.0.999"]
             api.add_raw("services", {**broken, "metadata": {"name": "svc9", "namespace": "shop"}})
-            api.modify(service("svc4", "10.96.4.4"))
+            api.modify(service("svc4", cluster_ip="10.96.4.4"))
             await run.until(lambda: run.answer("svc4.shop.svc.cluster.local") == ["10.96.4.4"])
             assert run.answer("svc9.shop.svc.cluster.local") == []
 
@@ -410,13 +386,16 @@ def test_dns_programming_latency_as_coredns_measures_it(
     # slice whose one Service is known, by that Service's kind.
     triggered = datetime.fromisoformat(TRIGGERED).timestamp()
     source = KubeSource(None, lambda _: None, clock=lambda: triggered + 1.5)  # type: ignore[arg-type]
-    source.builder.put(convert_object(service("svc0", "10.96.0.1")))
-    source.builder.put(convert_object(service("db", "None")))
-    obj = eps("db-1", slice_service, ["10.1.0.1"])
-    if annotation is not None:
-        obj["metadata"]["annotations"] = {
-            "endpoints.kubernetes.io/last-change-trigger-time": annotation
-        }
+    source.builder.put(convert_object(service("svc0", cluster_ip="10.96.0.1")))
+    source.builder.put(convert_object(service("db", cluster_ip="None")))
+    obj = endpoint_slice(
+        slice_service,
+        endpoints=[endpoint("10.1.0.1")],
+        name="db-1",
+        annotations=None
+        if annotation is None
+        else {"endpoints.kubernetes.io/last-change-trigger-time": annotation},
+    )
     name = "coredns_kubernetes_dns_programming_duration_seconds"
 
     def observed() -> dict[str, tuple[float, float]]:
@@ -439,7 +418,14 @@ def test_dns_programming_latency_as_coredns_measures_it(
 def test_a_malformed_cidr_keeps_the_locator_it_replaces(
     api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    good = {**locator("node-a", "192.168.0.1", "z1", ns="toposdns"), "cidrs": ["10.244.3.0/24"]}
+    good = pod_locator(
+        "node-a",
+        "toposdns",
+        addresses=["192.168.0.1"],
+        node_name="n1",
+        node_labels={ZONE: "z1"},
+        cidrs=["10.244.3.0/24"],
+    )
     api.add(namespace("toposdns"))
     api.add(good)
     before = MALFORMED_OBJECTS.labels("PodLocator")._value.get()
@@ -454,7 +440,11 @@ def test_a_malformed_cidr_keeps_the_locator_it_replaces(
             await asyncio.to_thread(api.wait_for_watches, 4)  # not blocking the reflectors
             assert zone_of(run.snapshot, "10.244.3.7") == "z1"
             api.modify({**good, "cidrs": ["10.244.3.0/24", "10.244.4.7/24"]})  # host bits set
-            api.modify(locator("client", "10.1.9.9", "z2"))  # the rest goes on
+            api.modify(
+                pod_locator(
+                    "client", addresses=["10.1.9.9"], node_name="n1", node_labels={ZONE: "z2"}
+                )
+            )  # the rest goes on
             await run.until(lambda: zone_of(run.snapshot, "10.1.9.9") == "z2", 1)
             assert zone_of(run.snapshot, "10.244.3.7") == "z1"  # the last good version
             assert zone_of(run.snapshot, "10.244.4.7") is None

@@ -21,7 +21,9 @@ from kubernetes import client, config, watch
 from kubernetes.aio import client as aio_client
 from kubernetes.aio import config as aio_config
 
+from tests import objects
 from tests.kubeapi import FakeApiServer
+from tests.objects import namespace
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -32,41 +34,21 @@ GROUP, VERSION, PLURAL = "toposdns.io", "v1alpha1", "podlocators"
 # ----- objects -----
 
 
+#: The port of the DNS Services and EndpointSlices these tests store.
+DNS = [{"name": "dns", "port": 53, "protocol": "UDP"}]
+
+
 def service(name: str, namespace: str = "default", ip: str = "10.96.0.10") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"clusterIP": ip, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
-    }
+    return objects.service(name, namespace, cluster_ip=ip, ports=DNS)
 
 
 def endpoint_slice(name: str, svc: str, addresses: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": {"kubernetes.io/service-name": svc},
-        },
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": addresses, "conditions": {"ready": True}}],
-        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
-    }
+    endpoint = {"addresses": addresses, "conditions": {"ready": True}}
+    return objects.endpoint_slice(svc, "default", [endpoint], name=name, ports=DNS)
 
 
-def namespace(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-
-
-def locator(name: str, zone: str = "a") -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "PodLocator",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"zone": zone},
-    }
+def locator(name: str) -> dict[str, Any]:
+    return objects.pod_locator(name, "default", node_name="node-a")
 
 
 # ----- fixtures and helpers -----
@@ -130,10 +112,11 @@ def test_typed_and_custom_lists(server: FakeApiServer, api: client.ApiClient) ->
     server.add(namespace("default"))
     server.add(service("web", "prod", "10.96.0.20"))
     rv_dns = server.add(service("dns", "default"))
-    server.add(endpoint_slice("dns-abc", "dns", ["10.244.1.5"]))
+    dns_slice = endpoint_slice("dns-abc", "dns", ["10.244.1.5"])
+    server.add(dns_slice)
     server.add(locator("pod-a"))
-    server.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
-    server.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "x"}})
+    server.add(objects.node("n1"))
+    server.add(objects.pod("p", "x", node_name="n1", ips=["10.244.1.9"]))
     core = client.CoreV1Api(api)
 
     services = core.list_service_for_all_namespaces()
@@ -152,7 +135,7 @@ def test_typed_and_custom_lists(server: FakeApiServer, api: client.ApiClient) ->
 
     slices = client.DiscoveryV1Api(api).list_endpoint_slice_for_all_namespaces()
     assert slices.items[0].endpoints[0].addresses == ["10.244.1.5"]
-    assert slices.items[0].metadata.labels == {"kubernetes.io/service-name": "dns"}
+    assert slices.items[0].metadata.labels == dns_slice["metadata"]["labels"]
     assert [n.metadata.name for n in core.list_namespace().items] == ["default"]
     assert [n.metadata.name for n in core.list_node().items] == ["n1"]
     assert [p.metadata.name for p in core.list_pod_for_all_namespaces().items] == ["p"]
@@ -659,7 +642,7 @@ def test_podlocator_writes(server: FakeApiServer, api: client.ApiClient) -> None
         custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, locator("p"))
     assert info.value.status == 409 and status_of(info.value)["reason"] == "AlreadyExists"
 
-    stale = dict(created, spec={"zone": "b"})
+    stale = dict(created, nodeName="node-b")
     updated = custom.replace_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "p", stale)
     assert updated["metadata"]["generation"] == 2 and updated["metadata"]["uid"] == meta["uid"]
     with pytest.raises(client.ApiException) as info:  # created's RV is stale now
@@ -668,7 +651,7 @@ def test_podlocator_writes(server: FakeApiServer, api: client.ApiClient) -> None
     assert "the object has been modified" in status_of(info.value)["message"]
 
     deleted = custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "p")
-    assert deleted["spec"] == {"zone": "b"}
+    assert deleted["nodeName"] == "node-b"
     for call in (custom.get_namespaced_custom_object, custom.delete_namespaced_custom_object):
         with pytest.raises(client.ApiException) as info:
             call(GROUP, VERSION, "default", PLURAL, "p")
@@ -686,10 +669,10 @@ def test_podlocator_writes(server: FakeApiServer, api: client.ApiClient) -> None
             _request_timeout=5,
         )
     )
-    assert [(e["type"], e["object"]["spec"]["zone"]) for e in events] == [
-        ("ADDED", "a"),
-        ("MODIFIED", "b"),
-        ("DELETED", "b"),
+    assert [(e["type"], e["object"]["nodeName"]) for e in events] == [
+        ("ADDED", "node-a"),
+        ("MODIFIED", "node-b"),
+        ("DELETED", "node-b"),
     ]
     assert events[-1]["object"]["metadata"]["resourceVersion"] == server.resource_version
 

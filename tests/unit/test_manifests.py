@@ -27,6 +27,7 @@ import pytest
 import yaml
 from celpy import celtypes
 
+from tests.objects import pod_locator
 from toposdns.cli import build_parser, given_flags
 from toposdns.config import PLUGINS, Reading
 from toposdns.controller.config import LeaseSettings
@@ -446,18 +447,15 @@ def test_jsonpath_parsing_matches_kubernetes() -> None:
     assert jsonpath_fields(".a.b\\.c/d") == ["a", "b.c/d"]
 
 
-GOOD_LOCATOR: Doc = {
-    "apiVersion": "toposdns.io/v1alpha1",
-    "kind": "PodLocator",
-    "metadata": {"name": "web-0", "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
-    "addresses": ["10.244.1.7", "fd00:10:244:1::7"],
-    "nodeName": "node-a",
-    "nodeLabels": {
+GOOD_LOCATOR: Doc = pod_locator(
+    addresses=["10.244.1.7", "fd00:10:244:1::7"],
+    node_labels={
         "kubernetes.io/hostname": "node-a",
         "topology.kubernetes.io/zone": "z1",
         "topology.kubernetes.io/region": "r1",
     },
-}
+)
+GOOD_LOCATOR["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"  # as the API returns it
 
 
 NODE_WITH_CIDRS: Doc = {**GOOD_LOCATOR, "cidrs": ["10.244.1.0/24", "fd00:10:244:1::/64"]}

@@ -9,7 +9,8 @@ from struct import pack
 
 import pytest
 
-from tests.helpers import SHOP_WEB, config_of, headless, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import SHOP_WEB, headless, namespace
 from toposdns.resolve.resolver import ResolverConfig, resolve
 from toposdns.serve.negative import Negatives
 from toposdns.store.snapshot import Snapshot
@@ -21,7 +22,7 @@ from toposdns.wire.encode import encode_reply, udp_limit
 DB = [{"addresses": ["10.1.2.3"], "hostname": "db-0"}, {"addresses": ["10.1.2.4"]}]
 OBJECTS = [
     *SHOP_WEB,
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hidden"}},
+    namespace("hidden"),
     *headless("db", "shop", DB),
     *headless("db6", "shop", [{"addresses": ["fd00::4"]}], family="IPv6"),
 ]

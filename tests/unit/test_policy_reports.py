@@ -8,30 +8,26 @@ from typing import Any
 import pytest
 
 from tests.helpers import snapshot_of
+from tests.objects import namespace, service
 from toposdns.metrics import INVALID_POLICIES
 from toposdns.server import report_invalid_policies
 from toposdns.store.snapshot import Snapshot
 
-NS = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
+NS = namespace("shop")
 
 
-def service(keys: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "None", "topologyKeys": keys},
-    }
+def web(keys: list[str]) -> dict[str, Any]:
+    return service(cluster_ip="None", ports=(), topologyKeys=keys)
 
 
 def test_logged_and_counted_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
-    bad = snapshot_of([NS, service(["*", "kubernetes.io/hostname"])])
-    worse = snapshot_of([NS, service(["*", "*"])])
-    good = snapshot_of([NS, service(["kubernetes.io/hostname", "*"])])
+    bad = snapshot_of([NS, web(["*", "kubernetes.io/hostname"])])
+    worse = snapshot_of([NS, web(["*", "*"])])
+    good = snapshot_of([NS, web(["kubernetes.io/hostname", "*"])])
     before = INVALID_POLICIES._value.get()
     with caplog.at_level(logging.WARNING, logger="toposdns"):
         report_invalid_policies(Snapshot(), bad)
-        report_invalid_policies(bad, snapshot_of([NS, service(["*", "kubernetes.io/hostname"])]))
+        report_invalid_policies(bad, snapshot_of([NS, web(["*", "kubernetes.io/hostname"])]))
         report_invalid_policies(bad, worse)
         report_invalid_policies(worse, good)
     assert INVALID_POLICIES._value.get() - before == 2

@@ -14,17 +14,13 @@ import pytest
 import toposdns.serve.query_metrics as query_metrics_module
 import toposdns.serve.udp as udp_module
 from tests.differential import Frontends
-from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import SHOP_WEB, service
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
-SERVICE = {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {"name": "api", "namespace": "shop"},
-    "spec": {"clusterIP": "10.96.0.9", "ports": [{"name": "http", "port": 80}]},
-}
+SERVICE = service("api", cluster_ip="10.96.0.9")
 
 
 def query(name: str, cookie: bytes | None = None, edns: bool = False) -> bytes:

@@ -8,7 +8,8 @@ import dnslib
 import pytest
 
 import toposdns.serve.responder as responder_module
-from tests.helpers import SHOP_WEB, config_of, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import SHOP_WEB
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
 OBJECTS = SHOP_WEB

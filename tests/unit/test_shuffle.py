@@ -16,7 +16,8 @@ import dnslib
 import pytest
 
 from tests.differential import Frontends, frame
-from tests.helpers import config_of, headless, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import headless, namespace, pod_locator
 from toposdns.serve.cache import Cached
 from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.wire.codes import AAAA, CNAME, MX, A
@@ -274,25 +275,8 @@ def test_the_input_is_left_as_it_was() -> None:
 # Through the responder: replies whose order varies are sent reordered and never cached, with
 # or without EDNS options (a cookie makes the reply spliced from the plain one).
 HEADLESS = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
-    },
-    {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": "web-1",
-            "namespace": "shop",
-            "labels": {"kubernetes.io/service-name": "web"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [f"10.244.0.{i}"]} for i in range(1, 4)],
-    },
+    namespace("shop"),
+    *headless("web", "shop", [{"addresses": [f"10.244.0.{i}"]} for i in range(1, 4)]),
 ]
 
 
@@ -335,7 +319,7 @@ def balanced_service(name: str, family: str, addresses: list[str], **spec: Any) 
 
 BALANCED = snapshot_of(
     [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
+        namespace("shop"),
         *balanced_service("six", "IPv4", [f"10.1.0.{i}" for i in range(1, 7)]),
         *balanced_service("six6", "IPv6", [f"fd00::{i}" for i in range(1, 7)]),
         *balanced_service(
@@ -344,14 +328,7 @@ BALANCED = snapshot_of(
             [f"10.2.0.{i}" for i in range(1, 7)],
             topologyKeys=["topology.kubernetes.io/zone", "*"],
         ),
-        {
-            "apiVersion": "toposdns.io/v1alpha1",
-            "kind": "PodLocator",
-            "metadata": {"name": "client", "namespace": "shop"},
-            "addresses": ["127.0.0.1"],
-            "nodeName": "node-a",
-            "nodeLabels": ZONE_1,
-        },
+        pod_locator("client", addresses=["127.0.0.1"], node_labels=ZONE_1),
     ]
 )
 

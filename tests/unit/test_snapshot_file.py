@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.objects import namespace, pod_locator, service
 from toposdns.source.snapshot_file import (
     SnapshotError,
     SnapshotFileSource,
@@ -21,13 +22,8 @@ from toposdns.source.snapshot_file import (
 )
 from toposdns.store.snapshot import Snapshot
 
-NS = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
-SVC = {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {"name": "web", "namespace": "shop"},
-    "spec": {"clusterIP": "10.0.0.1"},
-}
+NS = namespace("shop")
+SVC = service(cluster_ip="10.0.0.1")
 
 
 def test_kind_list_yaml(tmp_path: Path) -> None:
@@ -98,12 +94,7 @@ def test_aliases_from_pyyaml_dump_are_read(tmp_path: Path) -> None:
     assert len(load_records(path)) == 3
 
 
-NODE_LOCATOR = {
-    "apiVersion": "toposdns.io/v1alpha1",
-    "kind": "PodLocator",
-    "metadata": {"name": "node-a", "namespace": "toposdns"},
-    "nodeName": "node-a",
-}
+NODE_LOCATOR = pod_locator("node-a", "toposdns", addresses=None)
 
 
 def test_json(tmp_path: Path) -> None:

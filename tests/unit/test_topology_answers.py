@@ -8,7 +8,8 @@ from typing import Any
 import dnslib
 import pytest
 
-from tests.helpers import config_of, forwarder_service, snapshot_of
+from tests.helpers import config_of, snapshot_of
+from tests.objects import forwarder_service, headless, namespace, pod_locator, service
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
@@ -20,48 +21,6 @@ NODE_C = {"kubernetes.io/hostname": "node-c", "topology.kubernetes.io/zone": "z2
 NODE_D = {"kubernetes.io/hostname": "node-d", "topology.kubernetes.io/zone": "z3"}
 
 
-def headless(
-    name: str,
-    spec: dict[str, Any],
-    endpoints: list[dict[str, Any]],
-    annotations: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": "shop", "annotations": annotations or {}},
-            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}], **spec},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": f"{name}-1",
-                "namespace": "shop",
-                "labels": {"kubernetes.io/service-name": name},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 80}],
-            "endpoints": endpoints,
-        },
-    ]
-
-
-def locator(name: str, address: str, labels: dict[str, str], node: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "shop"}
-    if node:
-        meta["labels"] = {"toposdns.io/locator": "node"}
-    return {
-        "apiVersion": "toposdns.io/v1alpha1",
-        "kind": "PodLocator",
-        "metadata": meta,
-        "addresses": [address],
-        "nodeName": labels["kubernetes.io/hostname"],
-        "nodeLabels": labels,
-    }
-
-
 ENDPOINTS = [
     {"addresses": ["10.1.0.1"], "hostname": "web-0", "nodeName": "node-a", "zone": "z1"},
     {"addresses": ["10.3.0.1"], "hostname": "web-1", "nodeName": "node-c", "zone": "z2"},
@@ -69,27 +28,30 @@ ENDPOINTS = [
 ]
 KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
 OBJECTS = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}},
-    *headless("web", {"topologyKeys": KEYS}, ENDPOINTS),
+    namespace("shop"),
+    *headless("web", "shop", ENDPOINTS, topologyKeys=KEYS),
     *headless(
         "zonal",
-        {},
+        "shop",
         ENDPOINTS,
         annotations={"toposdns.io/topology-keys": "topology.kubernetes.io/zone"},
     ),
-    *headless("near", {"trafficDistribution": "PreferSameNode"}, ENDPOINTS),
-    *headless("bad", {"topologyKeys": ["*", "kubernetes.io/hostname"]}, ENDPOINTS),
-    *headless("empty", {"topologyKeys": KEYS}, []),
-    {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "alias", "namespace": "shop"},
-        "spec": {"type": "ExternalName", "externalName": "web.shop.svc.cluster.local"},
-    },
-    locator("client-a", "127.0.0.2", NODE_A),
-    locator("client-b", "127.0.0.3", NODE_B),
-    locator("client-c", "127.0.0.4", NODE_C),
-    locator("node-d", "127.0.0.5", NODE_D, node=True),
+    *headless("near", "shop", ENDPOINTS, trafficDistribution="PreferSameNode"),
+    *headless("bad", "shop", ENDPOINTS, topologyKeys=["*", "kubernetes.io/hostname"]),
+    *headless("empty", "shop", [], topologyKeys=KEYS),
+    service(
+        "alias",
+        cluster_ip=None,
+        ports=(),
+        type="ExternalName",
+        externalName="web.shop.svc.cluster.local",
+    ),
+    pod_locator("client-a", addresses=["127.0.0.2"], node_name="node-a", node_labels=NODE_A),
+    pod_locator("client-b", addresses=["127.0.0.3"], node_name="node-b", node_labels=NODE_B),
+    pod_locator("client-c", addresses=["127.0.0.4"], node_name="node-c", node_labels=NODE_C),
+    pod_locator(
+        "node-d", addresses=["127.0.0.5"], node_name="node-d", node_labels=NODE_D, role="node"
+    ),
 ]
 SNAPSHOT = snapshot_of(OBJECTS)
 CONFIG = config_of(zones=["cluster.local", "in-addr.arpa"])
@@ -248,7 +210,12 @@ def test_answers_are_counted_per_policy_and_tier_cached_or_not() -> None:
 
 def test_clients_of_one_zone_share_a_cached_answer() -> None:
     objects = OBJECTS + [
-        locator(f"z1-{i}", f"10.9.0.{i}", {**NODE_A, "kubernetes.io/hostname": f"n{i}"})
+        pod_locator(
+            f"z1-{i}",
+            addresses=[f"10.9.0.{i}"],
+            node_name=f"n{i}",
+            node_labels={**NODE_A, "kubernetes.io/hostname": f"n{i}"},
+        )
         for i in range(1, 50)
     ]
     responder = Responder(CONFIG, snapshot_of(objects))
@@ -287,7 +254,7 @@ def forwarder_objects(*endpoints: str) -> list[dict[str, Any]]:
     not-ready one, which is no forwarder to trust)."""
     return [
         *OBJECTS,
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
+        namespace("kube-system"),
         *forwarder_service(*endpoints, not_ready=["127.0.0.102"]),
     ]
 
