@@ -38,6 +38,8 @@ from toposdns.wire.encode import bare_opt, name_wire, record_wire
 _REVERSE = tuple(name_wire(zone) for zone in REVERSE_ZONES)
 _A_IN = b"\x00\x01\x00\x01"
 _AAAA_IN = b"\x00\x1c\x00\x01"
+#: The question's type and class (IN) the templates answer, and the type.
+_QTYPES = {_A_IN: A, _AAAA_IN: AAAA}
 _ONE_QUESTION = b"\x00\x01\x00\x00\x00\x00\x00\x00"
 _SVC = SVC.encode()
 _POD = POD.encode()
@@ -82,11 +84,8 @@ class Negatives:
         has_opt = data[11] == 1
         end = len(key) - (9 if has_opt else 2)  # past the name, in `data`
         kind = key[end - 2 : end + 2]
-        if kind == _A_IN:
-            qtype = A
-        elif kind == _AAAA_IN:
-            qtype = AAAA
-        else:
+        qtype = _QTYPES.get(kind)
+        if qtype is None:
             return None
         if has_opt and data[end + 10]:  # EDNS version other than 0: BADVERS
             return None
@@ -120,13 +119,10 @@ class Negatives:
         if size < 17 or data[2] & 0xF8 or data[4:12] != _ONE_QUESTION:
             return None
         kind = data[-4:]
-        if kind == _A_IN:
-            qtype = A
-        elif kind == _AAAA_IN:
-            qtype = AAAA
-        else:
+        qtype = _QTYPES.get(kind)
+        if qtype is None:
             return None
-        starts = []  # where each label of the name starts, in the key (10 bytes in)
+        starts = []  # where each label of the name starts, from the name's first byte
         at = 12
         length = data[12]
         while length:
