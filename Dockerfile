@@ -5,7 +5,8 @@
 # e.g. `docker buildx imagetools inspect debian:12-slim`):
 # - builder: a virtual environment in /opt/venv with every dependency from requirements.lock,
 #   each checked against its hashes (pip-compile --generate-hashes; the command is in its header),
-#   then toposdns built from this tree and installed from its wheel, compiled to bytecode;
+#   then toposdns built from this tree and installed from its wheel, compiled to bytecode, with
+#   its C extension (the batched UDP frontend; the build fails without it);
 # - runtime: distroless Python (no shell, no pip, no apt) with that venv copied in, nothing else.
 #
 # Port 53 as a non-root user, as CoreDNS's image does it: the venv's interpreter python3.11 (a
@@ -21,10 +22,10 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-venv libcap2-bin \
+ && apt-get install -y --no-install-recommends python3-venv libcap2-bin gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY requirements.lock pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml setup.py README.md ./
 COPY toposdns ./toposdns
 # The lock holds the build's own tools too (setuptools, wheel): nothing unhashed is installed,
 # and pip builds toposdns's wheel with them, offline. Then pip and those tools leave the venv.
@@ -32,6 +33,7 @@ RUN python3 -m venv --copies /opt/venv \
  && /opt/venv/bin/pip install --require-hashes --no-deps --only-binary :all: -r requirements.lock \
  && /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-deps --no-index --find-links /wheels --compile toposdns \
+ && /opt/venv/bin/python3 -c 'import toposdns.serve.datagrams' \
  && /opt/venv/bin/pip uninstall --yes pip setuptools wheel \
  && setcap cap_net_bind_service=+ep /opt/venv/bin/python3.11
 

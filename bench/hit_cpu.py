@@ -41,11 +41,13 @@ from bench.run import CLIENT, parse_args, prepare, running
 CASES = (
     ("repeated", "knot"),
     ("repeated", "toposdns"),
+    ("repeated", "toposdns-unbatched"),
     ("repeated", "toposdns-metrics"),
     ("repeated", "toposdns-loadbalance"),
     ("repeated", "toposdns-topology"),
     ("cookie", "knot"),
     ("cookie", "toposdns"),
+    ("cookie", "toposdns-unbatched"),
     ("ecs", "knot"),
     ("ecs", "toposdns-ecs"),
 )

@@ -77,6 +77,7 @@ VARIANTS = {
     "toposdns-topology": "topology filtering on",
     "toposdns-metrics": "metrics on",
     "toposdns-loadbalance": "--loadbalance on",
+    "toposdns-unbatched": "--udp-batch off",
 }
 SERVERS = ("knot", "toposdns", *VARIANTS, "toposdns-ecs")
 
@@ -335,6 +336,7 @@ def server_commands(
         "toposdns-metrics": toposdns("snapshot.json", base + 3, "--http", f"{HOST}:{base + 4}"),
         "toposdns-ecs": toposdns("snapshot-ecs.json", base + 5, "--ecs-trust", ECS_TRUST),
         "toposdns-loadbalance": toposdns("snapshot.json", base + 6, "--loadbalance"),
+        "toposdns-unbatched": toposdns("snapshot.json", base + 7, "--udp-batch", "off"),
     }
 
 

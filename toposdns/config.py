@@ -22,6 +22,7 @@ from toposdns.options import (
     Plugin,
     Setting,
     address,
+    choice,
     integer,
     networks,
     sets,
@@ -84,6 +85,9 @@ class ToposdnsOptions:
     http: tuple[str, int] | None = None
     #: /explain tells where every client is placed: only on an address given for it.
     explain: tuple[str, int] | None = None
+    #: "on": UDP read and answered in batches (recvmmsg, sendmmsg) where the C extension is
+    #: built; "off": the event loop's datagram transport, two system calls per query.
+    udp_batch: str = "on"
 
 
 TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
@@ -128,6 +132,14 @@ TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
             "HOST:PORT",
             "serve /explain, where clients and endpoints are placed, here: keep it private "
             "(default: off)",
+        ),
+        Setting(
+            "udp_batch",
+            sets("udp_batch", choice("on", "off")),
+            "--udp-batch",
+            "on|off",
+            "read UDP queries and send their replies in batches, a system call for up to 32 "
+            "(recvmmsg, sendmmsg); off: one call per datagram each way (default: on)",
         ),
     ),
 )

@@ -37,6 +37,7 @@ from toposdns.metrics import (
 from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
@@ -304,6 +305,7 @@ def where(config: ServeConfig) -> dict[str, object]:
         "workers": config.toposdns.workers,
         "http": config.toposdns.http,
         "log": config.log,  # the frontends are chosen at startup
+        "udp_batch": config.toposdns.udp_batch,
     }
 
 
@@ -476,9 +478,14 @@ async def serve_dns(
         protocol = UdpProtocol(dns.responder, kind)
         connection = lambda: TcpProtocol(dns.responder, limits, stream, dns.screen)  # noqa: E731
     protocol.screen = dns.screen
-    udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
+    if udp_batch.wanted(dns.config.toposdns.udp_batch):
+        batched = udp_batch.BatchedUdp(protocol, udp_sock)
+        batched.start(loop)
+        stack.callback(batched.close, loop)
+    else:
+        udp, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp_sock)
+        stack.callback(udp.close)
     dns.udp.append(protocol)
-    stack.callback(udp.close)
     tcp = await loop.create_server(connection, sock=tcp_sock, backlog=1024)
     stack.push_async_callback(tcp.wait_closed)
     stack.callback(tcp.close)

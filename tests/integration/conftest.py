@@ -49,13 +49,27 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
     _stop_all(servers)
 
 
+def serve_shared(tmp_path_factory: pytest.TempPathFactory, *args: str) -> Iterator[Server]:
+    """One server on a private copy of the fixture snapshot, stopped when the generator ends."""
+    servers: list[Server] = []
+    snapshot = copy_snapshot(tmp_path_factory.mktemp("shared"))
+    yield _launch(servers, snapshot, *args)
+    _stop_all(servers)
+
+
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server on the fixture snapshot, shared by a module's read-only tests."""
-    servers: list[Server] = []
-    snapshot = copy_snapshot(tmp_path_factory.mktemp("shared"))
-    yield _launch(servers, snapshot)
-    _stop_all(servers)
+    yield from serve_shared(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["on", "off"], ids=["batched", "unbatched"])
+def both_frontends(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """`shared_server` with each UDP frontend in turn (--udp-batch on, then off): a module
+    that asks for it as `shared_server` runs every test against both."""
+    yield from serve_shared(tmp_path_factory, "--udp-batch", request.param)
 
 
 @pytest.fixture

@@ -10,6 +10,13 @@ from tests.integration.support import Dig, Server, StartServer, dig
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(scope="module")
+def shared_server(both_frontends: Server) -> Server:
+    """Every test here runs with each UDP frontend."""
+    return both_frontends
+
+
 ZONE_SOA = re.compile(
     r"^ns\.dns\.cluster\.local\. hostmaster\.cluster\.local\. \d+ 7200 1800 86400 5$"
 )

@@ -17,6 +17,13 @@ from tests.integration.support import Server, addresses, raw_udp, rrset_texts, t
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(scope="module")
+def shared_server(both_frontends: Server) -> Server:
+    """Every test here runs with each UDP frontend."""
+    return both_frontends
+
+
 BIG = "big.data.svc.cluster.local."
 BIG_IPS = {f"10.244.100.{i}" for i in range(1, 61)}
 

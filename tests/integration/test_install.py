@@ -119,6 +119,12 @@ def test_first_command_installs_with_debians_python(tmp_path: Path) -> None:
         check=True,
     )
     assert version.stdout.strip() == f"toposdns {__version__}"
+    # With the README's packages the C extension is built (else a warning, and no batching).
+    subprocess.run(
+        [clone / ".venv" / "bin" / "python", "-c", "import toposdns.serve.datagrams"],
+        cwd=tmp_path,
+        check=True,
+    )
     # The installed package is the copy's, not this tree's (nothing leaks in from sys.path).
     where = subprocess.run(
         [clone / ".venv" / "bin" / "python", "-c", "import toposdns; print(toposdns.__file__)"],

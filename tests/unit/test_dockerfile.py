@@ -239,7 +239,7 @@ def test_builder_copies_what_the_build_needs() -> None:
         assert not [w for w in words if w.startswith("--from")]
         sources += words[:-1]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", pyproject["project"]["readme"], "toposdns", LOCK.name}
+    needed = {"pyproject.toml", "setup.py", pyproject["project"]["readme"], "toposdns", LOCK.name}
     assert needed <= set(sources)
     for source in sources:
         assert (ROOT / source).exists(), source

@@ -34,6 +34,7 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import SOURCE_SYNCED, WORKER_RESTARTS
 from toposdns.reload import corefile_bytes, watch_corefile
+from toposdns.serve import udp_batch
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
@@ -182,6 +183,7 @@ class Supervisor:
             )
             self.port = int(reserved[0].getsockname()[1])
             report_server(config, self.port)
+            udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
             life.stack.push_async_callback(self.end_workers)
             self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
             try:
