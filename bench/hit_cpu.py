@@ -4,10 +4,11 @@ Throughput on a shared machine measures the neighbours as much as the server. Th
 what a hit costs the server instead: the cluster, snapshots and query files of `bench/run.py`
 (same flags), each server started as `bench/run.py` starts it, then many bursts: the server is
 stopped (SIGSTOP), a burst of queries is queued on its socket from 127.0.0.2, the server is
-resumed and answers the whole burst; its CPU time (user and system, /proc) over all bursts,
+resumed and answers the whole burst; its CPU time (as the scheduler counts it) over all bursts,
 divided by the replies received, is its CPU per query. Every burst finds the same queue, however
 loaded the machine is, so the figure moves little with load (CPU caches shared with busy
-neighbours still add some: compare servers measured in the same run).
+neighbours still add some). The servers of one case run side by side and take turns burst by
+burst, so what load remains falls on each alike: compare them within a case.
 
 Cases: `repeated` (each service's A name, no EDNS) on toposdns and its variants (metrics,
 --loadbalance, topology filtering) and on Knot; `cookie` (the same names with a client
@@ -20,6 +21,7 @@ Run from the repository root:  python -m bench.hit_cpu  (see bench/README.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import shutil
 import signal
@@ -73,25 +75,49 @@ def burst(server: ServerProcess, client: socket.socket, port: int, queries: Sequ
     return got
 
 
+def cpu_seconds(server: ServerProcess) -> float:
+    """CPU seconds the server's threads have run, as the scheduler counts them: nanoseconds
+    (/proc/PID/task/TID/schedstat), where /proc/PID/stat counts 10 ms ticks given to whoever
+    runs when one falls, which spreads a few hundred bursts' figure by ±15%."""
+    total = 0
+    for pid in server.processes():
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                total += int(stat.read_text().split()[0])
+            except (OSError, ValueError, IndexError):  # a thread gone; no schedstat
+                continue
+    return total / 1e9 if total else server.cpu_seconds()
+
+
 def measure(
-    server: ServerProcess, port: int, queries: Sequence[bytes], bursts: int, rounds: int
-) -> list[float]:
-    """CPU microseconds per reply, one figure per round of `bursts` bursts."""
+    servers: Sequence[tuple[ServerProcess, int]],
+    queries: Sequence[bytes],
+    bursts: int,
+    rounds: int,
+) -> list[list[float]]:
+    """CPU microseconds per reply of each server, one figure per round of `bursts` bursts.
+    The servers take turns burst by burst, with the same queries: a neighbour's load falls on
+    all of them alike, so their ratios hold better than their figures."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
         client.bind((CLIENT, 0))
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         client.settimeout(1)
-        for _ in range(2):  # fill the caches: every measured query is a hit
-            for start in range(0, len(queries), BURST):
-                burst(server, client, port, queries[start : start + BURST])
+        for server, port in servers:
+            for _ in range(2):  # fill the caches: every measured query is a hit
+                for start in range(0, len(queries), BURST):
+                    burst(server, client, port, queries[start : start + BURST])
         rng = random.Random(1)
-        figures = []
+        figures: list[list[float]] = [[] for _ in servers]
         for _ in range(rounds):
-            before, answered = server.cpu_seconds(), 0
+            before = [cpu_seconds(server) for server, _ in servers]
+            answered = [0] * len(servers)
             for _ in range(bursts):
                 start = rng.randrange(len(queries) - BURST)
-                answered += burst(server, client, port, queries[start : start + BURST])
-            figures.append(1e6 * (server.cpu_seconds() - before) / max(answered, 1))
+                for i, (server, port) in enumerate(servers):
+                    answered[i] += burst(server, client, port, queries[start : start + BURST])
+            for i, (server, _) in enumerate(servers):
+                spent = cpu_seconds(server) - before[i]
+                figures[i].append(1e6 * spent / max(answered[i], 1))
         return figures
 
 
@@ -122,14 +148,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ecs": ecs_messages(setup.cluster, setup.clients, args.seed),
         }
         print(f"{'case':9} {'server':21} {'CPU µs per query':>17}  rounds", file=sys.stderr)
-        for case, name in CASES:
-            if wanted is not None and name not in wanted:
-                continue
-            command, port = setup.commands[name]
-            with running(name, command, port) as server:
-                figures = measure(server, port, queries[case], ours.bursts, ours.rounds)
-            rounds = ", ".join(f"{f:.2f}" for f in figures)
-            print(f"{case:9} {name:21} {statistics.median(figures):17.2f}  {rounds}", flush=True)
+        for case in dict.fromkeys(case for case, _ in CASES):
+            names = [n for c, n in CASES if c == case and (wanted is None or n in wanted)]
+            with contextlib.ExitStack() as stack:
+                servers = []
+                for name in names:
+                    command, port = setup.commands[name]
+                    servers.append((stack.enter_context(running(name, command, port)), port))
+                figures = measure(servers, queries[case], ours.bursts, ours.rounds)
+            for name, rounds in zip(names, figures, strict=True):
+                shown = ", ".join(f"{f:.2f}" for f in rounds)
+                median = statistics.median(rounds)
+                print(f"{case:9} {name:21} {median:17.2f}  {shown}", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -15,9 +15,17 @@ import pytest
 from tests.differential import reference_reply
 from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB, headless
-from toposdns.serve.cache import Cached, ReplyCache, container_memory_limit, default_max_bytes
+from toposdns.serve.cache import (
+    LABELS_OVERHEAD,
+    Cached,
+    ReplyCache,
+    TopologyReplies,
+    container_memory_limit,
+    default_max_bytes,
+)
 from toposdns.serve.forward_cache import CacheSettings, ForwardCache
 from toposdns.serve.responder import TCP4, UDP4, UDP6, Responder, Transport
+from toposdns.store.topology import Policy
 
 CONFIG = config_of()
 #: A headless service of 100 endpoints with names: SRV answers of about 8 KB with their glue.
@@ -117,6 +125,29 @@ def test_the_forward_cache_counts_its_bytes() -> None:
 
     held = traced(fill)
     assert 0.8 <= held / cache.bytes_held <= 1.2, (held, cache.bytes_held)
+
+
+def test_the_labels_a_topology_reply_remembers_are_counted_and_bounded() -> None:
+    cache = ReplyCache()
+    policy = Policy("topologyKeys", ("topology.kubernetes.io/zone", "*"))
+    cache.store(b"k", Cached(b"reply", None, b"q", ()), policy, {"example.com/rack": "r"})
+    entry = cache.table[b"k"]
+    assert isinstance(entry, TopologyReplies)
+    # Label sets of many nodes, none with a label the policy reads: all get that reply.
+    many = [{"example.com/rack": f"r{i}"} for i in range(entry.REMEMBERED + 44)]
+    (found,) = entry.replies.values()
+    held, size = cache.bytes_held, entry.size
+
+    def remember() -> None:
+        for labels in many:
+            assert cache.choose(entry, labels) == found
+
+    traced_bytes = traced(remember)
+    assert len(entry.held) == entry.REMEMBERED  # more are answered, not remembered
+    assert cache.bytes_held - held == entry.size - size == entry.REMEMBERED * LABELS_OVERHEAD
+    assert 0.8 <= traced_bytes / (cache.bytes_held - held) <= 1.2, traced_bytes
+    cache.clear()
+    assert cache.bytes_held == 0
 
 
 # Eviction: a flood never takes more than the bound.

@@ -8,9 +8,24 @@ from typing import Any
 
 import pytest
 
-from tests.objects import endpoint_slice, pod_locator, service
-from toposdns.store.convert import ObjectError, convert_object
-from toposdns.store.model import CLUSTER_IP, EXTERNAL_NAME, HEADLESS, NO_PORT, PodLocator
+from tests.objects import endpoint, endpoint_slice, pod_locator, service
+from toposdns.store.convert import (
+    ObjectError,
+    _common_endpoint_slice,
+    _common_pod_locator,
+    convert_checked,
+    convert_object,
+)
+from toposdns.store.model import (
+    CLUSTER_IP,
+    EXTERNAL_NAME,
+    HEADLESS,
+    NO_PORT,
+    Endpoint,
+    EndpointSlice,
+    PodLocator,
+    Port,
+)
 
 ZONE = {"topology.kubernetes.io/zone": "z1"}
 
@@ -276,6 +291,14 @@ def test_locators_of_a_node_share_its_labels_whichever_path_converts_them() -> N
     assert plain.node_labels is checked.node_labels and plain.labels is checked.labels
 
 
+def test_a_node_whose_labels_change_gives_its_next_locators_the_new_labels() -> None:
+    before = convert_object(common(node_name="node-l", node_labels={"zone": "z1"}))
+    after = convert_object(common(node_name="node-l", node_labels={"zone": "z2"}))
+    assert isinstance(before, PodLocator) and isinstance(after, PodLocator)
+    assert before.node_labels == {"zone": "z1"} and after.node_labels == {"zone": "z2"}
+    assert after.labels == {"zone": "z2", "(nodeName)": "node-l"}
+
+
 #: Shapes the common path must hand on to the field-by-field checks, for their message.
 LOCATOR_ERRORS = {
     "address not a string": (common(addresses=[7]), "addresses[0]: must be a string, got int"),
@@ -309,3 +332,113 @@ LOCATOR_ERRORS = {
 def test_unusual_pod_locators_are_checked_field_by_field(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ObjectError, match=re.escape(message)):
         convert_object(raw)
+
+
+def converted(convert: Any, raw: dict[str, Any]) -> Any:
+    """What `convert` gives for `raw`: its record, or its error message."""
+    try:
+        return convert(raw)
+    except ObjectError as exc:
+        return str(exc)
+
+
+#: Which PodLocator shapes of the tables above the fast path takes.
+LOCATOR_FAST = {"common", "no labels", "node", "no node name", "no addresses", "empty cidrs"}
+
+
+@pytest.mark.parametrize(
+    "name", [*LOCATOR_SHAPES, *LOCATOR_ERRORS], ids=[*LOCATOR_SHAPES, *LOCATOR_ERRORS]
+)
+def test_pod_locator_fast_path_gives_what_the_checks_give(name: str) -> None:
+    raw = LOCATOR_SHAPES[name][0] if name in LOCATOR_SHAPES else LOCATOR_ERRORS[name][0]
+    assert (_common_pod_locator(raw) is not None) is (name in LOCATOR_FAST)
+    assert converted(convert_object, raw) == converted(convert_checked, raw)
+
+
+POD = {"kind": "Pod", "namespace": "shop", "name": "web-0", "uid": "u"}
+
+
+def common_slice(*endpoints: Any, **fields: Any) -> dict[str, Any]:
+    """An EndpointSlice of the common shape: one ready endpoint on node-a unless `endpoints`
+    are given; top-level `fields` replaced as given (None: removed)."""
+    default = endpoint("10.1.0.1", nodeName="node-a", zone="z1", targetRef=POD)
+    raw = endpoint_slice(endpoints=list(endpoints) or [default]) | fields
+    return {key: value for key, value in raw.items() if value is not None}
+
+
+READY = {"addresses": ["10.1.0.2"]}
+
+#: EndpointSlices the fast path takes (True) or hands on to the field-by-field checks (False),
+#: valid and malformed: `convert_object` must give what `convert_checked` gives, record or error.
+SLICE_SHAPES: dict[str, tuple[dict[str, Any], bool]] = {
+    "common": (common_slice(), True),
+    "no ports": (common_slice(ports=None), True),
+    "empty ports": (common_slice(ports=[]), True),
+    "port of every field": (
+        common_slice(ports=[{"name": "dns", "protocol": "UDP", "port": 53}]),
+        True,
+    ),
+    "port without protocol": (common_slice(ports=[{"name": "http", "port": 80}]), True),
+    "port without number": (common_slice(ports=[{"name": "all"}]), False),
+    "no endpoints": (common_slice(endpoints=[]), True),
+    "bare endpoint": (common_slice(READY), True),
+    "endpoint without addresses": (common_slice({}), False),
+    "not ready, else malformed": (
+        common_slice(READY, {"addresses": 7, "conditions": {"ready": False}}),
+        True,
+    ),
+    "ready unknown": (common_slice({**READY, "conditions": {"ready": None}}), True),
+    "hostname": (common_slice({**READY, "hostname": "web-0"}), True),
+    "long pod name": (common_slice({**READY, "targetRef": {"name": "p" * 64}}), True),
+    "hints": (common_slice({**READY, "hints": {"forZones": [{"name": "z1"}]}}), False),
+    "IPv6": (common_slice({"addresses": ["fd00:0::1"]}, addressType="IPv6"), False),
+    "FQDN": (common_slice({"addresses": ["a.example"]}, addressType="FQDN"), False),
+    "address not canonical": (common_slice({"addresses": ["10.1.0.01"]}), False),
+    "no service label": (common_slice(metadata={"name": "w", "namespace": "shop"}), False),
+    # Malformed: the checks refuse them and say where.
+    "address not a string": (common_slice({"addresses": [7]}), False),
+    "address not an address": (common_slice({"addresses": ["10.1.0.1\0"]}), False),
+    "addresses not a list": (common_slice({"addresses": "10.1.0.1"}), False),
+    "endpoint not a mapping": (common_slice(endpoints=[READY, "10.1.0.1"]), False),
+    "endpoints not a list": (common_slice(endpoints={}), False),
+    "conditions not a mapping": (common_slice({**READY, "conditions": []}), False),
+    "node name not a string": (common_slice({**READY, "nodeName": 1}), False),
+    "zone not a string": (common_slice({**READY, "zone": ["z1"]}), False),
+    "hostname not a string": (common_slice({**READY, "hostname": 1}), False),
+    "targetRef not a mapping": (common_slice({**READY, "targetRef": "web-0"}), False),
+    "pod name not a string": (common_slice({**READY, "targetRef": {"name": 1}}), False),
+    "port a bool": (common_slice(ports=[{"port": True}]), False),
+    "port too large": (common_slice(ports=[{"port": 65536}]), False),
+    "port not a mapping": (common_slice(ports=[80]), False),
+    "ports not a list": (common_slice(ports={"port": 80}), False),
+    "port name not a string": (common_slice(ports=[{"name": 1, "port": 80}]), False),
+    "protocol not a string": (common_slice(ports=[{"protocol": 6, "port": 80}]), False),
+    "service label not a string": (
+        common_slice(
+            metadata={"name": "w", "namespace": "s", "labels": {"kubernetes.io/service-name": 1}}
+        ),
+        False,
+    ),
+    "empty name": (common_slice(metadata={"name": "", "namespace": "shop"}), False),
+    "no namespace": (common_slice(metadata={"name": "w"}), False),
+    "unknown address type": (common_slice(addressType="IPv5"), False),
+    "wrong version": (common_slice(apiVersion="discovery.k8s.io/v1beta1"), False),
+}
+
+
+@pytest.mark.parametrize(("raw", "fast"), SLICE_SHAPES.values(), ids=SLICE_SHAPES.keys())
+def test_endpoint_slice_fast_path_gives_what_the_checks_give(
+    raw: dict[str, Any], fast: bool
+) -> None:
+    assert (_common_endpoint_slice(raw) is not None) is fast
+    assert converted(convert_object, raw) == converted(convert_checked, raw)
+
+
+def test_endpoint_slice_fast_path_record() -> None:
+    assert convert_object(common_slice()) == EndpointSlice(
+        "shop",
+        "web-1",
+        "web",
+        (Port("http", "TCP", 80),),
+        (Endpoint(("10.1.0.1",), pod_name="web-0", node_name="node-a", zone="z1"),),
+    )

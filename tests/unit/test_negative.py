@@ -78,6 +78,9 @@ def test_templates_say_what_the_resolver_says(config: ResolverConfig) -> None:
         data = query(name, qtype, opt, rng.choice((0x0100, 0x0110, 0x0000, 0x0010)))
         limit = min(udp_limit(decode_query(data).edns), 1480)
         found = negatives.reply(data, split_query(data)[0], snapshot, limit)
+        if opt is None and (found is None or len(found[0]) <= 512):
+            # Read off the bytes alone, as stub resolvers' queries are: the same reply.
+            assert negatives.plain(data, snapshot) == (split_query(data)[0], found), name
         if found is None:
             continue
         answered += 1
@@ -117,3 +120,110 @@ def test_what_only_the_resolver_can_tell_is_left_to_it() -> None:
     assert not check(snapshot, config_of(pods="insecure"), "1-2-3.shop.pod.cluster.local")
     falling = ResolverConfig(zones=config.zones, fallthrough=(("cluster", "local"),))
     assert not check(snapshot, falling, "nothing.shop.svc.cluster.local")  # goes upstream
+
+
+def _label(size: int) -> bytes:
+    return bytes((size,)) + b"a" * size
+
+
+#: A name of 255 octets in the zone (four 63-octet labels would be 257): the longest allowed.
+LONGEST = _label(63) * 2 + _label(61) + _label(40) + b"\x04shop\x03svc\x07cluster\x05local\x00"
+assert len(LONGEST) == 255
+
+#: (what, query message, what `Negatives.plain` makes of it: None for a message it leaves to
+#: the usual path, False for an A or AAAA query it leaves to the resolver, True for one the
+#: templates answer). It reads every message as wire/edns.py `split_query` does; when the
+#: templates answer, the reply is resolve + encode's, byte for byte.
+HOSTILE = [
+    (
+        "search path",
+        query(("api", "example", "com", "shop", "svc", "cluster", "local"), A, None, 0x0100),
+        True,
+    ),
+    (
+        "upper case",
+        query(("API", "Example", "COM", "Shop", "SVC", "Cluster", "LOCAL"), AAAA, None, 0x0110),
+        True,
+    ),
+    ("dot in a label", query(("a.b", "shop", "svc", "cluster", "local"), A, None, 0x0100), True),
+    ("dot in the kind", query(("x", "s.vc", "cluster", "local"), A, None, 0x0100), True),
+    (
+        "endpoint of no endpoint",
+        query(("db-1", "db", "shop", "svc", "cluster", "local"), A, None, 0),
+        True,
+    ),
+    (
+        "endpoint that exists",
+        query(("DB-0", "db", "shop", "svc", "cluster", "local"), A, None, 0),
+        False,
+    ),
+    ("the longest name", pack("!6H", 7, 0x0100, 1, 0, 0, 0) + LONGEST + pack("!HH", A, 1), True),
+    (
+        "a name too long",
+        pack("!6H", 7, 0x0100, 1, 0, 0, 0) + _label(1) + LONGEST + pack("!HH", A, 1),
+        None,
+    ),
+    (
+        "a label of 64",
+        pack("!6H", 7, 0x0100, 1, 0, 0, 0)
+        + b"\x40"
+        + b"a" * 64
+        + b"\x07cluster\x05local\x00"
+        + pack("!HH", A, 1),
+        None,
+    ),
+    (
+        "a compression pointer",
+        pack("!6H", 7, 0x0100, 1, 0, 0, 0) + b"\x01x\xc0\x0c" + pack("!HH", A, 1),
+        None,
+    ),
+    (
+        "a byte past the question",
+        query(("x", "cluster", "local"), A, None, 0x0100) + b"\x00",
+        None,
+    ),
+    ("cut short", query(("x", "cluster", "local"), A, None, 0x0100)[:-1], None),
+    ("a name that runs out", pack("!6H", 7, 0x0100, 1, 0, 0, 0) + b"\x09cluster", None),
+    ("a response", query(("x", "cluster", "local"), A, None, 0x8100), None),
+    ("another opcode", query(("x", "cluster", "local"), A, None, 0x2100), None),
+    (
+        "two questions",
+        query(("x", "cluster", "local"), A, None, 0x0100)[:4]
+        + b"\x00\x02"
+        + query(("x", "cluster", "local"), A, None, 0x0100)[6:],
+        None,
+    ),
+    ("class CH", query(("x", "cluster", "local"), A, None, 0x0100)[:-1] + b"\x03", None),
+    ("not A or AAAA", query(("x", "cluster", "local"), 16, None, 0x0100), None),
+    (
+        "a byte beyond ASCII",
+        pack("!6H", 7, 0x0100, 1, 0, 0, 0)
+        + b"\x01\xe9\x04shop\x03svc\x07cluster\x05local\x00"
+        + pack("!HH", A, 1),
+        False,
+    ),
+    ("a NUL in a label", query(("a\x00b", "cluster", "local"), A, None, 0x0100), True),
+    ("the zone's apex", query(("Cluster", "local"), A, None, 0x0100), False),
+    ("outside the zones", query(("example", "org"), A, None, 0x0100), False),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "answered"), HOSTILE, ids=[row[0] for row in HOSTILE])
+def test_a_query_read_off_its_bytes_is_read_as_the_decoder_reads_it(
+    what: str, data: bytes, answered: bool | None
+) -> None:
+    snapshot, config = SNAPSHOTS[0], config_of()
+    negatives = Negatives(config)
+    plain = negatives.plain(data, snapshot)
+    if answered is None:
+        assert plain is None
+        return
+    split = split_query(data)
+    assert split is not None and plain is not None and plain[0] == split[0]  # the same key
+    assert (plain[1] is not None) == answered
+    if plain[1] is not None:
+        reply, qtype, depends = plain[1]
+        decoded = decode_query(data)
+        answer = resolve(decoded.name, decoded.qtype, snapshot, config, {})
+        assert reply == encode_reply(decoded, answer, 512, 1480)
+        assert (qtype, depends) == (decoded.qtype, answer.depends)

@@ -8,11 +8,15 @@ from typing import Any
 import dnslib
 import pytest
 
+from tests.differential import Frontends, reference_reply
 from tests.helpers import config_of, snapshot_of
 from tests.objects import forwarder_service, headless, namespace, pod_locator, service
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
+from toposdns.store.builder import StoreBuilder
+from toposdns.store.convert import convert_object
+from toposdns.store.model import PodLocator
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
 
 NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
@@ -260,6 +264,12 @@ def forwarder_objects(*endpoints: str) -> list[dict[str, Any]]:
 
 
 WEB = "web.shop.svc.cluster.local"
+
+
+def client_a(node: str, labels: dict[str, str]) -> dict[str, Any]:
+    return pod_locator("client-a", addresses=["127.0.0.2"], node_name=node, node_labels=labels)
+
+
 EVERY_WEB = ["10.1.0.1", "10.3.0.1", "10.3.0.2"]  # an unplaced client under a list ending in *
 NODE_C_WEB = ["10.3.0.1", "10.3.0.2"]  # 127.0.0.4's answer: node-c's endpoints
 
@@ -304,3 +314,59 @@ def test_the_trusted_set_follows_the_endpoints() -> None:
     assert addresses(ask(responder, WEB, "127.0.0.101", ecs="127.0.0.4/32")) == EVERY_WEB
     responder.update(snapshot_of(OBJECTS))
     assert addresses(ask(responder, WEB, "127.0.0.101", ecs="127.0.0.4/32")) == EVERY_WEB
+
+
+# The UDP frontend's fast path: a hit from a placed client is found by its placement, which
+# each snapshot that moves the client must change.
+
+MOVES: list[tuple[str, dict[str, Any] | None, list[str], int]] = [
+    # (step, client-a's locator after it or None when removed, addresses, unplaced answers)
+    ("placed on node-a", client_a("node-a", NODE_A), ["10.1.0.1"], 0),
+    ("moved to node-c", client_a("node-c", NODE_C), NODE_C_WEB, 0),
+    ("locator removed: unplaced", None, EVERY_WEB, 2),
+    ("placed again, on node-b", client_a("node-b", NODE_B), ["10.1.0.1"], 0),
+]
+
+
+def test_a_udp_hit_follows_the_placement_of_its_source() -> None:
+    builder = StoreBuilder()
+    for obj in OBJECTS:
+        builder.put(convert_object(obj))
+    responder = Responder(CONFIG, builder.snapshot(1))
+    frontends = Frontends(responder)
+    data = bytes(dnslib.DNSRecord.question(WEB).pack())
+    counted = 0
+    for serial, (step, after, want, unplaced) in enumerate(MOVES, start=2):
+        if after is None:
+            builder.remove(PodLocator, "shop", "client-a")
+        else:
+            builder.put(convert_object(after))
+        snapshot = builder.snapshot(serial)
+        assert snapshot.changed_since(responder.snapshot) is not None, step  # not a reload
+        responder.update(snapshot)
+        rows = responder.topology_counts.rows
+        before = sum(row[1] for row in rows.values())
+        expected = reference_reply(data, UDP4, "127.0.0.2", snapshot, CONFIG)
+        for _ in range(2):  # built, then a hit of the fast path, which renders nothing
+            (got,) = frontends.over_udp(UDP4, data, "127.0.0.2")
+            assert got == expected, step
+            assert addresses(dnslib.DNSRecord.parse(got)) == want, step
+        assert not responder.cache.renders[UDP4.slot], step
+        counted += 2
+        assert sum(row[0] for row in rows.values()) == counted, step
+        assert sum(row[1] for row in rows.values()) - before == unplaced, step
+
+
+def test_a_reply_rendered_for_one_client_is_not_replayed_to_another() -> None:
+    # The same bytes (a cookie, so the reply is kept as rendered) from three placed clients.
+    responder = Responder(CONFIG, SNAPSHOT)
+    frontends = Frontends(responder)
+    question = dnslib.DNSRecord.question(WEB)
+    question.add_ar(dnslib.EDNS0(opts=[dnslib.EDNSOption(10, b"01234567")]))
+    data = bytes(question.pack())
+    for _ in range(3):  # built, found and rendered, then replayed: the same every time
+        for source, want in (("127.0.0.2", ["10.1.0.1"]), ("127.0.0.4", NODE_C_WEB)):
+            (got,) = frontends.over_udp(UDP4, data, source)
+            assert got == reference_reply(data, UDP4, source, SNAPSHOT, CONFIG), source
+            assert addresses(dnslib.DNSRecord.parse(got)) == want, source
+    assert responder.cache.renders[UDP4.slot]

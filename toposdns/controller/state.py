@@ -50,7 +50,6 @@ from toposdns.controller.desired import (
     pod_facts,
     pod_locator_of,
 )
-from toposdns.kube.client import list_core
 from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
 from toposdns.metrics import CONTROLLER_LOCATORS, CONTROLLER_POD_LOCATORS
 from toposdns.source.watch import Resource, custom_resource, object_key
@@ -60,8 +59,8 @@ log = logging.getLogger("toposdns")
 #: (namespace, name) of a locator; a pod's locator has its pod's key.
 Key = tuple[str, str]
 
-PODS = Resource("pods", "Pod", "v1", lambda a: list_core(a, "pods"))
-NODES = Resource("nodes", "Node", "v1", lambda a: list_core(a, "nodes"))
+PODS = Resource("pods", "Pod", "v1")
+NODES = Resource("nodes", "Node", "v1")
 LOCATORS = custom_resource(POD_LOCATOR)
 WATCHED = (PODS, NODES, LOCATORS)
 #: A listed object as `ClusterState.prepare` keeps it: its key, and its facts.

@@ -7,13 +7,19 @@ Every call goes through a `*_without_preload_content` method, so that bodies sta
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -61,21 +67,63 @@ class Reachability:
             self.down_since = None
 
 
+@functools.cache
+def aio_client() -> tuple[ModuleType, ModuleType]:
+    """`kubernetes.aio.client` and `kubernetes.aio.config`, without the packages around them.
+
+    Importing them the usual way first runs `kubernetes/__init__.py` and
+    `kubernetes/aio/__init__.py`, which import the whole synchronous client, the dynamic
+    client, `requests`, OAuth and schema validators: 0.5 s of CPU and 16 MB, none of them used
+    here. So, when neither package is loaded yet, both stand in empty (found, not run) for as
+    long as these two import, and are dropped after: a later `import kubernetes` runs them in
+    full, and finds these modules already loaded."""
+    hollow = []
+    try:
+        if "kubernetes.aio" not in sys.modules and "kubernetes" not in sys.modules:
+            parent: ModuleType | None = None
+            for name in ("kubernetes", "kubernetes.aio"):
+                path = None if parent is None else parent.__path__
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                if spec is None:
+                    break  # not installed as files: import it whole below
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                hollow.append(name)
+                if parent is not None:
+                    setattr(parent, name.rpartition(".")[2], module)  # as an import would
+                parent = module
+        return (
+            importlib.import_module("kubernetes.aio.client"),
+            importlib.import_module("kubernetes.aio.config"),
+        )
+    finally:
+        for name in hollow:
+            del sys.modules[name]
+
+
 @dataclass(frozen=True, slots=True)
 class Apis:
-    """The typed API groups of the official client that reflectors and writers call."""
+    """The ApiClient, and the typed API groups of the official client over it that the
+    controller calls (each imported on first use: the DNS source needs none of them)."""
 
     client: Any
-    discovery: Any
-    custom: Any
-    coordination: Any
     #: Shared by every caller of these APIs: one log line per outage, not one per retry.
     reachability: Reachability = field(default_factory=Reachability)
+
+    @property
+    def custom(self) -> Any:
+        """CustomObjectsApi."""
+        return aio_client()[0].CustomObjectsApi(self.client)
+
+    @property
+    def coordination(self) -> Any:
+        """CoordinationV1Api."""
+        return aio_client()[0].CoordinationV1Api(self.client)
 
 
 async def connect(kubeconfig: Path | None) -> Any:
     """An ApiClient: in-cluster service account, else the kubeconfig (default ~/.kube/config)."""
-    from kubernetes.aio import client, config
+    client, config = aio_client()
 
     configuration = client.Configuration()
     if kubeconfig is None:
@@ -104,14 +152,7 @@ async def connect(kubeconfig: Path | None) -> Any:
 
 def apis_of(api_client: Any) -> Apis:
     """The API groups over one ApiClient."""
-    from kubernetes.aio import client
-
-    return Apis(
-        api_client,
-        client.DiscoveryV1Api(api_client),
-        client.CustomObjectsApi(api_client),
-        client.CoordinationV1Api(api_client),
-    )
+    return Apis(api_client)
 
 
 #: The list and watch parameters reflectors pass, and their names in the query string.
@@ -125,22 +166,26 @@ _QUERY = {
 }
 
 
-def list_core(apis: Apis, plural: str) -> Callable[..., Awaitable[aiohttp.ClientResponse]]:
-    """The cluster-wide list (or watch) of a core v1 resource, `/api/v1/{plural}`, as the
-    generated `CoreV1Api.list_*_without_preload_content` makes it.
+def list_all(
+    apis: Apis, api_version: str, plural: str
+) -> Callable[..., Awaitable[aiohttp.ClientResponse]]:
+    """The cluster-wide list (or watch) of a resource, `/api/v1/{plural}` for the core group,
+    else `/apis/{api_version}/{plural}`, as the generated client's
+    `list_*_without_preload_content` methods make it.
 
     Made through the ApiClient itself: the generated CoreV1Api class alone costs 1.4 s of CPU
     to import (a thousand validated methods), more than a sync's decoding of 150,000 objects."""
     api_client = apis.client
+    path = f"/api/v1/{plural}" if api_version == "v1" else f"/apis/{api_version}/{plural}"
 
     async def call(_request_timeout: float | None = None, **params: Any) -> aiohttp.ClientResponse:
         unknown = set(params) - set(_QUERY)
         if unknown:
-            raise TypeError(f"list_core: unexpected parameters {sorted(unknown)}")
+            raise TypeError(f"list_all: unexpected parameters {sorted(unknown)}")
         query = [(_QUERY[name], value) for name, value in params.items() if value is not None]
         serialized = await api_client.param_serialize(
             method="GET",
-            resource_path=f"/api/v1/{plural}",
+            resource_path=path,
             query_params=query,
             header_params={"Accept": "application/json"},  # what the generated client sends
             auth_settings=["BearerToken"],

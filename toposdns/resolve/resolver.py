@@ -366,24 +366,27 @@ def absent(
     if count == 2:
         return None
     svc = snapshot.services.get((namespace, tail[-3]))
-    if svc is not None and (count != 4 or _holds_endpoint(svc, tail[0], snapshot, config)):
+    if svc is not None and (count != 4 or tail[0] in endpoint_hostnames(svc, snapshot, config)):
         return None
     return in_namespace | {("svc", namespace, tail[-3])}
 
 
-def _holds_endpoint(svc: Service, label: str, snapshot: Snapshot, config: ResolverConfig) -> bool:
-    """Whether the endpoint name `<label>.<svc>.<ns>.svc` has an entry (`find_services` with
-    an endpoint label: an address of that hostname in a slice with ports)."""
+def endpoint_hostnames(svc: Service, snapshot: Snapshot, config: ResolverConfig) -> frozenset[str]:
+    """The endpoint labels that name an entry of the service, in lower case (`find_services`
+    with an endpoint label: the hostname of an address in a slice with ports)."""
     if svc.kind == EXTERNAL_NAME or config.noendpoints:
-        return False
+        return _NO_NAMES
     pod_names = config.endpoint_pod_names
-    for eps in snapshot.slices.get((svc.namespace, svc.name), ()):
-        if eps.ports:
-            for ep in eps.endpoints:
-                for address in ep.addresses:
-                    if endpoint_hostname(ep, address, pod_names).lower() == label:
-                        return True
-    return False
+    return frozenset(
+        endpoint_hostname(ep, address, pod_names).lower()
+        for eps in snapshot.slices.get((svc.namespace, svc.name), ())
+        if eps.ports
+        for ep in eps.endpoints
+        for address in ep.addresses
+    )
+
+
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 def pod_address(tail: Name, count: int, config: ResolverConfig) -> bytes | None:
@@ -392,7 +395,13 @@ def pod_address(tail: Name, count: int, config: ResolverConfig) -> bytes | None:
     other family), or None when only `resolve` can tell. It depends on the namespace alone."""
     if config.pods != "insecure" or count < 3 or tail[-1] != POD:
         return None
-    address = _pod_address(tail[-3])
+    return packed_pod_address(tail[-3])
+
+
+def packed_pod_address(label: str) -> bytes | None:
+    """The address a pod name's first label stands for (`10-1-2-3`, `fd00--4`), packed, or
+    None when it stands for none (the name does not exist)."""
+    address = _pod_address(label)
     try:
         if ":" not in address:
             # inet_pton reads a dotted quad as strictly as ipaddress (no leading zeros).

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.options import Plugin, Setting, none, sets
@@ -259,6 +259,10 @@ class Responder:
         rendered = self.cache.renders[transport.slot].get(data[2:])
         if rendered is not None and (rendered.source is None or rendered.source == source):
             return self.replayed(rendered, data, started)
+        if len(data) > 16 and not data[11] and self.negatives is not None:
+            first = self.first_time(data, transport, source, started)
+            if first is not False:
+                return first
         split = split_query(data)
         if split is None:  # not a plain query: decoded in full, never cached
             return self.decoded(data, transport, source, started)
@@ -294,10 +298,10 @@ class Responder:
         labels = NO_LABELS
         if entry.__class__ is TopologyReplies:
             labels, via_ecs = self.placer.place(source, echo.subnet)
-            found = entry.get(labels)
+            found = self.cache.choose(entry, labels)
             if found is None:
                 return None
-            cached, row = found
+            cached, row = found, found.row
         else:
             cached = entry  # type: ignore[assignment]
         if cached.question != data[12 : plain_question_end(data, key)]:
@@ -366,15 +370,17 @@ class Responder:
         transport: Transport,
         source: str,
         started: float,
+        templates: bool = True,
     ) -> Reply:
-        """The reply to a plain query with none cached: from templates (`negative`), or made
-        and cached (for every query of its key, whatever their case, buffer size and options),
-        then served as a hit is. Anything but an answer from the zones (BADVERS, forwarding,
-        another class, a failure) takes the decoder's path."""
+        """The reply to a plain query with none cached: from templates (`negative`; not when
+        `templates` is False, they have said no), or made and cached (for every query of its
+        key, whatever their case, buffer size and options), then served as a hit is. Anything
+        but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
+        decoder's path."""
         # A reply kept in another letter case stays: this one is made for this query only.
         kept = self.cache.table.get(key)
         keep = not isinstance(kept, Cached)
-        if self.negatives is not None:
+        if self.negatives is not None and templates:
             templated = self.negative(data, key, echo, transport, keep)
             if templated is not None:
                 answer, qtype, stored = templated
@@ -424,6 +430,33 @@ class Responder:
                 return None
             reply = rendered
         return reply, qtype, stored
+
+    def first_time(
+        self, data: bytes, transport: Transport, source: str, started: float
+    ) -> Reply | Literal[False]:
+        """The reply to an A or AAAA query without OPT record (stub resolvers send most
+        first-time names so) whose key has no reply cached: from templates, else made; False
+        for the usual path, which gives the rest the same reply, cache entry and counts."""
+        assert self.negatives is not None
+        plain = self.negatives.plain(data, self.snapshot)
+        if plain is None:
+            return False
+        key, templated = plain
+        if key in self.cache.table:
+            return False
+        if templated is None:  # only the resolver can tell: what `built` does after templates
+            self.cache.misses += 1
+            return self.built(data, key, NO_OPTIONS, transport, source, started, templates=False)
+        reply, qtype, depends = templated
+        if len(reply) > MIN_UDP_SIZE and not transport.tcp:
+            return False  # to cut to its limit
+        self.cache.misses += 1
+        stored = None
+        if self.again(key):
+            stored = self.template_entry(data, key, reply, qtype, depends)
+            self.cache.store(key, stored)
+        self.count_miss(stored)
+        return self.counted(data, reply, transport, started, qtype)
 
     def template_entry(
         self, data: bytes, key: bytes, reply: bytes, qtype: int, depends: frozenset[Dependency]
@@ -682,7 +715,7 @@ class Responder:
             if isinstance(entry, TopologyReplies):
                 if not entry.replies:
                     continue
-                entry = next(iter(entry.replies.values()))[0]
+                entry = next(iter(entry.replies.values()))
             counts[entry.hits[0].kind if entry.hits else UNCACHED] += 1
         if self.forwarder is not None:
             counts[SUCCESS] += len(self.forwarder.cache.success)

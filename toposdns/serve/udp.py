@@ -44,6 +44,9 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.responder = responder
         self.reply_cache = responder.cache
         self.table = responder.cache.table  # only ever changed in place
+        self.renders = responder.cache.renders[self.slot]  # and so is this
+        #: Where each client is placed, remembered per snapshot (also only changed in place).
+        self.placed = responder.placer.placed
         self.metrics = responder.metrics
         #: Fast-path hits until the next timed one, and the last timed hit's duration.
         self.untimed = 0
@@ -71,17 +74,21 @@ class UdpProtocol(asyncio.DatagramProtocol):
         # cached whole within 512 bytes and in lower case too (`Cached.small`). Its bytes after
         # the ID are then its key as they are (wire/edns.py plain_key); any other query misses
         # here and the responder folds its key.
-        entry = self.table.get(data[2:])
+        key = data[2:]
+        entry = self.table.get(key)
         counts = None
         if entry.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
-            placed = self.responder.placer.placed.get(addr[0])
-            if placed is not None:  # else the responder places it first
-                locator = placed.locator
+            placement = self.placed.get(addr[0])
+            if placement is not None:  # else the responder places it first
+                locator = placement.locator
                 labels = NO_LABELS if locator is None else locator.labels
-                found = entry.get(labels)
+                # ReplyCache.choose, its memo looked up inline: the call costs as much.
+                found = entry.by_labels.get(id(labels))
+                if found is None:
+                    found = self.reply_cache.choose(entry, labels)
                 if found is not None:
-                    entry, counts = found
+                    entry, counts = found, found.row
         if type(entry) is Cached and entry.small and not data[11]:
             cached = entry  # the raw key matched its lower-cased key: the same case
             rotation = cached.rotation
@@ -116,6 +123,11 @@ class UdpProtocol(asyncio.DatagramProtocol):
         if metrics is not None:  # every other query is timed, and the next hit too
             self.untimed = 0
             started = started or perf_counter()
+        if entry is None:  # with options: a reply as rendered for these bytes, if one is kept
+            rendered = self.renders.get(key)
+            if rendered is not None and rendered.source in (None, addr[0]):
+                transport.sendto(self.responder.replayed(rendered, data, started), addr)
+                return
         answer = self.responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from toposdns.kube.client import Apis, list_core
+from toposdns.kube.client import Apis
 from toposdns.kube.resources import POD_LOCATOR
 from toposdns.metrics import DNS_PROGRAMMING_DURATION, MALFORMED_OBJECTS
 from toposdns.options import Plugin, Setting, file, seconds, sets
@@ -73,19 +73,9 @@ CLUSTER: Plugin[ClusterOptions] = Plugin(
     directive="kubernetes",
 )
 
-NAMESPACES = Resource("namespaces", "Namespace", "v1", lambda a: list_core(a, "namespaces"))
-SERVICES = Resource(
-    "services",
-    "Service",
-    "v1",
-    lambda a: list_core(a, "services"),
-)
-ENDPOINT_SLICES = Resource(
-    "endpointslices",
-    "EndpointSlice",
-    "discovery.k8s.io/v1",
-    lambda a: a.discovery.list_endpoint_slice_for_all_namespaces_without_preload_content,
-)
+NAMESPACES = Resource("namespaces", "Namespace", "v1")
+SERVICES = Resource("services", "Service", "v1")
+ENDPOINT_SLICES = Resource("endpointslices", "EndpointSlice", "discovery.k8s.io/v1")
 POD_LOCATORS = custom_resource(POD_LOCATOR)
 #: When the change an EndpointSlice reflects happened (RFC 3339), set by the endpoint controllers.
 TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"

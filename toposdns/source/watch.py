@@ -18,21 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 
-from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, message_of, request
+from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, list_all, message_of, request
 from toposdns.kube.resources import CustomResource
 from toposdns.metrics import API_ERRORS, WATCH_RESTARTS
 
 log = logging.getLogger("toposdns")
 
 Object = dict[str, Any]
-Call = Callable[..., Awaitable[aiohttp.ClientResponse]]
 #: How long one LIST page may take.
 LIST_TIMEOUT = 60.0
 
@@ -55,26 +53,16 @@ class ApiError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Resource:
-    """A kind to watch cluster-wide, and the client call that lists or watches all of it."""
+    """A kind to watch cluster-wide: its plural name and what its objects say they are."""
 
     name: str
     kind: str
     api_version: str
-    call: Callable[[Apis], Call]
 
 
 def custom_resource(resource: CustomResource) -> Resource:
-    """A custom resource, listed through CustomObjectsApi."""
-    group, version, plural = resource.group, resource.version, resource.plural
-
-    def call(apis: Apis) -> Call:
-        def list_all(**kwargs: Any) -> Awaitable[aiohttp.ClientResponse]:
-            method = apis.custom.list_cluster_custom_object_without_preload_content
-            return method(group, version, plural, **kwargs)  # type: ignore[no-any-return]
-
-        return list_all
-
-    return Resource(plural, resource.kind, resource.api_version, call)
+    """A custom resource."""
+    return Resource(resource.plural, resource.kind, resource.api_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +114,7 @@ class Reflector:
         on_page: Callable[[], None] | None = None,
     ) -> None:
         self.resource = resource
-        self.call = resource.call(apis)
+        self.call = list_all(apis, resource.api_version, resource.name)
         self.reachability = apis.reachability
         self.sink = sink
         self.settings = settings
