@@ -24,7 +24,7 @@ def build(tree: Path, **environment: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
         cwd=tree,
-        env={**os.environ, "CC": "false", **environment},
+        env={**os.environ, "CC": "false", "TOPOSDNS_COMPILE": "auto", **environment},
         capture_output=True,
         text=True,
         timeout=300,
