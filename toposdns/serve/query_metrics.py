@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import Collector
 
 from toposdns.resolve.answer import type_name
 from toposdns.wire.codes import RCODE_NAMES
@@ -75,7 +74,7 @@ class Hits:
         self.row = [0, 0.0]  # hits, seconds
 
 
-class QueryMetrics(Collector):
+class QueryMetrics:
     """Counts queries in plain numbers; a prometheus_client collector reads them on scrape."""
 
     def __init__(self, server: str) -> None:

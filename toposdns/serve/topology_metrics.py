@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from toposdns.store.topology import Policy
 from toposdns.wire.codes import AAAA, SRV, A
@@ -37,7 +36,7 @@ Row = list[int]
 COUNTED_TYPES = frozenset((A, AAAA, SRV))
 
 
-class TopologyCounts(Collector):
+class TopologyCounts:
     """Rows of counts per (policy, tier); a prometheus_client collector reads them on scrape."""
 
     def __init__(self) -> None:
