@@ -44,7 +44,6 @@ class UdpProtocol(asyncio.DatagramProtocol):
         self.responder = responder
         self.reply_cache = responder.cache
         self.table = responder.cache.table  # only ever changed in place
-        self.renders = responder.cache.renders[self.slot]  # and so is this
         #: Where each client is placed, remembered per snapshot (also only changed in place).
         self.placed = responder.placer.placed
         self.metrics = responder.metrics
@@ -74,8 +73,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
         # cached whole within 512 bytes and in lower case too (`Cached.small`). Its bytes after
         # the ID are then its key as they are (wire/edns.py plain_key); any other query misses
         # here and the responder folds its key.
-        key = data[2:]
-        entry = self.table.get(key)
+        entry = self.table.get(data[2:])
         counts = None
         if entry.__class__ is TopologyReplies and self.plain_addresses:
             # This client's domain's reply; no options, so no Client Subnet to place it by.
@@ -123,11 +121,6 @@ class UdpProtocol(asyncio.DatagramProtocol):
         if metrics is not None:  # every other query is timed, and the next hit too
             self.untimed = 0
             started = started or perf_counter()
-        if entry is None:  # with options: a reply as rendered for these bytes, if one is kept
-            rendered = self.renders.get(key)
-            if rendered is not None and rendered.source in (None, addr[0]):
-                transport.sendto(self.responder.replayed(rendered, data, started), addr)
-                return
         answer = self.responder.respond(data, self.kind, addr[0], started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)
