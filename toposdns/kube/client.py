@@ -1,7 +1,9 @@
 """The official client: how it is built, and the one way its raw API calls are made.
 
-Every call goes through a `*_without_preload_content` method, so that bodies stay raw JSON
-(dicts): no OpenAPI model is built per object, and every status is the caller's to handle.
+Every call leaves the body unread by the client (`_preload_content=False`: lists and watches
+through `list_all`, the controller's other calls through the `*_without_preload_content`
+methods), so that bodies stay raw JSON (dicts): no OpenAPI model is built per object, and every
+status is the caller's to handle.
 """
 
 from __future__ import annotations
