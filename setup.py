@@ -4,7 +4,8 @@ where that fails.
 - `toposdns/serve/datagrams.c` (recvmmsg and sendmmsg for the UDP frontend) is the one module
   written in C. Without it (no C compiler, no Python headers, not Linux) the server answers UDP
   one datagram per system call (`--udp-batch` says so when it starts).
-- The modules every query runs through are compiled with mypyc: those pyproject.toml lists,
+- The modules every query runs through (and the converter every listed object runs through)
+  are compiled with mypyc: those pyproject.toml lists,
   `[tool.toposdns] compiled` (the one list; docs/architecture.md, "Compiled modules", says why
   these). Each stays importable as plain Python: the wheel carries the .py files too.
 

@@ -21,10 +21,12 @@ from pathlib import Path
 #: Phases in the order they are matched: a sample counts for the first whose frame it holds.
 PHASES = (
     ("imports", ("_find_and_load",)),
-    ("decoding pages (orjson)", ("decode (toposdns/kube/client.py",)),
+    ("decoding pages (orjson, msgspec)", ("decode (toposdns/kube/client.py", "decode_page (")),
     ("converting EndpointSlices", ("_endpoint_slice (", "_common_endpoint")),
     ("converting PodLocators", ("_common_pod_locator", "_pod_locator (")),
     ("converting Services", ("_service (",)),
+    # Compiled, the converters leave no frames of their own: their callers' and those they call.
+    ("converting (compiled: every kind)", ("KubeSource.convert", "PodLocator.__", "labels_with")),
     ("indexing (replace_all)", ("replace_all",)),
     ("building snapshots", ("StoreBuilder.snapshot",)),
     ("DNS programming latency", ("time_programming",)),

@@ -153,95 +153,95 @@ def test_locator_cidr_errors(cidr: Any, message: str) -> None:
     assert str(info.value).startswith(f"PodLocator toposdns/node-a: cidrs[1]: {message}")
 
 
-@pytest.mark.parametrize(
-    ("raw", "message"),
-    [
-        (
-            node_locator("10.244.3.0/24"),
-            "PodLocator toposdns/node-a: cidrs: must be a list, got str",
+#: Malformed objects, and the start of the message that names each one's object and field.
+ERRORS: list[tuple[dict[str, Any], str]] = [
+    (
+        node_locator("10.244.3.0/24"),
+        "PodLocator toposdns/node-a: cidrs: must be a list, got str",
+    ),
+    (
+        endpoint_slice(endpoints=[{"addresses": ["not-an-ip"]}]),
+        "EndpointSlice shop/web-1: endpoints[0].addresses[0]: not an IP address: 'not-an-ip'",
+    ),
+    (
+        endpoint_slice(
+            endpoints=[{"addresses": ["10.1.0.1"]}, {"addresses": ["10.1.0.2", "10.1.0.300"]}]
         ),
-        (
-            endpoint_slice(endpoints=[{"addresses": ["not-an-ip"]}]),
-            "EndpointSlice shop/web-1: endpoints[0].addresses[0]: not an IP address: 'not-an-ip'",
+        "EndpointSlice shop/web-1: endpoints[1].addresses[1]: not an IP address",
+    ),
+    (
+        endpoint_slice(
+            endpoints=[{"addresses": ["10.1.0.1"]}] * 2
+            + [{"addresses": ["10.1.0.3"], "hints": {"forZones": [{"name": 7}]}}]
         ),
-        (
-            endpoint_slice(
-                endpoints=[{"addresses": ["10.1.0.1"]}, {"addresses": ["10.1.0.2", "10.1.0.300"]}]
-            ),
-            "EndpointSlice shop/web-1: endpoints[1].addresses[1]: not an IP address",
+        "EndpointSlice shop/web-1: endpoints[2].hints.forZones[0].name: must be a string, got int",
+    ),
+    (
+        endpoint_slice(
+            endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]
         ),
-        (
-            endpoint_slice(
-                endpoints=[{"addresses": ["10.1.0.1"]}] * 2
-                + [{"addresses": ["10.1.0.3"], "hints": {"forZones": [{"name": 7}]}}]
-            ),
-            "EndpointSlice shop/web-1: endpoints[2].hints.forZones[0].name: must be a string, "
-            "got int",
+        "EndpointSlice shop/web-1: endpoints[0].hints.forZones[1]: must be a mapping",
+    ),
+    (
+        endpoint_slice(
+            endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forNodes": [{"name": 1}]}}]
         ),
-        (
-            endpoint_slice(
-                endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forZones": [{"name": "a"}, "b"]}}]
-            ),
-            "EndpointSlice shop/web-1: endpoints[0].hints.forZones[1]: must be a mapping",
+        "EndpointSlice shop/web-1: endpoints[0].hints.forNodes[0].name: must be a string",
+    ),
+    (
+        endpoint_slice(
+            endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]
         ),
-        (
-            endpoint_slice(
-                endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forNodes": [{"name": 1}]}}]
-            ),
-            "EndpointSlice shop/web-1: endpoints[0].hints.forNodes[0].name: must be a string",
-        ),
-        (
-            endpoint_slice(
-                endpoints=[{"addresses": ["10.1.0.1"], "hints": {"forZones": {"name": "a"}}}]
-            ),
-            "EndpointSlice shop/web-1: endpoints[0].hints.forZones: must be a list, got dict",
-        ),
-        (
-            service(cluster_ip="10.0.0.1", clusterIPs=["10.0.0.1", "fd00::1:x"]),
-            "Service shop/web: spec.clusterIPs[1]: not an IP address: 'fd00::1:x'",
-        ),
-        (
-            service(cluster_ip="None", topologyKeys=["kubernetes.io/hostname", 5]),
-            "Service shop/web: spec.topologyKeys[1]: must be a string, got int",
-        ),
-        (
-            service(cluster_ip="None", annotations={"toposdns.io/topology-keys": ["a"]}),
-            "Service shop/web: metadata.annotations[toposdns.io/topology-keys]: must be a string",
-        ),
-        (
-            pod_locator(addresses=["10.1.0.1", "10.1.0.256"], node_name=None),
-            "PodLocator shop/web-0: addresses[1]: not an IP address: '10.1.0.256'",
-        ),
-        (
-            endpoint_slice(address_type="IPv5"),
-            "EndpointSlice shop/web-1: addressType: unknown addressType 'IPv5'",
-        ),
-        (
-            service(cluster_ip=None, clusterIP="10.0.0.300"),  # from before dual-stack
-            "Service shop/web: spec.clusterIP: not an IP address: '10.0.0.300'",
-        ),
-        (
-            service(cluster_ip=None, type="Bogus"),
-            "Service shop/web: spec.type: unknown service type 'Bogus'",
-        ),
-        (
-            service(cluster_ip=None, ports=(), type="ExternalName"),
-            "Service shop/web: spec.externalName: is required",
-        ),
-        (
-            service(cluster_ip="10.0.0.1", ports=[{"port": "80"}]),
-            "Service shop/web: spec.ports[0].port: not a port number: '80'",
-        ),
-        (
-            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}},
-            "Pod p: apiVersion/kind: unsupported v1/Pod",
-        ),
-        (
-            {**service(cluster_ip="10.0.0.1"), "metadata": {"name": "web"}},
-            "Service web: metadata.namespace: is required",
-        ),
-    ],
-)
+        "EndpointSlice shop/web-1: endpoints[0].hints.forZones: must be a list, got dict",
+    ),
+    (
+        service(cluster_ip="10.0.0.1", clusterIPs=["10.0.0.1", "fd00::1:x"]),
+        "Service shop/web: spec.clusterIPs[1]: not an IP address: 'fd00::1:x'",
+    ),
+    (
+        service(cluster_ip="None", topologyKeys=["kubernetes.io/hostname", 5]),
+        "Service shop/web: spec.topologyKeys[1]: must be a string, got int",
+    ),
+    (
+        service(cluster_ip="None", annotations={"toposdns.io/topology-keys": ["a"]}),
+        "Service shop/web: metadata.annotations[toposdns.io/topology-keys]: must be a string",
+    ),
+    (
+        pod_locator(addresses=["10.1.0.1", "10.1.0.256"], node_name=None),
+        "PodLocator shop/web-0: addresses[1]: not an IP address: '10.1.0.256'",
+    ),
+    (
+        endpoint_slice(address_type="IPv5"),
+        "EndpointSlice shop/web-1: addressType: unknown addressType 'IPv5'",
+    ),
+    (
+        service(cluster_ip=None, clusterIP="10.0.0.300"),  # from before dual-stack
+        "Service shop/web: spec.clusterIP: not an IP address: '10.0.0.300'",
+    ),
+    (
+        service(cluster_ip=None, type="Bogus"),
+        "Service shop/web: spec.type: unknown service type 'Bogus'",
+    ),
+    (
+        service(cluster_ip=None, ports=(), type="ExternalName"),
+        "Service shop/web: spec.externalName: is required",
+    ),
+    (
+        service(cluster_ip="10.0.0.1", ports=[{"port": "80"}]),
+        "Service shop/web: spec.ports[0].port: not a port number: '80'",
+    ),
+    (
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}},
+        "Pod p: apiVersion/kind: unsupported v1/Pod",
+    ),
+    (
+        {**service(cluster_ip="10.0.0.1"), "metadata": {"name": "web"}},
+        "Service web: metadata.namespace: is required",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), ERRORS)
 def test_errors_name_object_and_field(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ObjectError) as info:
         convert_object(raw)

@@ -215,13 +215,23 @@ class Reply(NamedTuple):
         return message_of(self.body)
 
 
-async def request(
+class RawReply(NamedTuple):
+    """What the API server answered, its body as it came."""
+
+    status: int
+    data: bytes
+    #: The Retry-After header in seconds (429 and 503 answers), None if absent.
+    retry_after: float | None
+
+
+async def fetch(
     method: Callable[..., Awaitable[aiohttp.ClientResponse]],
     *args: Any,
     timeout: float,
     **kwargs: Any,
-) -> Reply:
-    """Call one `*_without_preload_content` method of the client, bounded by `timeout`.
+) -> RawReply:
+    """Call one `*_without_preload_content` method of the client (or `list_all`), bounded by
+    `timeout`, and read its body.
 
     Any status is returned; raises one of NETWORK_ERRORS when no answer came in time."""
     async with asyncio.timeout(timeout):
@@ -232,6 +242,17 @@ async def request(
             after = _seconds(response.headers.get("Retry-After"))
         finally:
             response.release()
+    return RawReply(status, data, after)
+
+
+async def request(
+    method: Callable[..., Awaitable[aiohttp.ClientResponse]],
+    *args: Any,
+    timeout: float,
+    **kwargs: Any,
+) -> Reply:
+    """`fetch`, its body decoded."""
+    status, data, after = await fetch(method, *args, timeout=timeout, **kwargs)
     return Reply(status, decode(data), after)
 
 

@@ -32,6 +32,7 @@ from toposdns.source.watch import (
     custom_resource,
     object_key,
 )
+from toposdns.store import raw
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.convert import SERVICE_NAME_LABEL, ObjectError, convert_object
 from toposdns.store.model import HEADLESS, EndpointSlice, Namespace, PodLocator, Record, Service
@@ -73,10 +74,12 @@ CLUSTER: Plugin[ClusterOptions] = Plugin(
     directive="kubernetes",
 )
 
-NAMESPACES = Resource("namespaces", "Namespace", "v1")
-SERVICES = Resource("services", "Service", "v1")
-ENDPOINT_SLICES = Resource("endpointslices", "EndpointSlice", "discovery.k8s.io/v1")
-POD_LOCATORS = custom_resource(POD_LOCATOR)
+NAMESPACES = Resource("namespaces", "Namespace", "v1", raw.Namespace)
+SERVICES = Resource("services", "Service", "v1", raw.Service)
+ENDPOINT_SLICES = Resource(
+    "endpointslices", "EndpointSlice", "discovery.k8s.io/v1", raw.EndpointSlice
+)
+POD_LOCATORS = custom_resource(POD_LOCATOR, raw.PodLocator)
 #: When the change an EndpointSlice reflects happened (RFC 3339), set by the endpoint controllers.
 TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 #: What DNS watches, and the store record each becomes.

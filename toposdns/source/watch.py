@@ -10,7 +10,9 @@ For each resource a `Reflector`:
    resourceVersion seen; a stream silent for longer than the inactivity timeout counts as failed.
 
 Objects stay raw JSON (dicts): no OpenAPI model is built per object. What they become is the
-sink's business: the DNS source turns them into store records, the controller into its own.
+sink's business: the DNS source turns them into store records, the controller into its own. A
+resource may name the fields its sink reads (a TypedDict): its list pages are then decoded to
+those alone, the rest skipped by the decoder.
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, cast
 
+import msgspec
 import orjson
 
-from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, list_all, message_of, request
+from toposdns.kube.client import NETWORK_ERRORS, Apis, decode, fetch, list_all, message_of
 from toposdns.kube.resources import CustomResource
 from toposdns.metrics import API_ERRORS, WATCH_RESTARTS
 
 log = logging.getLogger("toposdns")
 
 Object = dict[str, Any]
+T = TypeVar("T")
 #: How long one LIST page may take.
 LIST_TIMEOUT = 60.0
 
@@ -58,11 +62,30 @@ class Resource:
     name: str
     kind: str
     api_version: str
+    #: The fields of each object that the sink reads, as a TypedDict (store/raw.py): list
+    #: pages are decoded to these alone. None: whole objects.
+    fields: type | None = None
 
 
-def custom_resource(resource: CustomResource) -> Resource:
-    """A custom resource."""
-    return Resource(resource.plural, resource.kind, resource.api_version)
+ListMeta = TypedDict("ListMeta", {"resourceVersion": Any, "continue": Any}, total=False)
+
+
+class ListPage(TypedDict, Generic[T], total=False):
+    """A page of a list, its items decoded to the fields a sink reads."""
+
+    metadata: ListMeta | None
+    items: list[T] | None
+
+
+def page_decoder(fields: type) -> msgspec.json.Decoder[Any]:
+    """Decodes a list page to `fields` of each item (a TypedDict), the rest skipped unread;
+    raises msgspec.ValidationError for an item of another shape."""
+    return msgspec.json.Decoder(cast(Any, ListPage)[fields])
+
+
+def custom_resource(resource: CustomResource, fields: type | None = None) -> Resource:
+    """A custom resource, of whose objects the sink reads `fields` (None: all)."""
+    return Resource(resource.plural, resource.kind, resource.api_version, fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +145,7 @@ class Reflector:
         self.prepare: Callable[[Resource, Object], Any] = getattr(
             sink, "prepare", lambda _resource, obj: obj
         )
+        self.pages = None if resource.fields is None else page_decoder(resource.fields)
         #: Where the next watch starts: the last event delivered, even when a watch broke off
         #: (resuming from an older one would replay changes already served, and answers would
         #: go back in time until the replay caught up). None: list first.
@@ -188,15 +212,26 @@ class Reflector:
 
     async def request(self, **params: Any) -> Object:
         """One LIST page, decoded."""
-        reply = await request(self.call, timeout=LIST_TIMEOUT, **params)
+        status, data, _ = await fetch(self.call, timeout=LIST_TIMEOUT, **params)
         self.reachability.answered()
-        if reply.status == 410:
+        if status == 410:
             raise Gone()
-        if reply.status != 200:
-            raise ApiError(self.resource.name, reply.status, reply.message)
-        if not isinstance(reply.body, dict):
+        if status != 200:
+            raise ApiError(self.resource.name, status, message_of(decode(data)))
+        body = self.decode_page(data)
+        if not isinstance(body, dict):
             raise ApiError(self.resource.name, 200, "the list is not a JSON object")
-        return reply.body
+        return body
+
+    def decode_page(self, data: bytes) -> Any:
+        """A list page: to the resource's `fields` when every object has their shape, else
+        whole (the sink then checks each object field by field, and names what is wrong)."""
+        if self.pages is not None:
+            try:
+                return self.pages.decode(data)
+            except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+                pass
+        return decode(data)
 
     async def watch(self, version: str) -> str:
         """Watch from `version`, delivering events and keeping `self.version` at the last;
