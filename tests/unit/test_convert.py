@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.objects import endpoint, endpoint_slice, pod_locator, service
 from toposdns.store.convert import (
@@ -25,6 +28,8 @@ from toposdns.store.model import (
     EndpointSlice,
     PodLocator,
     Port,
+    canonical_ip,
+    is_canonical_ipv4,
 )
 
 ZONE = {"topology.kubernetes.io/zone": "z1"}
@@ -442,3 +447,46 @@ def test_endpoint_slice_fast_path_record() -> None:
         (Port("http", "TCP", 80),),
         (Endpoint(("10.1.0.1",), pod_name="web-0", node_name="node-a", zone="z1"),),
     )
+
+
+def ipaddress_canonical(text: str) -> str | None:
+    """What `ipaddress` makes of `text`: its canonical form, or None if not an address."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+#: IPv4 addresses written every way but the canonical one, and near misses.
+IPV4_FORMS = [
+    *("10.1.0.01", "010.1.0.1", "10.1.0.1.", ".10.1.0.1", "10.1..1", "10.1.0", "10.1.0.1.2"),
+    *("10.1.0.256", "0x0a.1.0.1", "10.1.0.1 ", " 10.1.0.1", "10.1.0.1\0", "1e1.1.0.1", "10.01.0.1"),
+    *(
+        "00.1.2.3",
+        "1.2.3.00",
+        "4294967295",
+        "10.1.0.+1",
+        "10.1.0.-1",
+        "١٠.1.0.1",
+        "::ffff:10.1.0.1",
+    ),
+    *("0.0.0.0", "255.255.255.255", "10.1.0.1", "1.2.3.4"),
+]
+OCTETS = st.one_of(st.integers(0, 300).map(str), st.from_regex(r"0[0-9]{1,2}", fullmatch=True))
+
+
+@pytest.mark.parametrize("text", IPV4_FORMS)
+def test_the_c_library_takes_only_canonical_ipv4(text: str) -> None:
+    canonical = ipaddress_canonical(text)
+    assert is_canonical_ipv4(text) is (canonical == text and "." in text)
+    assert canonical_ip(text) == canonical if canonical else True
+
+
+@given(
+    st.lists(OCTETS, min_size=3, max_size=5).map(".".join) | st.text("0123456789.x ", max_size=16)
+)
+def test_canonical_ipv4_agrees_with_ipaddress(text: str) -> None:
+    canonical = ipaddress_canonical(text)
+    assert is_canonical_ipv4(text) is (canonical == text and "." in text)
+    if canonical is not None:
+        assert canonical_ip(text) == canonical

@@ -169,6 +169,31 @@ def test_raw_list_is_the_api_servers_json(server: FakeApiServer, api: client.Api
     assert json.loads(single.data)["kind"] == "Service"  # a single GET does carry them
 
 
+def test_items_encoded_ahead_are_served_as_they_would_be(
+    server: FakeApiServer, api: client.ApiClient
+) -> None:
+    def listed() -> bytes:
+        return bytes(
+            client.CustomObjectsApi(api)
+            .list_cluster_custom_object(
+                "toposdns.io", "v1alpha1", "podlocators", _preload_content=False
+            )
+            .data
+        )
+
+    server.add(locator("web-0"))
+    plain = listed()
+    server.add(locator("web-1"))
+    server.encode_items()
+    ahead = json.loads(listed())
+    assert [item["metadata"]["name"] for item in ahead["items"]] == ["web-0", "web-1"]
+    assert ahead["items"][0] == json.loads(plain)["items"][0]
+    changed = {**locator("web-1"), "nodeName": "node-b"}
+    server.modify(changed)
+    server.encode_items()
+    assert json.loads(listed())["items"][1]["nodeName"] == "node-b"  # a new version, encoded anew
+
+
 def test_pagination_is_a_consistent_snapshot(server: FakeApiServer, api: client.ApiClient) -> None:
     for i in range(5):
         server.add(service(f"s{i}", ip=f"10.96.0.{i + 1}"))
