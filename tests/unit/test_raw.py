@@ -174,6 +174,7 @@ def test_hostile_pages_fail_as_decode_errors(data: bytes) -> None:
 def test_a_page_with_a_misshapen_object_is_decoded_whole(name: str) -> None:
     raw = MISSHAPEN[name]
     resource = resource_of(raw)
-    reflector = Reflector(Apis(None), resource, KubeSource(Apis(None), print), WatchSettings())
+    sink = KubeSource(Apis(None), lambda _snapshot: None)
+    reflector = Reflector(Apis(None), resource, sink, WatchSettings())
     data = page(raw)
     assert reflector.decode_page(data) == orjson.loads(data)

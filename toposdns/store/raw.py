@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 
 class Named(TypedDict, total=False):
-    """`metadata` of an object of which only its name is read."""
+    """`metadata` of an object of which only its name and namespace are read."""
 
     name: Any
     namespace: Any
