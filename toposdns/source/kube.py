@@ -32,7 +32,7 @@ from toposdns.source.watch import (
     custom_resource,
     object_key,
 )
-from toposdns.store import raw
+from toposdns.store import raw as fields
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.convert import SERVICE_NAME_LABEL, ObjectError, convert_object
 from toposdns.store.model import HEADLESS, EndpointSlice, Namespace, PodLocator, Record, Service
@@ -74,12 +74,12 @@ CLUSTER: Plugin[ClusterOptions] = Plugin(
     directive="kubernetes",
 )
 
-NAMESPACES = Resource("namespaces", "Namespace", "v1", raw.Namespace)
-SERVICES = Resource("services", "Service", "v1", raw.Service)
+NAMESPACES = Resource("namespaces", "Namespace", "v1", fields.Namespace)
+SERVICES = Resource("services", "Service", "v1", fields.Service)
 ENDPOINT_SLICES = Resource(
-    "endpointslices", "EndpointSlice", "discovery.k8s.io/v1", raw.EndpointSlice
+    "endpointslices", "EndpointSlice", "discovery.k8s.io/v1", fields.EndpointSlice
 )
-POD_LOCATORS = custom_resource(POD_LOCATOR, raw.PodLocator)
+POD_LOCATORS = custom_resource(POD_LOCATOR, fields.PodLocator)
 #: When the change an EndpointSlice reflects happened (RFC 3339), set by the endpoint controllers.
 TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 #: What DNS watches, and the store record each becomes.
