@@ -399,6 +399,11 @@ def _directive(
         option = line[0]
         words = [token.text for token in line[1:]]
         found = next(((p, s) for p in plugins if (s := p.setting(option.text)) is not None), None)
+        if found is None and not option.quoted:
+            # A line of data rather than an option (a `hosts` entry): the plugin's `*` setting
+            # takes it whole.
+            found = next(((p, s) for p in plugins if (s := p.setting("*")) is not None), None)
+            words = [option.text, *words]
         if option.quoted or found is None:
             supported = sorted(w for plugin in plugins for w in plugin.words())
             raise option.error(
