@@ -72,6 +72,27 @@ def corefile_block(text: str, zone: str) -> list[Directive]:
     raise ValueError(f"no server block {zone} in the Corefile")
 
 
+def shown_corefile(markdown: str, heading: str) -> str:
+    """The one Corefile a Markdown page shows under `## heading`: the fenced block without a
+    language whose first line opens a server block."""
+    section = markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    blocks: list[list[str]] = []
+    fence: str | None = None
+    for line in section.splitlines():
+        if line.startswith("```"):
+            if fence is None:
+                fence = line[3:].strip()
+                blocks.append([])
+            else:
+                if fence:  # a block of another language (sh, yaml)
+                    blocks.pop()
+                fence = None
+        elif fence is not None:
+            blocks[-1].append(line)
+    (found,) = [b for b in blocks if b and b[0].rstrip().endswith("{")]
+    return "\n".join(found) + "\n"
+
+
 @dataclass(frozen=True)
 class SubnetRewrite:
     """`rewrite edns0 subnet ACTION [V4 V6]`."""

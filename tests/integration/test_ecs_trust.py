@@ -23,7 +23,7 @@ import dns.query
 import pytest
 import yaml
 
-from tests.coredns_forwarder import CorefileForwarder, Directive, corefile_block
+from tests.coredns_forwarder import CorefileForwarder, Directive, corefile_block, shown_corefile
 from tests.integration.support import REPO, Server, StartServer
 from tests.objects import endpoint, endpoint_slice, headless, namespace, pod_locator, service
 
@@ -134,9 +134,7 @@ def coredns_block(config: str) -> list[Directive]:
 
 def nodelocal_block(config: str) -> list[Directive]:
     """NodeLocal DNSCache's cluster-zone block as manifests/README.md gives it."""
-    readme = (MANIFESTS / "README.md").read_text()
-    section = readme.split("\n## Behind NodeLocal DNSCache\n", 1)[1].split("\n## ", 1)[0]
-    (text,) = [b for b in re.findall(r"```\n(.*?)```", section, re.DOTALL) if "cache" in b]
+    text = shown_corefile((MANIFESTS / "README.md").read_text(), "Behind NodeLocal DNSCache")
     return corefile_block(as_shipped(text, config), "cluster.local:53")
 
 
