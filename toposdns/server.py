@@ -39,6 +39,7 @@ from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
+from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
@@ -144,6 +145,7 @@ class DnsServer:
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
         self.forwarder = make_forwarder(config)
+        self.block_forwarders, self.blocks = make_blocks(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
@@ -170,6 +172,7 @@ class DnsServer:
             config.bufsize.size,
             not config.any.minimal,
             config.cache,
+            self.blocks,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -179,12 +182,15 @@ class DnsServer:
         old = self.config
         restart = [name for name, value in where(config).items() if value != where(old)[name]]
         config = kept_where(config, old)
-        if (old.forward, old.cache) != (config.forward, config.cache):
-            retired, self.forwarder = self.forwarder, make_forwarder(config)
-            if retired is not None:  # closed once the queries it has are done
-                task = asyncio.create_task(self.retire(retired))
-                self.retiring.add(task)
-                task.add_done_callback(self.retiring.discard)
+        if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
+            retired = [self.forwarder, *self.block_forwarders]
+            self.forwarder = make_forwarder(config)
+            self.block_forwarders, self.blocks = make_blocks(config)
+            for forwarder in retired:
+                if forwarder is not None:  # closed once the queries it has are done
+                    task = asyncio.create_task(self.retire(forwarder))
+                    self.retiring.add(task)
+                    task.add_done_callback(self.retiring.discard)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -208,8 +214,9 @@ class DnsServer:
         for task in list(self.retiring):
             task.cancel()
         await asyncio.gather(*self.retiring, return_exceptions=True)
-        if self.forwarder is not None:
-            await self.forwarder.close()
+        for forwarder in [self.forwarder, *self.block_forwarders]:
+            if forwarder is not None:
+                await forwarder.close()
 
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
@@ -361,14 +368,32 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     )
 
 
+def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:
+    """The forwarders of the server blocks beside the kubernetes one, and the blocks of the
+    port; None when the kubernetes block is the port's only one, for `.`."""
+    if not config.blocks and config.block_zones == ((),):
+        return [], None
+    bound = cache_bounds(config)[1]
+    forwarders = [block_forwarder(block, bound) for block in config.blocks]
+    links = [
+        (block, block_chain(block, forwarder))
+        for block, forwarder in zip(config.blocks, forwarders, strict=True)
+    ]
+    return forwarders, Blocks(config.block_zones, links)
+
+
 def cache_bounds(config: ServeConfig) -> tuple[int, int]:
-    """The bytes each DNS process's reply cache and forward cache may hold: as set, else their
-    shares of the container's memory limit, split between the workers (serve/cache.py)."""
+    """The bytes each DNS process's reply cache and each forward cache may hold: as set, else
+    their shares of the container's memory limit, split between the workers (serve/cache.py);
+    the forward caches' share is split between the server blocks."""
     bounds = config.cache_bounds
     workers = config.workers
+    forward = bounds.forward_max_bytes or default_max_bytes(
+        FORWARD_SHARE, workers, FORWARD_MAX_BYTES
+    )
     return (
         bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
-        bounds.forward_max_bytes or default_max_bytes(FORWARD_SHARE, workers, FORWARD_MAX_BYTES),
+        forward // (1 + len(config.blocks)),
     )
 
 
