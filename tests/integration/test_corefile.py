@@ -8,7 +8,6 @@ The Corefile is kubeadm's, changed only where a loopback test must: the ports, `
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,6 @@ import pytest
 
 from tests.integration.support import (
     CorefileServer,
-    Server,
     copy_snapshot,
     dig,
     free_ports,
@@ -33,7 +31,6 @@ from tests.integration.support import (
 )
 from tests.kubeapi import FakeApiServer
 from tests.objects import headless, service
-from tests.server_process import ServerProcess, toposdns_command
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
