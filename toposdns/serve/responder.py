@@ -47,7 +47,7 @@ from toposdns.serve.cache import (
     ReplyCache,
     TopologyReplies,
 )
-from toposdns.serve.chain import Reply, Request
+from toposdns.serve.chain import PASSED, Next, Reply, Request
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
 from toposdns.serve.negative import Negatives
@@ -203,8 +203,13 @@ class Responder:
         forward_any: bool = False,
         cache: CacheSettings = DEFAULT_CACHE,
         blocks: Blocks | None = None,
+        front: Next | None = None,
     ) -> None:
         self.config = config
+        #: The plugins the kubernetes block runs before its own (template, hosts), linked and
+        #: ending in `pass_on`: a query they answer is theirs, one they give back (`PASSED`)
+        #: the responder's (serve/chain.py).
+        self.front = front
         #: The server blocks of the port, when there are others than this one's `.`: a query
         #: of another block's zone goes down that block's chain (serve/blocks.py).
         self.blocks = blocks
@@ -235,7 +240,7 @@ class Responder:
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
         #: nor when another server block holds names in the zones.
         nested = blocks is not None and any(in_zones(zone, config.zones) for zone in blocks.zones())
-        self.negatives = None if autopath.enabled or nested else Negatives(config)
+        self.negatives = None if autopath.enabled or nested or front else Negatives(config)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
@@ -382,6 +387,10 @@ class Responder:
         key, whatever their case, buffer size and options), then served as a hit is. Anything
         but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
         decoder's path."""
+        if self.front is not None:
+            fronted = self.fronted(data, transport, source, started)
+            if fronted is not False:
+                return fronted
         # A reply kept in another letter case stays: this one is made for this query only.
         kept = self.cache.table.get(key)
         keep = not isinstance(kept, Cached)
@@ -394,11 +403,11 @@ class Responder:
                 return self.counted(data, answer, transport, started, qtype)
         made = self.made(data, key, echo, source, keep)
         if made is None:
-            return self.decoded(data, transport, source, started)
+            return self.decoded(data, transport, source, started, fronted=True)
         cached, scoped = made
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
-            return self.decoded(data, transport, source, started)
+            return self.decoded(data, transport, source, started, fronted=True)
         self.count_miss(kept)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
@@ -555,9 +564,31 @@ class Responder:
             for kind in TRANSPORTS
         )
 
-    def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
+    def fronted(
+        self, data: bytes, transport: Transport, source: str, started: float
+    ) -> Reply | Literal[False]:
+        """The reply the plugins before the kubernetes block's own give a plain query, counted;
+        False when they pass it on (or it is not the block's: the decoder's path says why)."""
+        assert self.front is not None
+        try:
+            query = self.bounded(decode_plain(data))
+        except ValueError:
+            return False
+        if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
+            return False
+        if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
+            return False
+        reply = self.front(Request(query, data, transport, source))
+        if reply is PASSED:
+            return False
+        return self.chained(reply, data, transport, started, query.qtype)
+
+    def decoded(
+        self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
+    ) -> Reply:
         """Decode, place, resolve and encode a query in full; nothing is cached. Every query
-        that is not plain, or not answered by the zones, comes this way."""
+        that is not plain, or not answered by the zones, comes this way (`fronted`: the plugins
+        before the kubernetes block's own have passed it on already)."""
         try:
             query = self.bounded(decode_query(data))
         except Dropped:
@@ -577,10 +608,14 @@ class Responder:
             if link is not None:
                 request = Request(query, data, transport, source, name_text(zone))
                 return self.chained(link(request), data, transport, started, qtype)
-        if where is UPSTREAMS:
-            return self.upstreams(data, query, transport, source, started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+        if self.front is not None and not fronted:
+            reply = self.front(Request(query, data, transport, source))
+            if reply is not PASSED:
+                return self.chained(reply, data, transport, started, qtype)
+        if where is UPSTREAMS:
+            return self.upstreams(data, query, transport, source, started)
         self.passed()
         try:
             if self.autopath is not None:
