@@ -180,8 +180,7 @@ class DnsServer:
         lost), data and metrics; the forwarder is new if its settings changed, the old one
         closed once its queries are done. Returns the plugins whose changes need a restart."""
         old = self.config
-        restart = [name for name, value in where(config).items() if value != where(old)[name]]
-        config = kept_where(config, old)
+        config, restart = restart_only(config, old)
         if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
             retired = [self.forwarder, *self.block_forwarders]
             self.forwarder = make_forwarder(config)
@@ -298,40 +297,40 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         log.info("stopped")
 
 
-def where(config: ServeConfig) -> dict[str, object]:
-    """The settings that say where and from what the server serves: a reload keeps them until
-    a restart."""
-    return {
-        "snapshot": config.snapshot,
-        "kubeconfig and startup_timeout": config.cluster,
-        "bind and port": config.bind,
-        "tcp": config.tcp,
-        "health address": config.health.address,
-        "ready address": config.ready.address,
-        "prometheus address": config.prometheus.address,
-        "workers": config.toposdns.workers,
-        "http": config.toposdns.http,
-        "log": config.log,  # the frontends are chosen at startup
-        "udp_batch": config.toposdns.udp_batch,
-    }
+#: The settings that say where and from what the server serves, by the name a reload's
+#: warning gives them: (plugin, field; "" for all its options). A reload keeps them as they
+#: are until a restart; the rest applies at once.
+RESTART_ONLY: dict[str, tuple[str, str]] = {
+    "snapshot": ("snapshot", ""),
+    "kubeconfig and startup_timeout": ("cluster", ""),
+    "bind and port": ("bind", ""),
+    "tcp": ("tcp", ""),
+    "health address": ("health", "address"),
+    "ready address": ("ready", "address"),
+    "prometheus address": ("prometheus", "address"),
+    "workers": ("toposdns", "workers"),
+    "http": ("toposdns", "http"),
+    "explain": ("toposdns", "explain"),
+    "udp_batch": ("toposdns", "udp_batch"),
+    "log": ("log", ""),  # the frontends are chosen at startup
+}
 
 
-def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
-    """`config` with the `running` one's settings of where it serves."""
-    return replace(
-        config,
-        snapshot=running.snapshot,
-        cluster=running.cluster,
-        bind=running.bind,
-        tcp=running.tcp,
-        health=replace(config.health, address=running.health.address),
-        ready=running.ready,
-        prometheus=running.prometheus,
-        log=running.log,
-        toposdns=replace(
-            config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
-        ),
-    )
+def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig, list[str]]:
+    """`config` as a reload applies it over the `running` one: the settings of where it serves
+    kept as they run, and the names of those that changed (they wait for a restart)."""
+    waiting = []
+    for name, (plugin, attribute) in RESTART_ONLY.items():
+        options, kept = getattr(config, plugin), getattr(running, plugin)
+        if attribute:
+            if getattr(options, attribute) == getattr(kept, attribute):
+                continue
+            kept = replace(options, **{attribute: getattr(kept, attribute)})
+        elif options == kept:
+            continue
+        waiting.append(name)
+        config = replace(config, **{plugin: kept})
+    return config, waiting
 
 
 def report_restart(plugins: list[str]) -> None:
