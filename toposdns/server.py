@@ -20,14 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY
-from prometheus_client.registry import Collector
-
 from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import (
+    ANSWERING,
     BUILD_INFO,
     INVALID_POLICIES,
     LOCATOR_CONFLICTS,
@@ -217,6 +215,15 @@ class DnsServer:
             if forwarder is not None:
                 await forwarder.close()
 
+    def register(self, stack: contextlib.AsyncExitStack) -> None:
+        """Count this server's queries in the answering metrics (metrics.py `ANSWERING`, which
+        /metrics serves, or a worker sends whole), until the stack closes."""
+        if self.metrics is None:
+            return
+        for collector in (self.metrics, self.responder.topology_counts):
+            ANSWERING.register(collector)
+            stack.callback(ANSWERING.unregister, collector)
+
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
         return self.responder.snapshot, self.responder.config, self.config.autopath
@@ -251,9 +258,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
     snapshot = Snapshot(synced=config.snapshot.path is not None)
     dns = DnsServer(config, answering(config), snapshot)
     async with Lifecycle() as life:
-        if dns.metrics is not None:
-            register(life.stack, dns.metrics)
-            register(life.stack, dns.responder.topology_counts)
+        dns.register(life.stack)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
@@ -394,12 +399,6 @@ def cache_bounds(config: ServeConfig) -> tuple[int, int]:
         bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
         forward // (1 + len(config.blocks)),
     )
-
-
-def register(stack: contextlib.AsyncExitStack, collector: Collector) -> None:
-    """Serve a collector on /metrics until the stack closes."""
-    REGISTRY.register(collector)
-    stack.callback(REGISTRY.unregister, collector)
 
 
 async def start_source(
