@@ -33,7 +33,6 @@ from toposdns.metrics import (
     SOURCE_SYNCED,
 )
 from toposdns.reload import corefile_bytes, watch_corefile
-from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
@@ -56,6 +55,7 @@ from toposdns.store.builder import StoreBuilder
 from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
+from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
 

@@ -8,12 +8,13 @@ import pytest
 
 from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB
-from toposdns.resolve.answer import RR, Answer
+from toposdns.resolve.answer import Answer
 from toposdns.serve.blocks import BlockConfig, Blocks
 from toposdns.serve.chain import ORDER, Next, Reply, Request, chain, pass_on
 from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.wire.codes import DS, A
 from toposdns.wire.encode import encode_reply
+from toposdns.wire.records import RR
 
 
 def block(*zones: str) -> BlockConfig:

@@ -25,9 +25,9 @@ from typing import Literal
 
 from toposdns.metrics import ACL_BLOCKED, ACL_DROPPED, ACL_FILTERED
 from toposdns.options import Network, Origin, Plugin, Setting, domain
-from toposdns.resolve.answer import type_code
 from toposdns.wire.codes import NOERROR, OPT, REFUSED, Name
 from toposdns.wire.decode import HEADER_SIZE, read_name
+from toposdns.wire.records import type_code
 
 Action = Literal["allow", "block", "filter", "drop"]
 #: A frontend's check of a query (its bytes, its source address): None when it goes on, else

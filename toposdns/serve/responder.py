@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.options import Plugin, Setting, none, sets
-from toposdns.resolve.answer import Answer, name_text, type_name
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
@@ -117,6 +117,7 @@ from toposdns.wire.encode import (
     fit,
     udp_limit,
 )
+from toposdns.wire.records import name_text, type_name
 from toposdns.wire.shuffle import shuffle_reply
 
 log = logging.getLogger("toposdns")
