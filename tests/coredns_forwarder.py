@@ -17,14 +17,15 @@ and edns0.go's behaviour, plugin/cache/README.md), not from their code:
   has that time, counted down on a hit, as its TTL, and the OPT record is the query's, without
   the options the upstream echoed. The cache runs after `rewrite`, as plugin.cfg orders
   them, and neither sees the other's work: the key has no options.
-- `forward . ADDRESS { force_tcp | prefer_udp }`: to the upstream the test gives (ADDRESS is
-  a cluster address), from the hop's own address (a CoreDNS pod's, a node's), over TCP with
-  `force_tcp`, else UDP; the upstream's reply goes back as it came, with the client's ID.
+- `forward . ADDRESS { force_tcp | prefer_udp | max_concurrent N }`: to the upstream the test
+  gives (ADDRESS is a cluster address), from the hop's own address (a CoreDNS pod's, a node's),
+  over TCP with `force_tcp`, else UDP; the upstream's reply goes back as it came, with the
+  client's ID.
 
 Directives that only watch (errors, log, health, ready, prometheus, reload, loop, bind) are
 accepted and do nothing; any other is refused, so that a configuration this stand-in cannot
 play fails the test instead of passing unchecked. It serves UDP and TCP on one loopback address
-and port, one query at a time, in a thread; every socket read has a timeout.
+and port, one query at a time on each, in a thread each; every socket read has a timeout.
 """
 
 from __future__ import annotations
