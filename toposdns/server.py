@@ -20,14 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY
-from prometheus_client.registry import Collector
-
 from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import (
+    ANSWERING,
     BUILD_INFO,
     INVALID_POLICIES,
     LOCATOR_CONFLICTS,
@@ -35,10 +33,10 @@ from toposdns.metrics import (
     SOURCE_SYNCED,
 )
 from toposdns.reload import corefile_bytes, watch_corefile
-from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
+from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
@@ -57,6 +55,7 @@ from toposdns.store.builder import StoreBuilder
 from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
+from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
 
@@ -144,6 +143,7 @@ class DnsServer:
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
         self.forwarder = make_forwarder(config)
+        self.block_forwarders, self.blocks = make_blocks(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
@@ -170,6 +170,7 @@ class DnsServer:
             config.bufsize.size,
             not config.any.minimal,
             config.cache,
+            self.blocks,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -177,14 +178,16 @@ class DnsServer:
         lost), data and metrics; the forwarder is new if its settings changed, the old one
         closed once its queries are done. Returns the plugins whose changes need a restart."""
         old = self.config
-        restart = [name for name, value in where(config).items() if value != where(old)[name]]
-        config = kept_where(config, old)
-        if (old.forward, old.cache) != (config.forward, config.cache):
-            retired, self.forwarder = self.forwarder, make_forwarder(config)
-            if retired is not None:  # closed once the queries it has are done
-                task = asyncio.create_task(self.retire(retired))
-                self.retiring.add(task)
-                task.add_done_callback(self.retiring.discard)
+        config, restart = restart_only(config, old)
+        if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
+            retired = [self.forwarder, *self.block_forwarders]
+            self.forwarder = make_forwarder(config)
+            self.block_forwarders, self.blocks = make_blocks(config)
+            for forwarder in retired:
+                if forwarder is not None:  # closed once the queries it has are done
+                    task = asyncio.create_task(self.retire(forwarder))
+                    self.retiring.add(task)
+                    task.add_done_callback(self.retiring.discard)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -208,8 +211,18 @@ class DnsServer:
         for task in list(self.retiring):
             task.cancel()
         await asyncio.gather(*self.retiring, return_exceptions=True)
-        if self.forwarder is not None:
-            await self.forwarder.close()
+        for forwarder in [self.forwarder, *self.block_forwarders]:
+            if forwarder is not None:
+                await forwarder.close()
+
+    def register(self, stack: contextlib.AsyncExitStack) -> None:
+        """Count this server's queries in the answering metrics (metrics.py `ANSWERING`, which
+        /metrics serves, or a worker sends whole), until the stack closes."""
+        if self.metrics is None:
+            return
+        for collector in (self.metrics, self.responder.topology_counts):
+            ANSWERING.register(collector)
+            stack.callback(ANSWERING.unregister, collector)
 
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
@@ -245,9 +258,7 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
     snapshot = Snapshot(synced=config.snapshot.path is not None)
     dns = DnsServer(config, answering(config), snapshot)
     async with Lifecycle() as life:
-        if dns.metrics is not None:
-            register(life.stack, dns.metrics)
-            register(life.stack, dns.responder.topology_counts)
+        dns.register(life.stack)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
@@ -291,40 +302,40 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         log.info("stopped")
 
 
-def where(config: ServeConfig) -> dict[str, object]:
-    """The settings that say where and from what the server serves: a reload keeps them until
-    a restart."""
-    return {
-        "snapshot": config.snapshot,
-        "kubeconfig and startup_timeout": config.cluster,
-        "bind and port": config.bind,
-        "tcp": config.tcp,
-        "health address": config.health.address,
-        "ready address": config.ready.address,
-        "prometheus address": config.prometheus.address,
-        "workers": config.toposdns.workers,
-        "http": config.toposdns.http,
-        "log": config.log,  # the frontends are chosen at startup
-        "udp_batch": config.toposdns.udp_batch,
-    }
+#: The settings that say where and from what the server serves, by the name a reload's
+#: warning gives them: (plugin, field; "" for all its options). A reload keeps them as they
+#: are until a restart; the rest applies at once.
+RESTART_ONLY: dict[str, tuple[str, str]] = {
+    "snapshot": ("snapshot", ""),
+    "kubeconfig and startup_timeout": ("cluster", ""),
+    "bind and port": ("bind", ""),
+    "tcp": ("tcp", ""),
+    "health address": ("health", "address"),
+    "ready address": ("ready", "address"),
+    "prometheus address": ("prometheus", "address"),
+    "workers": ("toposdns", "workers"),
+    "http": ("toposdns", "http"),
+    "explain": ("toposdns", "explain"),
+    "udp_batch": ("toposdns", "udp_batch"),
+    "log": ("log", ""),  # the frontends are chosen at startup
+}
 
 
-def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
-    """`config` with the `running` one's settings of where it serves."""
-    return replace(
-        config,
-        snapshot=running.snapshot,
-        cluster=running.cluster,
-        bind=running.bind,
-        tcp=running.tcp,
-        health=replace(config.health, address=running.health.address),
-        ready=running.ready,
-        prometheus=running.prometheus,
-        log=running.log,
-        toposdns=replace(
-            config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
-        ),
-    )
+def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig, list[str]]:
+    """`config` as a reload applies it over the `running` one: the settings of where it serves
+    kept as they run, and the names of those that changed (they wait for a restart)."""
+    waiting = []
+    for name, (plugin, attribute) in RESTART_ONLY.items():
+        options, kept = getattr(config, plugin), getattr(running, plugin)
+        if attribute:
+            if getattr(options, attribute) == getattr(kept, attribute):
+                continue
+            kept = replace(options, **{attribute: getattr(kept, attribute)})
+        elif options == kept:
+            continue
+        waiting.append(name)
+        config = replace(config, **{plugin: kept})
+    return config, waiting
 
 
 def report_restart(plugins: list[str]) -> None:
@@ -361,21 +372,33 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     )
 
 
+def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:
+    """The forwarders of the server blocks beside the kubernetes one, and the blocks of the
+    port; None when the kubernetes block is the port's only one, for `.`."""
+    if not config.blocks and config.block_zones == ((),):
+        return [], None
+    bound = cache_bounds(config)[1]
+    forwarders = [block_forwarder(block, bound) for block in config.blocks]
+    links = [
+        (block, block_chain(block, forwarder))
+        for block, forwarder in zip(config.blocks, forwarders, strict=True)
+    ]
+    return forwarders, Blocks(config.block_zones, links)
+
+
 def cache_bounds(config: ServeConfig) -> tuple[int, int]:
-    """The bytes each DNS process's reply cache and forward cache may hold: as set, else their
-    shares of the container's memory limit, split between the workers (serve/cache.py)."""
+    """The bytes each DNS process's reply cache and each forward cache may hold: as set, else
+    their shares of the container's memory limit, split between the workers (serve/cache.py);
+    the forward caches' share is split between the server blocks."""
     bounds = config.cache_bounds
     workers = config.workers
+    forward = bounds.forward_max_bytes or default_max_bytes(
+        FORWARD_SHARE, workers, FORWARD_MAX_BYTES
+    )
     return (
         bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
-        bounds.forward_max_bytes or default_max_bytes(FORWARD_SHARE, workers, FORWARD_MAX_BYTES),
+        forward // (1 + len(config.blocks)),
     )
-
-
-def register(stack: contextlib.AsyncExitStack, collector: Collector) -> None:
-    """Serve a collector on /metrics until the stack closes."""
-    REGISTRY.register(collector)
-    stack.callback(REGISTRY.unregister, collector)
 
 
 async def start_source(

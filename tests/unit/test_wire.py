@@ -8,7 +8,7 @@ import dns.message
 import dnslib
 import pytest
 
-from toposdns.resolve.answer import RR, Answer, Soa, Srv
+from toposdns.resolve.answer import Answer
 from toposdns.wire.codes import AAAA, CNAME, NOERROR, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import ClientSubnet, Dropped, Edns, Query, Rejected, decode_query
 from toposdns.wire.encode import (
@@ -19,6 +19,7 @@ from toposdns.wire.encode import (
     truncate,
     udp_limit,
 )
+from toposdns.wire.records import RR, Soa, Srv
 
 ZONE = ("cluster", "local")
 NAME = ("web", "shop", "svc") + ZONE

@@ -41,14 +41,13 @@ from toposdns.serve.upstream import Upstream
 from toposdns.server import (
     Corefile,
     answering,
-    kept_where,
     report_conflicts,
     report_invalid_policies,
     report_restart,
     report_server,
+    restart_only,
     start_http,
     start_source,
-    where,
     zones,
 )
 from toposdns.source.kube import KubeSource
@@ -244,8 +243,8 @@ class Supervisor:
     def reconfigure(self, config: ServeConfig) -> None:
         """A reloaded Corefile: every worker answers by it from now on, and every worker
         forked later starts with it (what says where to serve waits for a restart)."""
-        report_restart([k for k, v in where(config).items() if v != where(self.config)[k]])
-        self.config = kept_where(config, self.config)
+        self.config, waiting = restart_only(config, self.config)
+        report_restart(waiting)
         self.resolver = replace(config.kubernetes, ns_addresses=self.resolver.ns_addresses)
         report_server(self.config, self.port)
         self.broadcast(Reconfigure(self.config))
