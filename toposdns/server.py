@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
@@ -247,48 +247,104 @@ class DnsServer:
         return port
 
 
-async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
-    """Serve in this process until SIGTERM or SIGINT, then keep answering for the lameduck
-    period (the supervisor of `--workers N` runs a `DnsServer` in each worker instead). With
-    `corefile` (its path, and how to read it) and `reload` on, apply it when it changes.
+class Answering(Protocol):
+    """Who answers DNS while `run_server` runs the rest: this process (`InProcess`), or the
+    workers of `--workers N` (workers/supervisor.py `Supervisor`)."""
+
+    #: The configuration answers follow now (a reload changes it).
+    config: ServeConfig
+
+    @property
+    def builder(self) -> StoreBuilder | None:
+        """The store builder the cluster's source fills (None: the source's own)."""
+        ...
+
+    @property
+    def exposition(self) -> Callable[[], Awaitable[bytes]] | None:
+        """/metrics' text, when it is not the process's own registry."""
+        ...
+
+    def current(self) -> Snapshot:
+        """The data answered from (or, once applied, to be)."""
+        ...
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Answer from a new snapshot."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """/ready: None when ready, else what is not."""
+        ...
+
+    def serving(self) -> Serving:
+        """What /explain answers from."""
+        ...
+
+    async def start(self, source: KubeSource | None) -> int:
+        """Answer on the DNS port; the port."""
+        ...
+
+    def check_loops(self, server: str) -> None:
+        """Start CoreDNS's `loop` check through the upstreams, if there are any."""
+        ...
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        """Answer by a reloaded configuration; the settings that wait for a restart."""
+        ...
+
+    async def stop(self) -> None:
+        """Answer for the lameduck, then stop (at once on a second signal)."""
+        ...
+
+    def described(self) -> str:
+        """How many answer, for the "serving DNS" line ("" for this process)."""
+        ...
+
+
+async def run_server(
+    config: ServeConfig,
+    corefile: Corefile | None,
+    answerer: Callable[[Lifecycle], Answering],
+) -> None:
+    """Serve until SIGTERM or SIGINT, then answer for the lameduck period: the source, the HTTP
+    endpoints, the reports on the data, `reload` (with `corefile`, its path and how to read it)
+    and the lameduck here, the DNS port by the `Answering` that `answerer` makes. The one
+    assembly of a DNS server, in one process or with workers.
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
     read_bytes = None if corefile is None else corefile_bytes(corefile[0])
-    snapshot = Snapshot(synced=config.snapshot.path is not None)
-    dns = DnsServer(config, answering(config), snapshot)
     async with Lifecycle() as life:
-        dns.register(life.stack)
+        dns = answerer(life)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
         def publish(snapshot: Snapshot) -> None:
-            report_invalid_policies(dns.responder.snapshot, snapshot)
+            report_invalid_policies(dns.current(), snapshot)
             SOURCE_SYNCED.set(snapshot.synced)
-            report_conflicts(dns.responder.snapshot, snapshot)
-            dns.responder.update(snapshot)
-
-        def not_ready() -> str | None:
-            if life.stopping:
-                return "Shutting down"
-            return None if dns.responder.snapshot.synced else "kubernetes"
+            report_conflicts(dns.current(), snapshot)
+            dns.publish(snapshot)
 
         def reconfigure(new: ServeConfig) -> None:
             report_restart(dns.reconfigure(new))
-            report_server(new, port)
+            report_server(dns.config, port)
 
-        await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
-        await start_http(config, life.stack, not_ready, dns.serving)
+        synced = lambda: dns.current().synced  # noqa: E731
+        source = await start_source(config, life, publish, synced, dns.builder)
+        await start_http(config, life.stack, dns.not_ready, dns.serving, dns.exposition)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         life.catch_signals()
-        port = await dns.start(life.stack, config.bind.port)
-        log.info("serving DNS on %s:%d (udp, tcp) for %s", config.bind.host, port, zones(config))
+        port = await dns.start(source)
+        log.info(
+            "serving DNS on %s:%d (udp, tcp) for %s%s",
+            config.bind.host,
+            port,
+            zones(config),
+            dns.described(),
+        )
         report_server(config, port)
-        if dns.forwarder is not None:
-            # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
-            life.start(check, "loop check", ending=False)
+        dns.check_loops(f"{config.bind.host}:{port}")
         if corefile is not None and config.reload.enabled:
             path, read = corefile
             watch = watch_corefile(path, read_bytes, lambda: dns.config.reload, read, reconfigure)
@@ -296,10 +352,63 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         await life.main_loop()
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
-        lameduck = dns.config.health.lameduck
-        log.info("shutting down: answering for %gs more (lameduck)", lameduck)
-        await life.lameduck(lameduck)
+        log.info("shutting down: answering for %gs more (lameduck)", dns.config.health.lameduck)
+        await dns.stop()
         log.info("stopped")
+
+
+async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
+    """Serve in this process (the supervisor of `--workers N` runs a `DnsServer` in each
+    worker instead): `run_server` with the answers `InProcess`."""
+    await run_server(config, corefile, lambda life: InProcess(config, life))
+
+
+class InProcess:
+    """DNS answered in this process, by one `DnsServer`."""
+
+    def __init__(self, config: ServeConfig, life: Lifecycle) -> None:
+        self.config = config
+        self.life = life
+        self.builder: StoreBuilder | None = None
+        self.exposition: Callable[[], Awaitable[bytes]] | None = None
+        snapshot = Snapshot(synced=config.snapshot.path is not None)
+        self.dns = DnsServer(config, answering(config), snapshot)
+        self.dns.register(life.stack)
+
+    def current(self) -> Snapshot:
+        return self.dns.responder.snapshot
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.dns.responder.update(snapshot)
+
+    def not_ready(self) -> str | None:
+        if self.life.stopping:
+            return "Shutting down"
+        return None if self.current().synced else "kubernetes"
+
+    def serving(self) -> Serving:
+        return self.dns.serving()
+
+    async def start(self, source: KubeSource | None) -> int:
+        return await self.dns.start(self.life.stack, self.config.bind.port)
+
+    def check_loops(self, server: str) -> None:
+        forwarder = self.dns.forwarder
+        if forwarder is not None:
+            # CoreDNS's `loop`: a probe through each upstream must not come back here.
+            check = forwarder.loops.check(self.config.upstreams, server)
+            self.life.start(check, "loop check", ending=False)
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        waiting = self.dns.reconfigure(config)
+        self.config = self.dns.config
+        return waiting
+
+    async def stop(self) -> None:
+        await self.life.lameduck(self.config.health.lameduck)
+
+    def described(self) -> str:
+        return ""
 
 
 #: The settings that say where and from what the server serves, by the name a reload's
