@@ -97,6 +97,18 @@ PROXY_HEALTHCHECK_FAILURES = Counter(
     ["proxy_name", "to"],
     registry=ANSWERING,
 )
+PROXY_CONN_CACHE_HITS = Counter(
+    "coredns_proxy_conn_cache_hits",
+    "Counter of connection cache hits per upstream and protocol.",
+    ["proxy_name", "to", "proto"],
+    registry=ANSWERING,
+)
+PROXY_CONN_CACHE_MISSES = Counter(
+    "coredns_proxy_conn_cache_misses",
+    "Counter of connection cache misses per upstream and protocol.",
+    ["proxy_name", "to", "proto"],
+    registry=ANSWERING,
+)
 FORWARD_HEALTHCHECK_BROKEN = Counter(
     "coredns_forward_healthcheck_broken",
     "Times every upstream was unhealthy at once.",

@@ -39,7 +39,7 @@ from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
-from toposdns.serve.forward import Forwarder
+from toposdns.serve.forward import Forwarder, forwarder_for, loop_checked
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
@@ -396,7 +396,7 @@ class InProcess:
         forwarder = self.dns.forwarder
         if forwarder is not None:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = forwarder.loops.check(self.config.upstreams, server)
+            check = forwarder.loops.check(loop_checked(self.config.forward), server)
             self.life.start(check, "loop check", ending=False)
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -473,12 +473,7 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     if not config.upstreams:
         return None
     cache = replace(config.cache, max_bytes=cache_bounds(config)[1])
-    return Forwarder(
-        list(config.upstreams),
-        max_concurrent=config.forward.max_concurrent,
-        cache=cache,
-        allow=config.forward.allow,
-    )
+    return forwarder_for(config.forward, cache)
 
 
 def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:

@@ -173,6 +173,7 @@ class TableUpstream:
         #: Sources outside --forward-allow.
         self.outside = outside
         self.asked: list[str] = []
+        self.scoped = False  # forwards every name (FROM `.`, no `except`)
 
     def admits(self, source: str) -> bool:
         return source not in self.outside

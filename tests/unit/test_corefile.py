@@ -259,7 +259,7 @@ REFUSED = [
     (".:53 {\n  health { lameduck 5s }\n}\n", "Corefile:2: {: a { must end its line"),
     (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin in any server block"),
     ("tls://.:853 {\n  kubernetes\n}\n", "Corefile:1: tls://.:853: tls:// servers are not"),
-    (".:53 {\n  kubernetes\n  forward example.org 1.1.1.1\n}\n", "only is not supported"),
+    (".:53 {\n  kubernetes\n  forward . https://1.1.1.1\n}\n", "Corefile:3: forward . https"),
     (".:53 {\n  kubernetes\n  reload 1s\n}\n", "Corefile:3: reload 1s: the interval must be"),
     (".:53 {\n  kubernetes\n  cache 30 example.org\n}\n", "caching only some zones"),
     (".:53 {\n  kubernetes\n  health :8080 :8081\n}\n", "expected at most one address"),

@@ -112,6 +112,7 @@ class FakeForwarder:
     def __init__(self, refused: frozenset[str] = frozenset()) -> None:
         self.sent: list[tuple[bytes, bool]] = []
         self.refused = refused
+        self.scoped = False  # forwards every name (FROM `.`, no `except`)
 
     def admits(self, source: str) -> bool:
         return source not in self.refused

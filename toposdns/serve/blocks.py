@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from toposdns.serve.chain import Handler, Next, Reply, Request, chain
-from toposdns.serve.forward import Forwarder, ForwardOptions
+from toposdns.serve.forward import Forwarder, ForwardOptions, forwarder_for
 from toposdns.serve.forward_cache import CacheSettings
 from toposdns.wire.codes import DS, Name
 from toposdns.wire.encode import encode_bare, encode_opt
@@ -84,6 +84,9 @@ class Forwarding:
         self.forwarder = forwarder
 
     def serve(self, request: Request, next: Next) -> Reply:
+        forwarder = self.forwarder
+        if forwarder.scoped and not forwarder.forwards(request.query.name):
+            return next(request)  # outside FROM, or under `except`: as CoreDNS's match
         return self.relayed(request)
 
     async def relayed(self, request: Request) -> bytes | None:
@@ -98,20 +101,12 @@ class Forwarding:
 
 def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | None:
     """The block's forwarder, with its cache bounded to `cache_max_bytes`; None without one."""
-    options = config.forward
-    if not options.upstreams:
-        return None
     settings = CacheSettings(
         success=config.cache.success,
         denial=config.cache.denial,
         max_bytes=cache_max_bytes,
     )
-    return Forwarder(
-        list(options.upstreams),
-        max_concurrent=options.max_concurrent,
-        cache=settings,
-        allow=options.allow,
-    )
+    return forwarder_for(config.forward, settings)
 
 
 def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> Next:

@@ -1,5 +1,19 @@
-"""Forward queries for names outside the served zones, as CoreDNS's `forward` with `cache` does.
+"""CoreDNS's `forward` (with the `cache` in front of it): queries for names outside the served
+zones go to upstream servers.
 
+`forward FROM TO... { except IGNORED_NAMES...; force_tcp; prefer_udp; expire DURATION;
+max_fails INTEGER; tls [CERT KEY] [CA]; tls_servername NAME; policy random|round_robin|
+sequential; health_check DURATION [no_rec] [domain FQDN]; max_concurrent MAX }`, as CoreDNS
+1.14's README and setup.go read it. TO is `IP[:PORT]`, `[IPv6]:PORT`, `dns://...`,
+`tls://IP[%NAME][:PORT]` (DNS over TLS, port 853) or a resolv.conf file; at most 15. Not here:
+DNS over HTTPS, host names as TO, and the other options (`next`, `failover`, `read_timeout`,
+`max_idle_conns`, `source_address`, ...), which stop startup with what is supported; one
+`forward` per server block.
+
+- FROM: only names under it, and not under an `except` zone (FROM itself always), are
+  forwarded; the others go to the next plugin (`forwards`), which in a block without one is
+  SERVFAIL, as CoreDNS's `plugin.NextOrFailure`. With FROM `.` and no `except` (kubeadm's),
+  nothing is checked per query (`scoped` is False).
 - Bounded: at most `max_concurrent` forwarded queries at once (kubeadm's Corefile sets 1000);
   one more gets REFUSED at once, as from CoreDNS's `max_concurrent`. A query has `BUDGET` seconds
   in all, each try at most `timeout`, and at most two passes over the upstreams (CoreDNS's
@@ -7,15 +21,19 @@
 - One question, one upstream query: a query whose cache key is already on its way upstream waits
   for that answer instead of being sent again. Besides sparing the upstreams a burst of the same
   name, this is what stops a loop through other resolvers from going round (loop.py).
-- Upstreams are tried in random order among those healthy over the transport in use
-  (upstream.py); when none is, all are (CoreDNS counts this as its health check broken). Every
-  failure moves the query on to the next upstream. A reply is relayed, and cached, only if it
-  parses and answers the question asked; when the only replies were to other questions the client
-  gets FORMERR, as from CoreDNS, and when none came SERVFAIL.
-- A query that came over UDP is forwarded over UDP, and retried over TCP when the reply is
-  truncated; a query that came over TCP is forwarded over TCP. Upstreams are asked with an EDNS
-  buffer of `UPSTREAM_UDP_SIZE` (1232 bytes, DNS Flag Day 2020's size, which needs no IP
-  fragments), whatever the client's, so that most answers come back whole over UDP.
+- Upstreams are tried in the order `policy` gives (random by default; round_robin starts one
+  further each query; sequential always from the first) among those healthy over the transport
+  in use (upstream.py: `max_fails`, `health_check`); when none is, all are, in random order
+  (CoreDNS counts this as its health check broken). Every failure moves the query on to the
+  next upstream. A reply is relayed, and cached, only if it parses and answers the question
+  asked; when the only replies were to other questions the client gets FORMERR, as from CoreDNS,
+  and when none came SERVFAIL.
+- A query goes upstream over the transport it came by (UDP or TCP), or over TCP with
+  `force_tcp`, over UDP with `prefer_udp` (`force_tcp` wins); a truncated UDP reply is asked
+  again over TCP. A `tls://` upstream is always asked over TLS. TCP and TLS connections are
+  reused (connections.py, `expire`). Upstreams are asked with an EDNS buffer of
+  `UPSTREAM_UDP_SIZE` (1232 bytes, DNS Flag Day 2020's size, which needs no IP fragments),
+  whatever the client's, so that most answers come back whole over UDP.
 - Replies pass through the cache as they pass through CoreDNS's `cache` (forward_cache.py). The
   cache keeps whole answers: a client whose buffer is smaller gets as many whole records as fit
   with TC set, as from the zones, and its retry over TCP is answered from the cache.
@@ -28,10 +46,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from struct import pack, unpack_from
 
 import dnslib
@@ -39,20 +60,36 @@ import dnslib
 from toposdns.metrics import (
     FORWARD_HEALTHCHECK_BROKEN,
     FORWARD_MAX_CONCURRENT_REJECTS,
+    PROXY_CONN_CACHE_MISSES,
     PROXY_DURATION,
 )
-from toposdns.options import Network, Origin, Plugin, Setting, integer, networks, sets
+from toposdns.options import (
+    Network,
+    Origin,
+    Plugin,
+    Setting,
+    adds,
+    domain,
+    domain_as_written,
+    integer,
+    networks,
+    none,
+    one,
+    seconds,
+    sets,
+)
+from toposdns.serve.connections import EXPIRE, Connections, tls_context
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
 from toposdns.serve.loop import LoopGuard
 from toposdns.serve.upstream import (
     HEADER_SIZE,
     MISMATCHES,
+    HealthChecks,
     LocalError,
     Upstream,
     UpstreamError,
     UpstreamHealth,
     check_reply,
-    send_tcp,
     send_udp,
 )
 from toposdns.wire.codes import (
@@ -60,6 +97,7 @@ from toposdns.wire.codes import (
     AD,
     CNAME,
     FORMERR,
+    NS,
     OPT,
     RCODE,
     RCODE_NAMES,
@@ -69,7 +107,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
-from toposdns.wire.decode import question_end, record_spans
+from toposdns.wire.decode import question_end, read_name, record_spans
 from toposdns.wire.encode import truncate
 from toposdns.wire.records import RR, name_text
 
@@ -80,6 +118,8 @@ __all__ = [
     "Upstream",
     "answer_records",
     "build_query",
+    "forwarder_for",
+    "loop_checked",
     "parse_upstreams",
     "resolv_conf_upstreams",
 ]
@@ -94,11 +134,15 @@ UPSTREAM_UDP_SIZE = 1232
 MAX_ADMITTED = 65536
 #: CoreDNS's forward takes at most this many upstreams.
 MAX_UPSTREAMS = 15
+POLICIES = ("random", "round_robin", "sequential")
+#: CoreDNS reads `max_fails` as a 32-bit unsigned number.
+MAX_FAILS = 2**32 - 1
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardOptions:
-    """CoreDNS's `forward . TO... { max_concurrent N }` (`--upstream`, `--max-concurrent`)."""
+    """CoreDNS's `forward FROM TO... { ... }` (`--upstream`, `--max-concurrent`), with its
+    defaults."""
 
     #: Where names outside the zones go; empty: they are refused. None: not configured (the
     #: server then takes resolv.conf's nameservers when watching a cluster).
@@ -108,40 +152,109 @@ class ForwardOptions:
     #: `--forward-allow`: the sources whose names outside the zones are forwarded; the rest
     #: get REFUSED (empty: every source, as CoreDNS's `forward`). A Corefile says it with `acl`.
     allow: tuple[Network, ...] = ()
+    #: FROM, lower case: only names under it are forwarded (the root: every name).
+    zone: Name = ()
+    #: `except`: names under these zones are not forwarded (FROM itself always is).
+    ignored: tuple[Name, ...] = ()
+    #: `force_tcp`: ask the upstreams over TCP whatever the client used.
+    force_tcp: bool = False
+    #: `prefer_udp`: ask over UDP whatever the client used (TCP when truncated).
+    prefer_udp: bool = False
+    #: `policy`: the order upstreams are tried in.
+    policy: str = "random"
+    #: `max_fails`: failures in a row that mark an upstream down; 0: never.
+    max_fails: int = 2
+    #: `health_check DURATION [no_rec] [domain FQDN]`: seconds between probes of a failing
+    #: upstream, whether they ask for recursion, and the name they ask (NS).
+    health_check: float = 0.5
+    health_recursion: bool = True
+    health_domain: Name = ()
+    #: `expire`: seconds a TCP or TLS connection is kept idle for reuse.
+    expire: float = EXPIRE
+    #: `tls [CERT KEY] [CA]`: the files of the TLS client settings (None: not given, the
+    #: system's CAs).
+    tls: tuple[str, ...] | None = None
+    #: `tls_servername`: the name a TLS upstream's certificate must carry.
+    tls_servername: str = ""
+
+    @property
+    def checks(self) -> HealthChecks:
+        """The upstreams' health checks as these options set them."""
+        question = b"".join(bytes((len(label),)) + label.encode() for label in self.health_domain)
+        return HealthChecks(
+            self.max_fails, self.health_check, question + b"\x00" + pack("!HH", NS, 1),
+            self.health_recursion,
+        )  # fmt: skip
 
 
 def parse_upstreams(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
-    """Upstreams: `IP`, `IP:PORT`, `[IPv6]:PORT`, `dns://` before any, or a resolv.conf file
-    (a path), whose nameservers are taken, as CoreDNS's `forward . /etc/resolv.conf`."""
+    """Upstreams: `IP`, `IP:PORT`, `[IPv6]:PORT`, with `dns://` or `tls://` before any (TLS:
+    `IP%NAME` names the certificate, the port is 853 by default), or a resolv.conf file whose
+    nameservers are taken, as CoreDNS's `forward . /etc/resolv.conf`."""
     upstreams: list[Upstream] = []
     for word in words:
-        if "/" in word.removeprefix("dns://"):
-            found = resolv_conf_upstreams(word)
-            if not found:
-                raise origin.error(f"{word}: no nameserver in it (or it cannot be read)")
-            upstreams.extend(found)
+        scheme, sep, rest = word.partition("://")
+        if not sep:
+            scheme, rest = "dns", word
+        scheme = scheme.lower()
+        if scheme == "https":
+            raise origin.error(
+                f"{word}: DNS over HTTPS is not supported; forward over tls:// or plain DNS"
+            )
+        if scheme not in ("dns", "tls"):
+            raise origin.error(
+                f"{word}: {scheme!r} is not supported as a destination protocol in forward; "
+                "use dns:// or tls://"
+            )
+        if scheme == "dns" and _is_file(rest):
+            upstreams.extend(_from_file(rest, origin))
             continue
-        upstreams.append(_upstream(word.removeprefix("dns://"), origin))
+        upstreams.append(_upstream(rest, scheme == "tls", origin))
+    if not upstreams:
+        raise origin.error("no upstream: the files given have no nameserver line")
     if len(upstreams) > MAX_UPSTREAMS:
         raise origin.error(f"more than {MAX_UPSTREAMS} upstreams, as CoreDNS allows")
     return tuple(upstreams)
 
 
-def _upstream(text: str, origin: Origin) -> Upstream:
-    host, port = text, "53"
+def _is_file(text: str) -> bool:
+    """A path rather than an address: it has a slash, or names a file here."""
+    return "/" in text or (not text[:1].isdigit() and ":" not in text and os.path.isfile(text))
+
+
+def _from_file(path: str, origin: Origin) -> list[Upstream]:
+    try:
+        with open(path) as file:
+            text = file.read(1 << 16)
+    except OSError as exc:
+        raise origin.error(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return resolv_conf_nameservers(text)
+
+
+def _upstream(text: str, tls: bool, origin: Origin) -> Upstream:
+    """`HOST[%NAME][:PORT]` or `[HOST[%NAME]]:PORT`, HOST an IP address."""
+    host, port = text, ""
     if text.startswith("["):
         host, _, port = text[1:].partition("]")
-        port = port.removeprefix(":") or "53"
+        port = port.removeprefix(":")
     elif text.count(":") == 1:
         host, port = text.split(":")
+    host, _, name = host.partition("%")
+    number = -1
     try:
         ipaddress.ip_address(host)
-        number = int(port)
+        number = int(port or (853 if tls else 53))
     except ValueError:
-        number = -1
+        pass
     if not 0 < number < 65536:
-        raise origin.error(f"{text!r}: expected IP[:PORT] or [IPv6]:PORT")
-    return Upstream(host, number)
+        example = "tls://9.9.9.9%dns.quad9.net" if tls else "10.0.0.10:53"
+        raise origin.error(
+            f"{text!r}: expected IP[:PORT] or [IPv6]:PORT (host names are not looked up), "
+            f"e.g. {example}"
+        )
+    if name and tls:
+        domain_as_written(name, origin)
+    return Upstream(host, number, tls, name if tls else "")
 
 
 def _flag_upstreams(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
@@ -151,23 +264,96 @@ def _flag_upstreams(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...
     return parse_upstreams(words, origin)
 
 
-def _to(words: Sequence[str], origin: Origin) -> tuple[Upstream, ...]:
-    """`forward FROM TO...`: toposdns forwards every name outside its zones, so FROM is `.`."""
+def _from_to(options: ForwardOptions, words: Sequence[str], origin: Origin) -> ForwardOptions:
+    """`forward FROM TO...`."""
     if len(words) < 2:
-        raise origin.error("expected `forward . TO...`, e.g. forward . /etc/resolv.conf")
-    if words[0] != ".":
-        raise origin.error(
-            f"forwarding {words[0]} only is not supported: every name outside the zones is "
-            "forwarded; write `forward . TO...`"
-        )
-    return parse_upstreams(words[1:], origin)
+        raise origin.error("expected `forward FROM TO...`, e.g. forward . /etc/resolv.conf")
+    zone = _zones(words[:1], origin)[0]
+    return replace(options, zone=zone, upstreams=parse_upstreams(words[1:], origin))
+
+
+def _zones(words: Sequence[str], origin: Origin) -> tuple[Name, ...]:
+    """Zones as CoreDNS's `plugin.Host(...).NormalizeExact` reads them: a domain, or a CIDR,
+    whose reverse zone is taken (the first, when its prefix is not on a label boundary)."""
+    if not words:
+        raise origin.error("expected at least one zone, e.g. example.org")
+    zones = []
+    for word in words:
+        if "/" not in word:
+            zones.append(domain(word, origin))
+            continue
+        try:
+            network = ipaddress.ip_network(word, strict=False)
+        except ValueError:
+            raise origin.error(f"{word!r} is neither a domain nor a CIDR") from None
+        bits = 8 if network.version == 4 else 4
+        count = -(-network.prefixlen // bits)  # labels, rounded up to a whole one
+        labels = network.network_address.reverse_pointer.split(".")
+        zones.append(tuple(labels[len(labels) - 2 - count :]))
+    return tuple(zones)
+
+
+def _health_check(options: ForwardOptions, words: Sequence[str], origin: Origin) -> ForwardOptions:
+    """`health_check DURATION [no_rec] [domain FQDN]`."""
+    if not words:
+        raise origin.error("expected a duration, e.g. health_check 5s")
+    interval = seconds(0.0, 3600.0)(words[:1], origin)
+    recursion, rest = True, list(words[1:])
+    name: Name = ()
+    while rest:
+        word = rest.pop(0)
+        if word == "no_rec":
+            recursion = False
+        elif word == "domain":
+            if not rest:
+                raise origin.error("domain: expected a name, e.g. domain example.org")
+            name = domain(rest.pop(0), origin)
+        else:
+            raise origin.error(f"unknown option {word!r}; expected no_rec or domain FQDN")
+    return replace(options, health_check=interval, health_recursion=recursion, health_domain=name)
+
+
+def _policy(words: Sequence[str], origin: Origin) -> str:
+    word = one(words, origin, "round_robin")
+    if word not in POLICIES:
+        raise origin.error(f"unknown policy {word!r}; expected {', '.join(POLICIES)}")
+    return word
+
+
+def _tls(words: Sequence[str], origin: Origin) -> tuple[str, ...]:
+    """`tls [CERT KEY] [CA]`: the files, checked now so that a bad one stops startup here."""
+    if len(words) > 3:
+        raise origin.error("expected at most 3 files: tls [CERT KEY] [CA]")
+    try:
+        tls_context(words)
+    except (OSError, ssl.SSLError) as exc:
+        raise origin.error(f"cannot use these files for TLS ({exc})") from None
+    return tuple(words)
+
+
+def _servername(words: Sequence[str], origin: Origin) -> str:
+    name = one(words, origin, "dns.quad9.net")
+    domain_as_written(name, origin)
+    return name
+
+
+def _checked(options: ForwardOptions, origin: Origin) -> ForwardOptions:
+    """A certificate name per upstream and one for all cannot both be given, as CoreDNS says."""
+    for upstream in options.upstreams or ():
+        if options.tls_servername and upstream.server_name:
+            raise origin.error(
+                f"both forward ({options.tls_servername!r}) and proxy level "
+                f"({upstream.server_name!r}) TLS servernames are set for upstream proxy "
+                f"'tls://{upstream}'; give one of them"
+            )
+    return options
 
 
 FORWARD: Plugin[ForwardOptions] = Plugin(
     "forward",
     ForwardOptions,
     (
-        Setting("", sets("upstreams", _to)),
+        Setting("", _from_to),
         Setting(
             None,
             sets("upstreams", _flag_upstreams),
@@ -194,8 +380,41 @@ FORWARD: Plugin[ForwardOptions] = Plugin(
             "REFUSED, so that no one outside the cluster uses it as an open resolver (default: "
             "any source, as CoreDNS's forward)",
         ),
+        Setting("except", adds("ignored", _zones)),
+        Setting("force_tcp", sets("force_tcp", none)),
+        Setting("prefer_udp", sets("prefer_udp", none)),
+        Setting("policy", sets("policy", _policy)),
+        Setting("max_fails", sets("max_fails", integer(0, MAX_FAILS, "2"))),
+        Setting("health_check", _health_check),
+        Setting("expire", sets("expire", seconds(0.0, 86400.0))),
+        Setting("tls", sets("tls", _tls)),
+        Setting("tls_servername", sets("tls_servername", _servername)),
     ),
+    check=_checked,
 )
+
+
+def forwarder_for(options: ForwardOptions, cache: CacheSettings) -> Forwarder | None:
+    """The forwarder these options make, with `cache`; None without upstreams."""
+    if not options.upstreams:
+        return None
+    return Forwarder(
+        options.upstreams,
+        max_concurrent=options.max_concurrent,
+        cache=cache,
+        allow=options.allow,
+        options=options,
+    )
+
+
+def loop_checked(options: ForwardOptions) -> tuple[Upstream, ...]:
+    """The upstreams CoreDNS's `loop` probe would go through: the plain DNS ones (toposdns
+    serves no TLS, so a `tls://` upstream is never this server), and none when FROM is not the
+    root (the probe's random name is not forwarded then)."""
+    if options.zone or () in options.ignored:
+        return ()
+    return tuple(upstream for upstream in options.upstreams or () if not upstream.tls)
+
 
 #: What forwarding gives: the reply, or the rcode to answer with.
 Outcome = bytes | int
@@ -212,8 +431,40 @@ class Forwarder:
         cache: CacheSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         allow: tuple[Network, ...] = (),
+        options: ForwardOptions | None = None,
     ) -> None:
-        self.upstreams = [UpstreamHealth(upstream) for upstream in upstreams]
+        """`options` gives the rest of the `forward` block (FROM, `except`, transports,
+        `policy`, health checks, `expire`, TLS); its upstreams, `max_concurrent` and `allow`
+        are the arguments'."""
+        options = options or ForwardOptions()
+        self.options = options
+        context = None
+        if any(upstream.tls for upstream in upstreams):
+            context = tls_context(options.tls or ())
+        self.connections = [
+            Connections(
+                upstream,
+                options.expire,
+                context if upstream.tls else None,
+                upstream.server_name or options.tls_servername,
+            )
+            for upstream in upstreams
+        ]
+        checks = options.checks
+        self.upstreams = [
+            UpstreamHealth(upstream, checks, partial(streams.exchange, reuse=False))
+            for upstream, streams in zip(upstreams, self.connections, strict=True)
+        ]
+        self.streams = {id(u): c for u, c in zip(self.upstreams, self.connections, strict=True)}
+        #: FROM and `except`: True when some names are not forwarded (`forwards`).
+        self.zone = options.zone
+        self.ignored = options.ignored
+        self.scoped = bool(options.zone or options.ignored)
+        self.force_tcp = options.force_tcp
+        self.prefer_udp = options.prefer_udp
+        self.policy = options.policy
+        #: round_robin's count of queries, which picks the first upstream of each.
+        self.robin = 0
         self.allow = allow
         #: `admits` by source address, decided once per source (cleared when it grows large).
         self.admitted: dict[str, bool] = {}
@@ -228,6 +479,20 @@ class Forwarder:
         self.refusing = False
         #: What this process ran short of (logged once), or "".
         self.short_of = ""
+
+    def forwards(self, name: Name) -> bool:
+        """True if `name` is under FROM and, unless it is FROM itself, under no `except` zone,
+        as CoreDNS's `match`; the rest goes to the next plugin."""
+        lowered = tuple(label.lower() for label in name)
+        zone = self.zone
+        if len(lowered) < len(zone) or lowered[len(lowered) - len(zone) :] != zone:
+            return False
+        if lowered == zone:
+            return True
+        return not any(
+            len(lowered) >= len(ignored) and lowered[len(lowered) - len(ignored) :] == ignored
+            for ignored in self.ignored
+        )
 
     def admits(self, source: str) -> bool:
         """True if queries from `source` may be forwarded (`--forward-allow`)."""
@@ -255,7 +520,13 @@ class Forwarder:
         carries (the upstream's is dropped, as CoreDNS's cache drops it). A reply from the cache
         counts in `hits` by its kind (serve/query_metrics.py: 1 success, 2 denial).
         """
-        end = question_end(data)
+        if self.scoped:
+            name, end = read_name(data, HEADER_SIZE)
+            end += 4
+            if not self.forwards(name):
+                return SERVFAIL  # not forward's: no plugin after it here, as CoreDNS's end
+        else:
+            end = question_end(data)
         if self.loops.came_back(data[:2], data[HEADER_SIZE:end]):
             return SERVFAIL
         key = cache_key(data, end, bool(opt))
@@ -277,6 +548,11 @@ class Forwarder:
                 )
             return REFUSED
         self.outstanding += 1
+        # The transport to the upstreams: the client's, unless force_tcp or prefer_udp.
+        if self.force_tcp:
+            tcp = True
+        elif self.prefer_udp:
+            tcp = False
         try:
             outcome = await self._once(key, data, end, tcp)
         finally:
@@ -291,7 +567,9 @@ class Forwarder:
         )
 
     async def close(self) -> None:
-        """Stop health probes."""
+        """Stop health probes; close the connections waiting for reuse."""
+        for connections in self.connections:
+            connections.close()
         tasks = [task for upstream in self.upstreams for task in upstream.stop_probes()]
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -347,13 +625,29 @@ class Forwarder:
         return failure
 
     def order(self, tcp: bool) -> list[UpstreamHealth]:
-        """The upstreams healthy over this transport, shuffled; all of them if none is."""
-        healthy = [u for u in self.upstreams if not u.health(tcp).down]
+        """The upstreams healthy over this transport, in the order `policy` lists them; all of
+        them, shuffled, if none is (CoreDNS then picks at random, whatever the policy)."""
+        healthy = [u for u in self.listed() if not u.health(tcp).down]
         if not healthy:
             FORWARD_HEALTHCHECK_BROKEN.inc()
             healthy = list(self.upstreams)
-        random.shuffle(healthy)
+            random.shuffle(healthy)
         return healthy
+
+    def listed(self) -> list[UpstreamHealth]:
+        """Every upstream, in the order of CoreDNS's policy for one query: `random` shuffled;
+        `round_robin` the next one first, then the others as configured (its `List`);
+        `sequential` as configured."""
+        upstreams = self.upstreams
+        if self.policy == "sequential" or len(upstreams) == 1:
+            return upstreams
+        if self.policy == "round_robin":
+            self.robin += 1
+            first = self.robin % len(upstreams)
+            return [upstreams[first], *upstreams[:first], *upstreams[first + 1 :]]
+        shuffled = list(upstreams)
+        random.shuffle(shuffled)
+        return shuffled
 
     async def _exchange(
         self,
@@ -368,11 +662,17 @@ class Forwarder:
         question = data[HEADER_SIZE:end]
         qid = self.loops.sending(upstream.upstream, question)
         query = qid + data[2:]
+        streams = self.streams[id(upstream)]
         try:
             timeout = min(self.timeout, deadline - loop.time())
-            reply = await (send_tcp if tcp else send_udp)(upstream.upstream, query, timeout)
+            if tcp or upstream.upstream.tls:
+                reply = await streams.exchange(query, timeout)
+            else:
+                # A socket of its own per query, where CoreDNS reuses one: a miss, as it counts.
+                PROXY_CONN_CACHE_MISSES.labels("forward", str(upstream), "udp").inc()
+                reply = await send_udp(upstream.upstream, query, timeout)
             message = check_reply(query, reply)
-            if tcp or not reply[2] & TC >> 8:
+            if tcp or upstream.upstream.tls or not reply[2] & TC >> 8:
                 return reply, message
             # Truncated: the whole answer needs TCP, and is cached whole. If that fails, or
             # there is no time left, the truncated reply is relayed (never cached) and the
@@ -381,7 +681,7 @@ class Forwarder:
             if timeout <= 0:
                 return reply, message
             try:
-                whole = await send_tcp(upstream.upstream, query, timeout)
+                whole = await streams.exchange(query, timeout)
                 whole_message = check_reply(query, whole)
             except LocalError:
                 return reply, message
@@ -424,16 +724,28 @@ def upstream_query(data: bytes, end: int) -> bytes:
 
 
 def resolv_conf_upstreams(path: str = "/etc/resolv.conf") -> list[Upstream]:
-    """The nameservers of resolv.conf, as `forward . /etc/resolv.conf` uses."""
-    upstreams = []
+    """The nameservers of resolv.conf, as `forward . /etc/resolv.conf` uses (none when it
+    cannot be read)."""
     try:
-        with open(path) as lines:
-            for line in lines:
-                fields = line.split()
-                if len(fields) >= 2 and fields[0] == "nameserver":
-                    upstreams.append(Upstream(fields[1].split("%")[0]))
+        with open(path) as file:
+            return resolv_conf_nameservers(file.read(1 << 16))
     except OSError:
-        pass
+        return []
+
+
+def resolv_conf_nameservers(text: str) -> list[Upstream]:
+    """The `nameserver` lines of a resolv.conf's text (an IPv6 zone, `%eth0`, dropped); lines
+    that are not an address are skipped, as CoreDNS's parser skips them."""
+    upstreams = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            host = fields[1].split("%")[0]
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                continue
+            upstreams.append(Upstream(host))
     return upstreams
 
 

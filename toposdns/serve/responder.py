@@ -217,6 +217,8 @@ class Responder:
         self.snapshot = snapshot
         self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
+        #: Whether `forward`'s FROM or `except` leave some names out (kubeadm's `.`: never).
+        self.scoped = forwarder is not None and forwarder.scoped
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
         self.loadbalance = loadbalance
@@ -673,6 +675,10 @@ class Responder:
             return self.counted(data, reply, transport, started, ANY, plugin="any")
         if not passed:
             self.passed()
+        if self.scoped and not self.forwarder.forwards(query.name):
+            # Outside FROM or under `except`: no plugin after forward, as CoreDNS's end.
+            reply = encode_bare(query, SERVFAIL)
+            return self.counted(data, reply, transport, started, query.qtype)
         forwarded = self.forwarded(data, query, transport, client=True)
         return self.counted_later(forwarded, data, transport, started, query.qtype, "forward")
 

@@ -1,4 +1,4 @@
-"""One upstream server: one exchange with it over UDP or TCP, its reply checked, and its health.
+"""One upstream server: one exchange with it over UDP, its reply checked, and its health.
 
 - An exchange is one query and one reply within a time limit. What can go wrong is either an
   `UpstreamError` (the upstream's doing: timeout, refused, closed early, short, unparseable,
@@ -7,12 +7,16 @@
 - A reply is accepted only if it is a response to the question asked, as CoreDNS's
   `request.Match` checks. Over UDP, datagrams with another ID, or too short to hold one, are
   skipped as CoreDNS skips them, so a stray or forged packet cannot end the wait.
-- Health is kept per transport, since a server may answer over UDP and not over TCP. Each failure
-  counts; `MAX_FAILS` in a row mark that transport down. From the first failure on, a probe
-  (`. IN NS` with RD, as CoreDNS's) goes over the same transport every `HEALTH_INTERVAL` until a
-  reply to it comes: an upstream whose TCP is broken stays down for TCP instead of being
-  declared healthy by a UDP probe, and one that answers garbage stays down instead of being
-  declared healthy by the garbage. Each change of state is logged once.
+- Health is kept per transport, since a server may answer over UDP and not over TCP (a DNS over
+  TLS upstream has one: TLS). Each failure counts; `max_fails` in a row (CoreDNS's `max_fails`,
+  2 by default; 0: never down, never probed) mark that transport down. From the first failure
+  on, a probe (`. IN NS` with RD, as CoreDNS's; `health_check`'s `domain` and `no_rec` change
+  it) goes over the same transport every `health_check` interval (0.5 s) until a reply to it
+  comes: an upstream whose TCP is broken stays down for TCP instead of being declared healthy
+  by a UDP probe, and one that answers garbage stays down instead of being declared healthy by
+  the garbage. Each change of state is logged once.
+- Stream exchanges (TCP, TLS) and the connections they reuse are serve/connections.py's; a
+  probe over a stream goes on a connection of its own, given as `stream`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import asyncio
 import errno
 import logging
 import secrets
+import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from struct import pack
 
@@ -32,9 +38,9 @@ from toposdns.wire.decode import read_name, record_spans
 
 log = logging.getLogger("toposdns")
 
-MAX_FAILS = 2
-HEALTH_INTERVAL = 0.5
 HEALTH_TIMEOUT = 1.0  # CoreDNS's health check read timeout
+#: Probes go out at most this often, whatever `health_check` says (CoreDNS takes 0: back to back).
+MIN_HEALTH_INTERVAL = 0.1
 HEADER_SIZE = 12
 #: errno values that say this process ran short of something, not that the upstream failed.
 LOCAL_ERRNOS = frozenset(
@@ -43,6 +49,26 @@ LOCAL_ERRNOS = frozenset(
 #: Kinds of UpstreamError that mean "a reply, but not to this query": FORMERR, as CoreDNS.
 MISMATCHES = frozenset({"not_response", "wrong_question"})
 HEALTH_QUESTION = b"\x00" + pack("!HH", 2, 1)  # . IN NS
+
+
+@dataclass(frozen=True, slots=True)
+class HealthChecks:
+    """How an upstream's health is judged and probed: CoreDNS's `max_fails` and `health_check
+    DURATION [no_rec] [domain FQDN]`."""
+
+    #: Failures in a row that mark a transport down; 0: never down, never probed.
+    max_fails: int = 2
+    #: Seconds between probes while a transport fails.
+    interval: float = 0.5
+    #: The probe's question (name, type NS, class IN) and whether it asks for recursion.
+    question: bytes = HEALTH_QUESTION
+    recursion: bool = True
+
+
+DEFAULT_CHECKS = HealthChecks()
+
+#: A query over a stream (TCP or TLS) on a connection of its own: (query, timeout) -> reply.
+Stream = Callable[[bytes, float], Awaitable[bytes]]
 
 
 class UpstreamError(Exception):
@@ -62,6 +88,10 @@ def os_error(exc: OSError) -> Exception:
     """An OSError from a socket, as whose fault it is."""
     if exc.errno in LOCAL_ERRNOS:
         return LocalError(exc.strerror or str(exc))
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return UpstreamError("tls", f"TLS certificate not accepted: {exc.verify_message}")
+    if isinstance(exc, ssl.SSLError):
+        return UpstreamError("tls", f"TLS failed: {exc.reason or exc}")
     if isinstance(exc, ConnectionRefusedError):
         return UpstreamError("refused", "connection refused")
     if isinstance(exc, ConnectionResetError):
@@ -76,10 +106,12 @@ class Health:
 
     fails: int = 0
     probe: asyncio.Task[None] | None = None
+    #: Failures in a row that make it down; 0: never.
+    max_fails: int = 2
 
     @property
     def down(self) -> bool:
-        return self.fails >= MAX_FAILS
+        return 0 < self.max_fails <= self.fails
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,30 +120,47 @@ class Upstream:
 
     host: str
     port: int = 53
+    #: DNS over TLS (`tls://`), and the name its certificate must carry when the upstream
+    #: names one (`tls://IP%NAME`).
+    tls: bool = False
+    server_name: str = ""
 
     def __str__(self) -> str:
+        # CoreDNS's `to` label: the address, without the scheme.
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 @dataclass(eq=False)
 class UpstreamHealth:
-    """An upstream as a forwarder uses it: its health over UDP and over TCP, and the probes that
-    run while it fails. (Kept apart from `Upstream`, which the frozen configuration holds.)"""
+    """An upstream as a forwarder uses it: its health over UDP and over TCP (or TLS), and the
+    probes that run while it fails. (Kept apart from `Upstream`, which the frozen configuration
+    holds.)"""
 
     upstream: Upstream
+    checks: HealthChecks = DEFAULT_CHECKS
+    #: How a probe goes over a stream (TCP, or TLS for a `tls://` upstream); None: not at all.
+    stream: Stream | None = field(default=None, repr=False)
     udp: Health = field(default_factory=Health, repr=False)
     tcp: Health = field(default_factory=Health, repr=False)
+
+    def __post_init__(self) -> None:
+        self.udp.max_fails = self.tcp.max_fails = self.checks.max_fails
 
     def __str__(self) -> str:
         return str(self.upstream)
 
     def health(self, tcp: bool) -> Health:
-        return self.tcp if tcp else self.udp
+        """The health of one transport (a TLS upstream has only one: TLS, kept as TCP's)."""
+        return self.tcp if tcp or self.upstream.tls else self.udp
 
     def failed(self, tcp: bool, error: UpstreamError) -> None:
-        """Count a failed exchange, and probe this transport until it works again."""
-        UPSTREAM_ERRORS.labels(str(self), _proto(tcp), error.kind).inc()
-        log.debug("upstream %s over %s: %s", self, _proto(tcp), error)
+        """Count a failed exchange, and probe this transport until it works again (with
+        `max_fails 0`, never)."""
+        tcp = tcp or self.upstream.tls
+        UPSTREAM_ERRORS.labels(str(self), _proto(self.upstream, tcp), error.kind).inc()
+        log.debug("upstream %s over %s: %s", self, _proto(self.upstream, tcp), error)
+        if not self.checks.max_fails:
+            return
         self._count_failure(tcp, error)
         health = self.health(tcp)
         if health.probe is None:
@@ -121,7 +170,7 @@ class UpstreamHealth:
         """A good exchange over this transport: it is healthy."""
         health = self.health(tcp)
         if health.down:
-            log.info("upstream %s is healthy again over %s", self, _proto(tcp))
+            log.info("upstream %s is healthy again over %s", self, _proto(self.upstream, tcp))
         health.fails = 0
 
     def stop_probes(self) -> list[asyncio.Task[None]]:
@@ -134,27 +183,35 @@ class UpstreamHealth:
     def _count_failure(self, tcp: bool, error: UpstreamError) -> None:
         health = self.health(tcp)
         health.fails += 1
-        if health.fails == MAX_FAILS:
+        if health.fails == self.checks.max_fails:
             log.warning(
                 "upstream %s is unhealthy over %s (%s); probing it every %gs",
                 self,
-                _proto(tcp),
+                _proto(self.upstream, tcp),
                 error,
-                HEALTH_INTERVAL,
+                self.interval,
             )
 
+    @property
+    def interval(self) -> float:
+        """Seconds between probes."""
+        return max(self.checks.interval, MIN_HEALTH_INTERVAL)
+
     async def _probe(self, tcp: bool) -> None:
-        """`. IN NS` over this transport, now and every HEALTH_INTERVAL, until a reply to it comes
-        (any rcode will do, as for CoreDNS; garbage will not) or a query succeeds meanwhile."""
+        """`. IN NS` (or `health_check`'s question) over this transport, now and every interval,
+        until a reply to it comes (any rcode will do, as for CoreDNS; garbage will not) or a
+        query succeeds meanwhile."""
         health = self.health(tcp)
+        flags = RD if self.checks.recursion else 0
         try:
             while health.fails:
-                query = pack("!6H", secrets.randbits(16), RD, 1, 0, 0, 0) + HEALTH_QUESTION
+                query = pack("!6H", secrets.randbits(16), flags, 1, 0, 0, 0) + self.checks.question
                 try:
-                    check_reply(
-                        query,
-                        await (send_tcp if tcp else send_udp)(self.upstream, query, HEALTH_TIMEOUT),
-                    )
+                    if tcp and self.stream is not None:
+                        reply = await self.stream(query, HEALTH_TIMEOUT)
+                    else:
+                        reply = await send_udp(self.upstream, query, HEALTH_TIMEOUT)
+                    check_reply(query, reply)
                 except LocalError:
                     pass  # not the upstream's doing: ask again later
                 except UpstreamError as error:
@@ -163,13 +220,14 @@ class UpstreamHealth:
                 else:
                     self.succeeded(tcp)
                     return
-                await asyncio.sleep(HEALTH_INTERVAL)
+                await asyncio.sleep(self.interval)
         finally:
             health.probe = None
 
 
-def _proto(tcp: bool) -> str:
-    return "tcp" if tcp else "udp"
+def _proto(upstream: Upstream, tcp: bool) -> str:
+    """The transport as logs and metrics name it."""
+    return "tls" if upstream.tls else "tcp" if tcp else "udp"
 
 
 async def send_udp(upstream: Upstream, query: bytes, timeout: float) -> bytes:
@@ -194,31 +252,6 @@ async def send_udp(upstream: Upstream, query: bytes, timeout: float) -> bytes:
         raise os_error(exc) from None
     finally:
         transport.close()
-
-
-async def send_tcp(upstream: Upstream, query: bytes, timeout: float) -> bytes:
-    """The framed reply to one query on a connection of its own, within `timeout`."""
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(upstream.host, upstream.port)
-            try:
-                writer.write(len(query).to_bytes(2, "big") + query)
-                length = int.from_bytes(await reader.readexactly(2), "big")
-                reply = await reader.readexactly(length)
-            finally:
-                writer.close()
-    except TimeoutError:
-        raise UpstreamError("timeout", f"no reply within {timeout:g}s over TCP") from None
-    except asyncio.IncompleteReadError as exc:
-        when = "mid-reply" if exc.partial or exc.expected != 2 else "without replying"
-        raise UpstreamError("closed", f"closed the connection {when}") from None
-    except OSError as exc:
-        raise os_error(exc) from None
-    if len(reply) < HEADER_SIZE:
-        raise UpstreamError("short", f"a reply of {len(reply)} bytes")
-    if reply[:2] != query[:2]:
-        raise UpstreamError("wrong_id", "a reply with another ID")
-    return reply
 
 
 class _OneReply(asyncio.DatagramProtocol):

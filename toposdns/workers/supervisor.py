@@ -35,6 +35,7 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
 from toposdns.serve import http, udp_batch
+from toposdns.serve.forward import loop_checked
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
@@ -169,7 +170,9 @@ class Supervisor:
         self.port = int(reserved[0].getsockname()[1])
         udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
         self.life.stack.push_async_callback(self.end_workers)
-        self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
+        self.probes = {
+            self.loops.probe(upstream): upstream for upstream in loop_checked(config.forward)
+        }
         try:
             for slot in range(1, config.workers + 1):
                 await self.spawn(slot)
