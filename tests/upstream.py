@@ -12,13 +12,15 @@ misbehave on purpose, one way per mode, over UDP and TCP (`tcp_mode` may differ)
   with the same ID or, with `new_ids`, a fresh one, as a resolver in a loop would.
 
 Health probes (`. NS`) get the same treatment as every other query. The stub records each query
-it gets, the TCP connections it accepted and the most it had open at once.
+it gets (with its RD flag), the TCP connections it accepted and the most it had open at once.
+Given a TLS context (`tls`), it also serves DNS over TLS on `tls_port`, as TCP is served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,15 +42,23 @@ class StubUpstream:
         mode: str = "answer",
         tcp_mode: str | None = None,
         delay: float = 0.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         assert mode in MODES and (tcp_mode is None or tcp_mode in MODES)
+        self.tls = tls
+        self.tls_port = 0
         self.records = records
         self.mode = mode
         self.tcp_mode = tcp_mode or mode
         self.delay = delay
+        #: Replies a TCP or TLS connection gets before the stub closes it (0: no limit), as
+        #: servers close idle connections.
+        self.replies_per_connection = 0
         self.relay_to: tuple[str, int] | None = None
         self.new_ids = False
         self.queries: list[tuple[str, str, str]] = []  # (proto, name, type)
+        #: The RD flag of each query, in the order of `queries`.
+        self.recursion: list[bool] = []
         #: The EDNS buffer size of each query (0 without EDNS), in the order of `queries`.
         self.buffer_sizes: list[int] = []
         self.relayed = 0
@@ -73,13 +83,14 @@ class StubUpstream:
         """The names asked so far, health probes and loop checks left out."""
         return [name for _, name, qtype in self.queries if qtype not in ("NS", "HINFO")]
 
-    def answer(self, data: bytes, tcp: bool) -> bytes | None:
+    def answer(self, data: bytes, tcp: bool, proto: str = "") -> bytes | None:
         """The reply to one query as this stub's mode has it, or None for none."""
         mode = self.tcp_mode if tcp else self.mode
         query = dnslib.DNSRecord.parse(data)
         name = str(query.q.qname).rstrip(".").lower()
         qtype = dnslib.QTYPE[query.q.qtype]
-        self.queries.append(("tcp" if tcp else "udp", name, qtype))
+        self.queries.append((proto or ("tcp" if tcp else "udp"), name, qtype))
+        self.recursion.append(bool(query.header.rd))
         self.buffer_sizes.append(next((rr.rclass for rr in query.ar if rr.rtype == 41), 0))
         if mode in ("silent", "close"):
             return None
@@ -118,13 +129,13 @@ class StubUpstream:
             return ((int.from_bytes(packed[:2], "big") + 1) % 65536).to_bytes(2, "big") + packed[2:]
         return packed
 
-    async def reply(self, data: bytes, tcp: bool) -> bytes | None:
+    async def reply(self, data: bytes, tcp: bool, proto: str = "") -> bytes | None:
         """`answer`, after the delay of a slow stub, or from `relay_to` for a relay."""
         mode = self.tcp_mode if tcp else self.mode
         if mode == "relay" and self.relay_to is not None:
             self.relayed += 1
             return await self._relay(data)
-        reply = self.answer(data, tcp)
+        reply = self.answer(data, tcp, proto)
         if mode == "slow":
             await asyncio.sleep(self.delay)
         return reply
@@ -168,16 +179,22 @@ class StubUpstream:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
-        async def tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await tcp(reader, writer, "tls")
+
+        async def tcp(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, proto: str = "tcp"
+        ) -> None:
             stub.tcp_accepted += 1
             stub.tcp_open += 1
             stub.tcp_most_open = max(stub.tcp_most_open, stub.tcp_open)
+            replied = 0
             try:
                 if stub.tcp_mode == "close":
                     return
                 while True:
                     length = int.from_bytes(await reader.readexactly(2), "big")
-                    reply = await stub.reply(await reader.readexactly(length), tcp=True)
+                    reply = await stub.reply(await reader.readexactly(length), True, proto)
                     if reply is None:
                         continue
                     if stub.tcp_mode == "midreply":
@@ -185,7 +202,10 @@ class StubUpstream:
                         return
                     writer.write(len(reply).to_bytes(2, "big") + reply)
                     await writer.drain()
-            except (asyncio.IncompleteReadError, ConnectionError):
+                    replied += 1
+                    if replied == stub.replies_per_connection:
+                        return
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
                 pass
             finally:
                 stub.tcp_open -= 1
@@ -205,10 +225,18 @@ class StubUpstream:
             raise RuntimeError("no port free for both UDP and TCP")
 
         transport, server = self._loop.run_until_complete(start())
+        secure = None
+        if self.tls is not None:
+            secure = self._loop.run_until_complete(
+                asyncio.start_server(tls, "127.0.0.1", 0, ssl=self.tls)
+            )
+            self.tls_port = secure.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
         transport.close()
         server.close()
+        if secure is not None:
+            secure.close()
         pending = asyncio.all_tasks(self._loop)
         for task in pending:
             task.cancel()
@@ -231,9 +259,10 @@ def stub_upstream(
     mode: str = "answer",
     tcp_mode: str | None = None,
     delay: float = 0.0,
+    tls: ssl.SSLContext | None = None,
 ) -> Iterator[StubUpstream]:
     """A started StubUpstream, stopped afterwards."""
-    stub = StubUpstream(records, mode, tcp_mode, delay)
+    stub = StubUpstream(records, mode, tcp_mode, delay, tls)
     stub.start()
     try:
         yield stub

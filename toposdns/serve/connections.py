@@ -36,6 +36,8 @@ from toposdns.serve.upstream import HEADER_SIZE, Upstream, UpstreamError, os_err
 MAX_IDLE = 16
 #: CoreDNS's `expire` default: seconds an idle connection is kept.
 EXPIRE = 10.0
+#: Seconds a closing forwarder waits for its TLS connections' close_notify exchange.
+CLOSE_WAIT = 1.0
 
 
 def tls_context(files: Sequence[str]) -> ssl.SSLContext:
@@ -184,14 +186,22 @@ class Connections:
             wait = max(self.idle[0].since + self.expire - now, 0.01)
             self.sweep = asyncio.get_running_loop().call_later(wait, self._swept)
 
-    def close(self) -> None:
-        """Close every idle connection; those in use close when their exchange ends."""
+    async def close(self) -> None:
+        """Close every idle connection (TLS ones with their close_notify, for at most
+        `CLOSE_WAIT` seconds); those in use close when their exchange ends."""
         self.closed = True
         if self.sweep is not None:
             self.sweep.cancel()
             self.sweep = None
-        while self.idle:
-            _close(self.idle.popleft().writer)
+        writers = [idle.writer for idle in self.idle]
+        self.idle.clear()
+        for writer in writers:
+            _close(writer)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_WAIT):
+                await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
+        for writer in writers:
+            writer.transport.abort()  # a peer that never answered the close_notify
 
 
 def _gone(idle: _Idle) -> bool:

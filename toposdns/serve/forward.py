@@ -568,10 +568,9 @@ class Forwarder:
 
     async def close(self) -> None:
         """Stop health probes; close the connections waiting for reuse."""
-        for connections in self.connections:
-            connections.close()
         tasks = [task for upstream in self.upstreams for task in upstream.stop_probes()]
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(connections.close() for connections in self.connections))
 
     async def _once(self, key: bytes, data: bytes, end: int, tcp: bool) -> Entry | int:
         """Ask the upstreams, unless the same question is on its way already over the same
