@@ -67,6 +67,19 @@ def test_kubeadms_corefile(tmp_path: Path) -> None:
     assert not config.autopath.enabled and config.toposdns.http is None
 
 
+KUBESPRAY = Path(__file__).parents[1] / "distributions" / "kubespray.Corefile"
+
+
+def test_kubesprays_corefile(tmp_path: Path) -> None:
+    config = read(tmp_path, KUBESPRAY.read_text())
+    forward = config.forward
+    assert forward.prefer_udp and not forward.force_tcp and forward.max_concurrent == 1000
+    assert forward.zone == () and config.upstreams  # /etc/resolv.conf's nameservers
+    assert config.kubernetes.fallthrough == (("in-addr", "arpa"), ("ip6", "arpa"))
+    assert config.cache.success.max_ttl == 30 and config.cache.success.disabled == ()
+    assert config.health.lameduck == 5 and config.loadbalance.round_robin
+
+
 def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None:
     flags = {
         "--listen": "127.0.0.1:5353",

@@ -1,0 +1,164 @@
+"""`forward`'s options through the real server, read from a Corefile by `toposdns -conf FILE`:
+kubespray's default Corefile (`prefer_udp`: names forwarded over UDP even when asked over
+TCP), FROM and `except` in the kubernetes block and in a stub domain's block (names not
+forwarded get SERVFAIL and never reach the upstream), `force_tcp`, and DNS over TLS to a
+stub with its own certificate authority, its connection reused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dns.message
+import dns.query
+import dns.rcode
+import pytest
+
+from tests.certificates import make_certificates
+from tests.integration.support import CorefileServer, copy_snapshot, free_ports, rrset_texts
+from tests.upstream import stub_upstream
+
+pytestmark = pytest.mark.integration
+
+KUBESPRAY = Path(__file__).parents[1] / "distributions" / "kubespray.Corefile"
+UPSTREAM = {
+    ("example.org", "A"): ["example.org. 300 IN A 192.0.2.80"],
+    ("www.example.org", "A"): ["www.example.org. 300 IN A 192.0.2.81"],
+    ("8.8.8.8.in-addr.arpa", "PTR"): ["8.8.8.8.in-addr.arpa. 300 IN PTR dns.google."],
+    ("web.consul.local", "A"): ["web.consul.local. 60 IN A 192.0.2.53"],
+}
+CLUSTER_NAME = "frontend.shop.svc.cluster.local"
+
+
+def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
+    query = dns.message.make_query(name, rtype)
+    send = dns.query.tcp if tcp else dns.query.udp
+    return send(query, "127.0.0.1", port=port, timeout=5)
+
+
+def serve(tmp_path: Path, text: str) -> CorefileServer:
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(text)
+    server = CorefileServer(corefile)
+    server.wait_ready(30)
+    return server
+
+
+def kubespray_on_loopback(tmp_path: Path, upstream: int) -> tuple[str, int]:
+    """kubespray's Corefile, changed only where a loopback test must: the ports, `bind
+    127.0.0.1`, the upstream (as its `upstream_dns_servers` renders it) and the snapshot the
+    kubernetes block serves. Returns it and its DNS port."""
+    ports = free_ports("dns", "health", "ready", "metrics")
+    text = KUBESPRAY.read_text()
+    changes = {
+        ".:53 {": f".:{ports['dns']} {{\n    bind 127.0.0.1",
+        "    health {": f"    health 127.0.0.1:{ports['health']} {{",
+        "    ready\n": f"    ready 127.0.0.1:{ports['ready']}\n",
+        "prometheus :9153": f"prometheus 127.0.0.1:{ports['metrics']}",
+        "forward . /etc/resolv.conf {": f"forward . 127.0.0.1:{upstream} {{",
+        "    loadbalance\n}": f"    loadbalance\n    toposdns {{\n"
+        f"        snapshot {copy_snapshot(tmp_path)}\n    }}\n}}",
+    }
+    for old, new in changes.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text, ports["dns"]
+
+
+def test_kubesprays_corefile_forwards_over_udp_whatever_the_client_used(tmp_path: Path) -> None:
+    with stub_upstream(UPSTREAM) as upstream:
+        text, port = kubespray_on_loopback(tmp_path, upstream.port)
+        server = serve(tmp_path, text)
+        try:
+            for tcp in (False, True):
+                cluster = ask(port, CLUSTER_NAME, tcp=tcp)
+                assert cluster.rcode() == dns.rcode.NOERROR and cluster.answer
+                assert cluster.flags & dns.flags.AA
+            other = ask(port, "example.org", tcp=True)
+            assert rrset_texts(other.answer) == {"example.org. 30 IN A 192.0.2.80"}  # cache 30
+            reverse = ask(port, "8.8.8.8.in-addr.arpa", "PTR", tcp=True)  # fallthrough
+            assert rrset_texts(reverse.answer) == {"8.8.8.8.in-addr.arpa. 30 IN PTR dns.google."}
+            asked = [(proto, name) for proto, name, qtype in upstream.queries if qtype != "HINFO"]
+            # `prefer_udp`: asked over TCP, forwarded over UDP.
+            assert asked == [("udp", "example.org"), ("udp", "8.8.8.8.in-addr.arpa")]
+        finally:
+            assert server.stop(15) == 0, server.log()
+
+
+def test_from_and_except_leave_names_to_the_next_plugin(tmp_path: Path) -> None:
+    snapshot = copy_snapshot(tmp_path)
+    port = free_ports("dns")["dns"]
+    with stub_upstream(UPSTREAM) as main, stub_upstream(UPSTREAM) as stub:
+        server = serve(
+            tmp_path,
+            f""".:{port} {{
+    bind 127.0.0.1
+    kubernetes cluster.local
+    forward example.org 127.0.0.1:{main.port} {{
+        except internal.example.org
+    }}
+    toposdns {{
+        snapshot {snapshot}
+    }}
+}}
+consul.local:{port} {{
+    forward . 127.0.0.1:{stub.port} {{
+        except skip.consul.local
+        force_tcp
+        policy sequential
+        max_fails 3
+        health_check 1s no_rec domain consul.local
+        expire 5s
+    }}
+}}
+""",
+        )
+        try:
+            for tcp in (False, True):
+                assert ask(port, CLUSTER_NAME, tcp=tcp).answer
+                forwarded = ask(port, "www.example.org", tcp=tcp)
+                assert rrset_texts(forwarded.answer) == {"www.example.org. 300 IN A 192.0.2.81"}
+                # Outside FROM, or under `except`: no plugin after forward, SERVFAIL.
+                for name in ("example.com", "a.internal.example.org", "x.skip.consul.local"):
+                    reply = ask(port, name, tcp=tcp)
+                    assert reply.rcode() == dns.rcode.SERVFAIL and not reply.answer, name
+                stubbed = ask(port, "web.consul.local", tcp=tcp)
+                assert rrset_texts(stubbed.answer) == {"web.consul.local. 60 IN A 192.0.2.53"}
+            assert set(main.names()) == {"www.example.org"}
+            assert set(stub.names()) == {"web.consul.local"}
+            # `force_tcp`: over TCP, asked over UDP too, on one reused connection.
+            assert {proto for proto, _, _ in stub.queries} == {"tcp"}
+            assert stub.tcp_accepted == 1
+        finally:
+            assert server.stop(15) == 0, server.log()
+
+
+def test_dns_over_tls_with_its_servername(tmp_path: Path) -> None:
+    certificates = make_certificates(tmp_path, ("dns.test",))
+    snapshot = copy_snapshot(tmp_path)
+    port = free_ports("dns")["dns"]
+    with stub_upstream(UPSTREAM, tls=certificates.server_context()) as upstream:
+        server = serve(
+            tmp_path,
+            f""".:{port} {{
+    bind 127.0.0.1
+    kubernetes cluster.local
+    forward . tls://127.0.0.1:{upstream.tls_port} {{
+        tls {certificates.ca}
+        tls_servername dns.test
+    }}
+    toposdns {{
+        snapshot {snapshot}
+    }}
+}}
+""",
+        )
+        try:
+            for name in ("example.org", "www.example.org", "web.consul.local"):
+                for tcp in (False, True):
+                    reply = ask(port, name, tcp=tcp)
+                    assert reply.rcode() == dns.rcode.NOERROR and reply.answer, name
+            assert {proto for proto, _, _ in upstream.queries} == {"tls"}
+            assert upstream.tcp_accepted == 1  # one handshake, the connection reused
+            assert "Traceback" not in server.log()
+        finally:
+            assert server.stop(15) == 0, server.log()
