@@ -145,6 +145,24 @@ ACL_DROPPED = Counter(
     ["server", "zone", "view"],
     registry=ANSWERING,
 )
+TEMPLATE_MATCHES = Counter(
+    "coredns_template_matches",
+    "Counter of template regex matches.",
+    ["server", "zone", "view", "class", "type"],
+    registry=ANSWERING,
+)
+TEMPLATE_FAILURES = Counter(
+    "coredns_template_template_failures",
+    "Counter of go template failures.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
+TEMPLATE_RR_FAILURES = Counter(
+    "coredns_template_rr_failures",
+    "Counter of mis-templated RRs.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
 REGISTRY.register(ANSWERING)
 
 # `--workers N`: the supervisor's view of its workers.
