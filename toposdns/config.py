@@ -48,6 +48,7 @@ from toposdns.serve.listen import BIND, ListenOptions
 from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.tcp import TCP, TcpOptions
+from toposdns.serve.template import TEMPLATE, TemplateOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
 from toposdns.wire.codes import Name
@@ -167,9 +168,10 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     RELOAD,
     ACL,
     LOG,
+    TEMPLATE,
 )
 #: The plugins a server block without kubernetes may hold (serve/blocks.py).
-BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE)
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, TEMPLATE)
 #: The plugins `toposdns explain` takes: those that change answers.
 ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
 
@@ -197,6 +199,7 @@ class ServeConfig:
     reload: ReloadOptions = field(default_factory=ReloadOptions)
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
     #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
     block_zones: tuple[Name, ...] = ((),)
     #: The server blocks beside it on its port (stub domains).

@@ -38,6 +38,7 @@ from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
+from toposdns.serve.chain import Handler, Next, Reply, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
@@ -47,7 +48,8 @@ from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, Query
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
-from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
+from toposdns.serve.template import make_template
+from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
@@ -93,6 +95,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("autopath")
     if config.log.enabled:
         names.append("log")
+    if config.template.enabled:
+        names.append("template")
     return names
 
 
@@ -142,15 +146,17 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
+        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        self.server = ""
         self.forwarder = make_forwarder(config)
-        self.block_forwarders, self.blocks = make_blocks(config)
+        self.block_forwarders, self.blocks = make_blocks(config, self.label, self.lookup)
+        self.front = make_front(config, self.label, self.lookup)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
-        self.server = ""
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -171,7 +177,17 @@ class DnsServer:
             not config.any.minimal,
             config.cache,
             self.blocks,
+            self.front,
         )
+
+    def label(self) -> str:
+        """The `server` label of this server's metrics."""
+        return self.server or f"dns://:{self.config.bind.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
+        plugin follows a CNAME it answered with."""
+        return self.responder.respond(data, transport, source)
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
         """Answer by `config` from the next query on, with the same sockets (so that none is
@@ -182,12 +198,13 @@ class DnsServer:
         if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
             retired = [self.forwarder, *self.block_forwarders]
             self.forwarder = make_forwarder(config)
-            self.block_forwarders, self.blocks = make_blocks(config)
+            self.block_forwarders, self.blocks = make_blocks(config, self.label, self.lookup)
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
+        self.front = make_front(config, self.label, self.lookup)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -481,18 +498,37 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     )
 
 
-def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:
+def make_blocks(
+    config: ServeConfig,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> tuple[list[Forwarder | None], Blocks | None]:
     """The forwarders of the server blocks beside the kubernetes one, and the blocks of the
-    port; None when the kubernetes block is the port's only one, for `.`."""
+    port; None when the kubernetes block is the port's only one, for `.`. (`server` and
+    `lookup` are what the chains' plugins label their metrics with and ask the server by.)"""
     if not config.blocks and config.block_zones == ((),):
         return [], None
     bound = cache_bounds(config)[1]
     forwarders = [block_forwarder(block, bound) for block in config.blocks]
     links = [
-        (block, block_chain(block, forwarder))
+        (block, block_chain(block, forwarder, server, lookup))
         for block, forwarder in zip(config.blocks, forwarders, strict=True)
     ]
     return forwarders, Blocks(config.block_zones, links)
+
+
+def make_front(
+    config: ServeConfig,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> Next | None:
+    """The plugins the kubernetes block runs before its own, in CoreDNS's order, ending in
+    `pass_on` (the responder's turn); None when it has none."""
+    handlers: list[Handler] = []
+    template = make_template(config.template, config.block_zones, server, lookup)
+    if template is not None:
+        handlers.append(template)
+    return chain(handlers, pass_on) if handlers else None
 
 
 def cache_bounds(config: ServeConfig) -> tuple[int, int]:

@@ -14,12 +14,14 @@ block's chain (serve/chain.py), built here from the block's options in CoreDNS's
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from toposdns.serve.chain import Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.template import TemplateOptions, make_template
+from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -37,6 +39,7 @@ class BlockConfig:
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
     cache: CacheSettings = field(default_factory=CacheSettings)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
 
 
 class Blocks:
@@ -114,9 +117,18 @@ def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | No
     )
 
 
-def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> Next:
-    """The block's plugins linked in CoreDNS's order."""
+def block_chain(
+    config: BlockConfig,
+    forwarder: Forwarder | None,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> Next:
+    """The block's plugins linked in CoreDNS's order (`server`: the metrics' server label;
+    `lookup`: how a plugin asks the whole server a query)."""
     handlers: list[Handler] = []
+    template = make_template(config.template, config.zones, server, lookup)
+    if template is not None:
+        handlers.append(template)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
     return chain(handlers)

@@ -324,7 +324,8 @@ def _tokens(inside: str) -> list[_Token]:
             while end < n and (
                 inside[end].isalnum()
                 or inside[end] in "_."
-                or inside[end] in "+-" and inside[end - 1] in "eEpP"
+                or inside[end] in "+-"
+                and inside[end - 1] in "eEpP"
             ):
                 end += 1
             tokens.append(_Token("number", inside[i:end]))

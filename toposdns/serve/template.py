@@ -44,7 +44,7 @@ whole fails the rendering (CoreDNS prints it as dig does).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from struct import pack
 from typing import Any, cast
@@ -457,10 +457,9 @@ class Templates:
                     lookup = self.chase(record, request)
                     if lookup is not None:
                         chased.append((len(sections["answer"]), lookup))
-        if any(not isinstance(reply, (bytes, type(None))) for _, reply in chased):
+        if any(isinstance(reply, Coroutine) for _, reply in chased):
             return self.completed(template, query, request, sections, chased)
-        done = [(at, reply) for at, reply in chased if isinstance(reply, bytes) or reply is None]
-        return self.reply(template, query, request, sections, done)
+        return self.reply(template, query, request, sections, chased)
 
     def rendered(
         self,
@@ -532,7 +531,7 @@ class Templates:
         """The reply once the CNAME targets have been answered."""
         done: list[tuple[int, bytes | None]] = []
         for at, reply in chased:
-            if isinstance(reply, Awaitable):
+            if isinstance(reply, Coroutine):
                 try:
                     reply = await reply
                 except Exception:
