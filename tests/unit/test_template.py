@@ -387,7 +387,7 @@ def request_of(
     record = dnslib.DNSRecord(q=dnslib.DNSQuestion(qname, qtype, qclass))
     if edns:
         record.add_ar(dnslib.EDNS0(udp_len=1232))
-    data = record.pack()
+    data = bytes(record.pack())
     return Request(decode_query(data), data, UDP4, source)
 
 
@@ -679,7 +679,7 @@ def test_odd_bytes_in_the_name_are_escaped_as_coredns_escapes_them(tmp_path: Pat
     )
     record = dnslib.DNSRecord(q=dnslib.DNSQuestion("x.example.", 16))
     record.q.qname = dnslib.DNSLabel([b"a;b (c)", b"\x01", b"example"])
-    data = record.pack()
+    data = bytes(record.pack())
     reply = handler.serve(Request(decode_query(data), data, UDP4, "10.0.0.1"), passed_on)
     assert isinstance(reply, bytes)
     (answer,) = dnslib.DNSRecord.parse(reply).rr

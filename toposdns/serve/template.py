@@ -72,7 +72,7 @@ from toposdns.serve.transport import Transport
 from toposdns.wire.codes import AAAA, ANY, CNAME, DO, NOERROR, OPT, SERVFAIL, TC, A, Name
 from toposdns.wire.decode import HEADER_SIZE, Query, question_end
 from toposdns.wire.encode import encode_bare, encode_reply, encode_with_opt, name_wire
-from toposdns.wire.records import RR, Written, class_name, name_text
+from toposdns.wire.records import RR, Raw, Written, class_name, name_text
 from toposdns.wire.zone_text import CLASSES, packed, read_record, record_of
 
 log = logging.getLogger("toposdns")
@@ -88,6 +88,8 @@ RCODES = {
     "BADSIG": 16, "BADKEY": 17, "BADTIME": 18, "BADMODE": 19, "BADNAME": 20, "BADALG": 21,
     "BADTRUNC": 22, "BADCOOKIE": 23,
 }  # fmt: skip
+#: miekg/dns's ClassToString.
+CLASS_NAMES = {code: name for name, code in CLASSES.items()}
 #: The EDNS option of an Extended DNS Error (RFC 8914).
 EDE = 15
 #: The sections a template renders, in the order CoreDNS renders them.
@@ -453,7 +455,12 @@ class Templates:
                 if record is None:
                     return encode_bare(query, SERVFAIL)
                 sections[section].append(record)
-                if section == "answer" and record.rtype == CNAME and query.qtype in (A, AAAA):
+                if (
+                    section == "answer"
+                    and record.rtype == CNAME
+                    and query.qtype in (A, AAAA)
+                    and not isinstance(record.rdata, Raw)  # another class: not followed
+                ):
                     lookup = self.chase(record, request)
                     if lookup is not None:
                         chased.append((len(sections["answer"]), lookup))
@@ -617,7 +624,7 @@ def template_data(
             "Regex": pattern,
             "Match": list(groups),
             "Group": group,
-            "Class": {v: k for k, v in CLASSES.items()}.get(qclass, ""),
+            "Class": CLASS_NAMES.get(qclass, ""),
             "Type": QTYPE.forward.get(qtype, ""),
             "Message": MessageData(query, asked),
             "Question": QuestionData(asked, query.qtype, query.qclass),
