@@ -36,6 +36,7 @@ from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.cache import CACHE_BOUNDS, CacheBoundOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CACHE, CacheSettings
+from toposdns.serve.hosts import HOSTS, HostsOptions
 from toposdns.serve.http import (
     HEALTH,
     PROMETHEUS,
@@ -167,9 +168,10 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     RELOAD,
     ACL,
     LOG,
+    HOSTS,
 )
 #: The plugins a server block without kubernetes may hold (serve/blocks.py).
-BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE)
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS)
 #: The plugins `toposdns explain` takes: those that change answers.
 ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
 
@@ -197,6 +199,7 @@ class ServeConfig:
     reload: ReloadOptions = field(default_factory=ReloadOptions)
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
+    hosts: HostsOptions = field(default_factory=HostsOptions)
     #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
     block_zones: tuple[Name, ...] = ((),)
     #: The server blocks beside it on its port (stub domains).

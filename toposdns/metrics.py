@@ -145,6 +145,21 @@ ACL_DROPPED = Counter(
     ["server", "zone", "view"],
     registry=ANSWERING,
 )
+# CoreDNS's `hosts` (serve/hosts.py), as its metrics.go defines them.
+HOSTS_ENTRIES = Gauge(
+    "coredns_hosts_entries",
+    "The combined number of entries in hosts and Corefile.",
+    ["hostsfile"],
+    registry=ANSWERING,
+)
+HOSTS_RELOAD_TIMESTAMP = Gauge(
+    "coredns_hosts_reload_timestamp_seconds",
+    "The timestamp of the last reload of hosts file (the file's modification time, as CoreDNS's).",
+    registry=ANSWERING,
+)
+#: Gauges each worker sets alike, from the same file: /metrics shows their largest value rather
+#: than their sum (workers/exposition.py).
+UNSUMMED = frozenset({"coredns_hosts_entries", "coredns_hosts_reload_timestamp_seconds"})
 REGISTRY.register(ANSWERING)
 
 # `--workers N`: the supervisor's view of its workers.

@@ -36,11 +36,13 @@ from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
-from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
+from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
+from toposdns.serve.chain import ORDER, Handler, Next, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
+from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
@@ -93,6 +95,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("autopath")
     if config.log.enabled:
         names.append("log")
+    if config.hosts.enabled:
+        names.append("hosts")
     return names
 
 
@@ -143,7 +147,11 @@ class DnsServer:
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
         self.forwarder = make_forwarder(config)
-        self.block_forwarders, self.blocks = make_blocks(config)
+        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+        #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
+        self.front_handlers, self.front = self.make_front(config)
+        #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
+        self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
@@ -171,7 +179,36 @@ class DnsServer:
             not config.any.minimal,
             config.cache,
             self.blocks,
+            self.front,
         )
+
+    def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
+        """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
+        (hosts), in its order, and their chain, which ends in the responder's turn; None
+        without any."""
+        handlers: list[Handler] = []
+        hosts = make_hosts(config.hosts, config.block_zones)
+        if hosts is not None:
+            # What it answers comes before the cached replies of the kubernetes block's names.
+            hosts.on_change = self.front_changed
+            handlers.append(hosts)
+        handlers.sort(key=lambda handler: ORDER.index(handler.name))
+        return handlers, chain(handlers, pass_on) if handlers else None
+
+    def front_changed(self) -> None:
+        """A plugin before `kubernetes` answers differently now: no cached reply holds."""
+        self.responder.clear()
+
+    def watch_plugins(self) -> None:
+        """Run the `watch` of every plugin handler that has one (a hosts file's reload) from
+        now until the server closes, those of handlers a reload replaced stopped."""
+        for task in self.watching:
+            task.cancel()
+        self.watching = [
+            asyncio.create_task(watched(handler), name=f"{handler.name} watch")
+            for handler in [*self.front_handlers, *self.block_handlers]
+            if hasattr(handler, "watch")
+        ]
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
         """Answer by `config` from the next query on, with the same sockets (so that none is
@@ -179,15 +216,22 @@ class DnsServer:
         closed once its queries are done. Returns the plugins whose changes need a restart."""
         old = self.config
         config, restart = restart_only(config, old)
+        replaced: list[Handler] = []
         if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
             retired = [self.forwarder, *self.block_forwarders]
+            replaced += self.block_handlers
             self.forwarder = make_forwarder(config)
-            self.block_forwarders, self.blocks = make_blocks(config)
+            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
+        if (old.hosts, old.block_zones) != (config.hosts, config.block_zones):
+            replaced += self.front_handlers
+            self.front_handlers, self.front = self.make_front(config)
+        if replaced:
+            self.replaced(replaced)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -199,6 +243,18 @@ class DnsServer:
         self.config = config
         return restart
 
+    def replaced(self, handlers: list[Handler]) -> None:
+        """Handlers a reload replaced: their watches stopped, their series dropped (those of
+        the new ones set again, in case they share them)."""
+        for handler in handlers:
+            if isinstance(handler, Hosts):
+                handler.forget()
+        for handler in [*self.front_handlers, *self.block_handlers]:
+            if isinstance(handler, Hosts):
+                handler.report()
+        if self.server:  # serving: the new handlers' watches replace the old ones'
+            self.watch_plugins()
+
     async def retire(self, forwarder: Forwarder) -> None:
         """Close a forwarder a reload replaced, once its queries are done."""
         try:
@@ -207,10 +263,11 @@ class DnsServer:
             await forwarder.close()
 
     async def close(self) -> None:
-        """Close the forwarders: the current one, and those a reload replaced."""
-        for task in list(self.retiring):
+        """Stop the plugins' watches; close the forwarders: the current one, and those a reload
+        replaced."""
+        for task in [*self.retiring, *self.watching]:
             task.cancel()
-        await asyncio.gather(*self.retiring, return_exceptions=True)
+        await asyncio.gather(*self.retiring, *self.watching, return_exceptions=True)
         for forwarder in [self.forwarder, *self.block_forwarders]:
             if forwarder is not None:
                 await forwarder.close()
@@ -244,6 +301,7 @@ class DnsServer:
             protocol.screen = self.screen
         if self.metrics is not None:
             self.metrics.server = server
+        self.watch_plugins()
         return port
 
 
@@ -372,18 +430,31 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     )
 
 
-def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:
-    """The forwarders of the server blocks beside the kubernetes one, and the blocks of the
-    port; None when the kubernetes block is the port's only one, for `.`."""
+def make_blocks(
+    config: ServeConfig,
+) -> tuple[list[Forwarder | None], Blocks | None, list[Handler]]:
+    """The forwarders of the server blocks beside the kubernetes one, the blocks of the port
+    (None when the kubernetes block is the port's only one, for `.`), and their plugins'
+    handlers."""
     if not config.blocks and config.block_zones == ((),):
-        return [], None
+        return [], None, []
     bound = cache_bounds(config)[1]
     forwarders = [block_forwarder(block, bound) for block in config.blocks]
-    links = [
-        (block, block_chain(block, forwarder))
-        for block, forwarder in zip(config.blocks, forwarders, strict=True)
-    ]
-    return forwarders, Blocks(config.block_zones, links)
+    links: list[tuple[BlockConfig, Next]] = []
+    handlers: list[Handler] = []
+    for block, forwarder in zip(config.blocks, forwarders, strict=True):
+        link, chained = block_chain(block, forwarder)
+        links.append((block, link))
+        handlers += chained
+    return forwarders, Blocks(config.block_zones, links), handlers
+
+
+async def watched(handler: Handler) -> None:
+    """A plugin handler's `watch`, run until cancelled; a fault in it is logged once."""
+    try:
+        await handler.watch()  # type: ignore[attr-defined]
+    except Exception:
+        log.exception("%s: its watch failed and has stopped; the rest keeps serving", handler.name)
 
 
 def cache_bounds(config: ServeConfig) -> tuple[int, int]:

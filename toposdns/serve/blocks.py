@@ -17,9 +17,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from toposdns.serve.chain import Handler, Next, Reply, Request, chain
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.hosts import HostsOptions, make_hosts
 from toposdns.wire.codes import DS, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -37,6 +38,7 @@ class BlockConfig:
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
     cache: CacheSettings = field(default_factory=CacheSettings)
+    hosts: HostsOptions = field(default_factory=HostsOptions)
 
 
 class Blocks:
@@ -114,9 +116,14 @@ def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | No
     )
 
 
-def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> Next:
-    """The block's plugins linked in CoreDNS's order."""
+def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> tuple[Next, list[Handler]]:
+    """The block's plugins linked in CoreDNS's order (`chain.ORDER`), and their handlers (the
+    server runs the `watch` of those that have one)."""
     handlers: list[Handler] = []
+    hosts = make_hosts(config.hosts, config.zones)
+    if hosts is not None:
+        handlers.append(hosts)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
-    return chain(handlers)
+    handlers.sort(key=lambda handler: ORDER.index(handler.name))
+    return chain(handlers), handlers

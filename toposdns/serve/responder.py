@@ -251,6 +251,12 @@ class Responder:
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
+    def clear(self) -> None:
+        """Drop every cached reply: a plugin before the kubernetes block's own (a hosts file
+        read again) may now answer a name whose reply the cache holds."""
+        self.cache.clear()
+        self.first_seen.clear()
+
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
         previous, self.snapshot = self.snapshot, snapshot
@@ -569,11 +575,12 @@ class Responder:
         self, data: bytes, transport: Transport, source: str, started: float
     ) -> Reply | Literal[False]:
         """The reply the plugins before the kubernetes block's own give a plain query, counted;
-        False when they pass it on (or it is not the block's: the decoder's path says why)."""
+        False when they pass it on (or it is not the block's: the decoder's path says why).
+        Decoded whole, EDNS options too: a reply of theirs echoes the query's cookie."""
         assert self.front is not None
         try:
-            query = self.bounded(decode_plain(data))
-        except ValueError:
+            query = self.bounded(decode_query(data))
+        except (Dropped, Rejected):
             return False
         if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
             return False
