@@ -786,3 +786,39 @@ def test_a_blocks_chain_runs_hosts_before_forward(tmp_path: Path) -> None:
     data = bytes(dnslib.DNSRecord.question("other.example.org", "A").pack())
     reply = link(Request(decode_query(data), data, UDP4, "127.0.0.1"))
     assert isinstance(reply, bytes) and dnslib.DNSRecord.parse(reply).header.rcode == 2
+
+
+def test_a_reloaded_corefile_replaces_the_hosts_handler(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("192.0.2.1 node1\n")
+    (tmp_path / "b").write_text("192.0.2.2 node1\n192.0.2.3 node2\n")
+    hosts = HostsOptions(enabled=True, path=tmp_path / "a", fallthrough=ROOT)
+    config = replace(
+        ServeConfig(), hosts=hosts, forward=replace(ServeConfig().forward, upstreams=())
+    )
+    server = DnsServer(config, config_of(), snapshot_of(SHOP_WEB))
+    (before,) = server.front_handlers
+    server.reconfigure(replace(config, kubernetes=config_of(ttl=7)))  # hosts as it was: kept
+    assert server.front_handlers == [before]
+    server.reconfigure(replace(config, hosts=replace(hosts, path=tmp_path / "b")))
+    (after,) = server.front_handlers
+    assert after is not before
+    data = bytes(dnslib.DNSRecord.question("node1", "A").pack())
+    reply = server.responder.respond(data, UDP4, "127.0.0.1")
+    assert isinstance(reply, bytes)
+    assert [str(rr.rdata) for rr in dnslib.DNSRecord.parse(reply).rr] == ["192.0.2.2"]
+    gauge = "coredns_hosts_entries"
+    assert ANSWERING.get_sample_value(gauge, {"hostsfile": str(tmp_path / "a")}) is None
+    assert ANSWERING.get_sample_value(gauge, {"hostsfile": str(tmp_path / "b")}) == 4
+
+
+def test_without_zones_hosts_takes_the_server_blocks(tmp_path: Path) -> None:
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(
+        "cluster.local:53 {\n  kubernetes\n  hosts nothere {\n"
+        "    10.0.0.1 node.cluster.local\n    10.0.0.2 node.example.org\n  }\n}\n"
+    )
+    config = read_corefile(corefile).done()
+    server = DnsServer(config, config.kubernetes, snapshot_of(SHOP_WEB))
+    (front,) = server.front_handlers
+    assert isinstance(front, Hosts) and front.zones == frozenset(labels("cluster.local"))
+    assert sorted(front.inline.v4) == ["node.cluster.local"]
