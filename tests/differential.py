@@ -346,6 +346,9 @@ class _StreamTransport:
     def is_closing(self) -> bool:
         return self.closing
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def abort(self) -> None:
         self.closing = True
 
