@@ -124,6 +124,20 @@ def test_query_split_across_length_prefix_and_body(shared_server: Server) -> Non
     assert addresses(replies[1]) == {"10.244.1.10"}
 
 
+def test_half_closed_connection_is_answered_then_closed(shared_server: Server) -> None:
+    # A client that shuts its side after its queries gets every answer, then the server's
+    # close at once (not after the idle timeout).
+    queries = [dns.message.make_query(BIG_SRV, "SRV") for _ in range(20)]
+    with connect(shared_server) as sock:
+        sock.sendall(b"".join(framed(query) for query in queries))
+        sock.shutdown(socket.SHUT_WR)
+        replies = [recv_framed(sock) for _ in queries]
+        waited = closed_by_peer(sock, timeout=3.0)
+    assert [reply.id for reply in replies] == [query.id for query in queries]
+    assert all(len(reply.answer[0]) > 20 for reply in replies)
+    assert waited is not None and waited < 1.0, "the answered connection was kept open"
+
+
 def test_idle_connection_is_closed(start_server: StartServer) -> None:
     server = start_server("--tcp-idle-timeout", "1")
     with connect(server) as sock:

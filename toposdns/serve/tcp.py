@@ -243,8 +243,8 @@ class TcpLimits:
         connection holding the most; then, while all hold more than `max_unsent`, that of the
         source holding the most. What a source holds is measured again first (its client may
         have read some since)."""
-        allowed = self.unsent_share()
-        if self.unsent_by_source.get(source, 0) > allowed:
+        held = self.unsent_by_source.get(source, 0)
+        if held > UNSENT_FLOOR and held > (allowed := self.unsent_share()):
             self._remeasure(source)
             while self.unsent_by_source.get(source, 0) > allowed:
                 self._reset_most(source, f"more than its share of {allowed}")
@@ -322,6 +322,8 @@ class TcpProtocol(asyncio.Protocol):
         self.last_active = 0.0
         #: Whether a whole message has come (until then, the first message's deadline holds).
         self.greeted = False
+        #: Whether the client has sent all it will (shut its side): closed once answered.
+        self.finished = False
         #: When the first byte of the message not yet whole came; 0.0 when there is none.
         self.started = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -476,9 +478,15 @@ class TcpProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         # The client will send no more. Closed now, its socket would be left to flush what is
-        # unsent to a client that may never read it; so then it stays open, counted, until
-        # its answers are taken or a timer ends it.
-        return None if self.idle(time.monotonic()) else True
+        # unsent to a client that may never read it; so it stays open, counted, until its
+        # answers are taken (checked every REMEASURE) or a timer ends it.
+        self.finished = True
+        if not self.buffer and not self.pending and not self.measure():
+            return None
+        now = time.monotonic()
+        if now + REMEASURE < self.wake_at:
+            self.wake(now + REMEASURE)
+        return True
 
     def pause_writing(self) -> None:
         # The client is not reading its answers: stop reading (and answering) its queries.
@@ -532,6 +540,11 @@ class TcpProtocol(asyncio.Protocol):
             self.close()  # reset instead when it holds replies unsent
             return
         deadline = self.last_active + limits.idle_timeout
+        if self.finished:
+            if not self.buffer and not self.pending and not self.measure():
+                self.close()  # the client has taken every answer
+                return
+            deadline = min(deadline, now + REMEASURE)
         if not self.greeted:
             deadline = min(deadline, self.opened + limits.first_timeout)
         if self.started:
