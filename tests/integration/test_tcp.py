@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -300,9 +301,6 @@ BIG_SRV = "_http._tcp.big.data.svc.cluster.local."
 #: What one listener may hold unsent for a source alone (a quarter of its 16 MiB).
 UNSENT_SHARE = 4 * 1024 * 1024
 
-#: /proc/net/tcp's LISTEN state (include/net/tcp_states.h).
-LISTEN = 0x0A
-
 
 class ServerSocket(NamedTuple):
     """The server's end of a TCP connection, as the kernel shows it."""
@@ -314,20 +312,25 @@ class ServerSocket(NamedTuple):
     owned: bool
 
 
-def server_side(port: int) -> list[ServerSocket]:
-    """The server's end of every IPv4 TCP connection to `port` on this machine (from
-    /proc/net/tcp), listening sockets left out."""
+def server_side(server: Server, client: str) -> list[ServerSocket]:
+    """The server's end of every TCP connection from `client` (from /proc/net/tcp: other
+    tests on this machine may hold sockets on the same port number, on other addresses)."""
+    local = f"{_proc_address(server.host)}:{server.port:04X}"
+    remote = _proc_address(client) + ":"
     found = []
     with open("/proc/net/tcp", encoding="ascii") as table:
         next(table)
         for line in table:
             fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            state = int(fields[3], 16)
-            if local_port == port and state != LISTEN:
+            if fields[1] == local and fields[2].startswith(remote):
                 queued = int(fields[4].split(":")[0], 16)
-                found.append(ServerSocket(state, queued, fields[9] != "0"))
+                found.append(ServerSocket(int(fields[3], 16), queued, fields[9] != "0"))
     return found
+
+
+def _proc_address(ip: str) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (the 32-bit word in host order, in hex)."""
+    return f"{int.from_bytes(socket.inet_aton(ip), sys.byteorder):08X}"
 
 
 def unreading(server: Server, source: str, queries: int) -> socket.socket | None:
@@ -357,16 +360,16 @@ def test_unread_replies_are_bounded_and_counted(start_server: StartServer) -> No
     try:
         started = time.monotonic()
         while len(held) < 400 and time.monotonic() - started < 3.0:
-            sock = unreading(server, "127.0.0.2", 40)
+            sock = unreading(server, "127.0.38.2", 40)
             if sock is not None:
                 held.append(sock)
         time.sleep(0.5)  # the last replies reach the send queues
-        sockets = server_side(server.port)
+        sockets = server_side(server, "127.0.38.2")
         holding = [sock.queued for sock in sockets if sock.queued]
         orphans = [sock.queued for sock in sockets if sock.queued and not sock.owned]
         assert not orphans, f"{len(orphans)} closed sockets hold {sum(orphans)} B"
         assert len(holding) <= 256, "more sockets hold replies than the source's share"
-        assert sum(holding) <= UNSENT_SHARE, f"{sum(holding)} B unsent in the send queues"
+        assert sum(holding) <= UNSENT_SHARE, f"{sum(holding)} B unsent in {len(holding)} sockets"
         # Everyone else is answered meanwhile.
         with connect(server, source="127.0.0.3") as sock:
             assert addresses(ask(sock, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
@@ -374,7 +377,7 @@ def test_unread_replies_are_bounded_and_counted(start_server: StartServer) -> No
         for sock in held:
             sock.close()
     server.wait_for_log(
-        r"WARNING reset a TCP connection of 127\.0\.0\.2: \d+ bytes of replies unsent", timeout=2
+        r"WARNING reset a TCP connection of 127\.0\.38\.2: \d+ bytes of replies unsent", timeout=2
     )
 
 
@@ -384,17 +387,18 @@ def test_connection_with_unread_replies_is_reset(start_server: StartServer, stop
     replies in the server's socket, counted, until the idle timeout resets it: a graceful
     close would leave them to the kernel, for as long as the client does not read."""
     server = start_server("--tcp-idle-timeout", "1")
-    sock = unreading(server, "127.0.0.2", 40)
+    sock = unreading(server, "127.0.38.2", 40)
     assert sock is not None
     try:
         if stop == "half-closed":
             sock.shutdown(socket.SHUT_WR)
         time.sleep(0.3)
-        holding = [found for found in server_side(server.port) if found.queued]
+        holding = [found for found in server_side(server, "127.0.38.2") if found.queued]
         assert holding, "nothing was left unsent"
         assert all(found.owned for found in holding), "closed with its replies unsent"
         assert wait_until(
-            lambda: not any(found.queued for found in server_side(server.port)), timeout=4.0
+            lambda: not any(found.queued for found in server_side(server, "127.0.38.2")),
+            timeout=4.0,
         ), "the replies were still held after 4 s"
     finally:
         sock.close()

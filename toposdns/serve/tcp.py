@@ -13,11 +13,11 @@ for seconds, not indefinitely.
 The cap is shared fairly: one source address holds at most a quarter of it (`SHARE`), and less
 as more sources hold connections (the cap over one more than their number), so that the sources
 holding connections never fill it and the next one finds room. A new connection past either
-bound closes the oldest idle connection (none under way, no answer pending, nothing unsent) of
-that source, or of the source holding the most, to make room (RFC 7766 §6.2.3 lets a server
-close idle connections when it needs to); when none is idle, a connection of a source holding
-more than its share (which shrank after it took them) is reset for a source within its share;
-only then is the new one refused.
+bound closes the oldest idle connection (one answered, none under way, no answer pending,
+nothing unsent) of that source, or of the source holding the most, to make room (RFC 7766
+§6.2.3 lets a server close idle connections when it needs to); when none is idle, a connection
+of a source holding more than its share (which shrank after it took them) is closed for a
+source within its share; only then is the new one refused.
 
 Replies a client does not read are bounded too. Once the transport's buffer is full, the
 connection's queries are neither answered nor read until the client takes its replies. What
@@ -349,9 +349,10 @@ class TcpProtocol(asyncio.Protocol):
         self.wake(self.opened + self.limits.first_timeout)
 
     def idle(self, now: float) -> bool:
-        """No message under way, no answer pending and nothing unsent: closing it loses
-        nothing."""
-        if self.buffer or self.pending:
+        """A message answered, none under way, no answer pending and nothing unsent: closing
+        it loses nothing. (A new connection's first message may not have been read yet, and
+        has its own deadline.)"""
+        if self.buffer or self.pending or not self.greeted:
             return False
         if self.held and now - self.measured >= REMEASURE:
             self.measure()
