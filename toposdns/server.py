@@ -487,7 +487,8 @@ def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | N
     if not config.blocks and config.block_zones == ((),):
         return [], None
     bound = cache_bounds(config)[1]
-    forwarders = [block_forwarder(block, bound) for block in config.blocks]
+    allow = config.forward.allow
+    forwarders = [block_forwarder(block, bound, allow) for block in config.blocks]
     links = [
         (block, block_chain(block, forwarder))
         for block, forwarder in zip(config.blocks, forwarders, strict=True)

@@ -17,10 +17,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toposdns.options import Network
 from toposdns.serve.chain import Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings
-from toposdns.wire.codes import DS, Name
+from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
 log = logging.getLogger("toposdns")
@@ -84,6 +85,8 @@ class Forwarding:
         self.forwarder = forwarder
 
     def serve(self, request: Request, next: Next) -> Reply:
+        if not self.forwarder.admits(request.source):  # `--forward-allow`, as in every block
+            return encode_bare(request.query, REFUSED)
         return self.relayed(request)
 
     async def relayed(self, request: Request) -> bytes | None:
@@ -96,8 +99,11 @@ class Forwarding:
         return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
 
-def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | None:
-    """The block's forwarder, with its cache bounded to `cache_max_bytes`; None without one."""
+def block_forwarder(
+    config: BlockConfig, cache_max_bytes: int, allow: tuple[Network, ...] = ()
+) -> Forwarder | None:
+    """The block's forwarder, with its cache bounded to `cache_max_bytes` and the sources it
+    forwards for (`--forward-allow`, the server's); None without one."""
     options = config.forward
     if not options.upstreams:
         return None
@@ -110,7 +116,7 @@ def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | No
         list(options.upstreams),
         max_concurrent=options.max_concurrent,
         cache=settings,
-        allow=options.allow,
+        allow=allow,
     )
 
 
