@@ -73,14 +73,25 @@ class Handler(Protocol):
         ...
 
 
+#: What the plugins before the kubernetes block's own (template, hosts) give when every one
+#: of them passes a query on: the responder then answers it (no reply is ever empty).
+PASSED = b""
+
+
+def pass_on(request: Request) -> Reply:
+    """The end of the plugins before the kubernetes block's own: the responder's turn."""
+    return PASSED
+
+
 def end_of_chain(request: Request) -> Reply:
     """What a request gets when every plugin has passed it on: SERVFAIL, as CoreDNS."""
     return encode_bare(request.query, SERVFAIL)
 
 
-def chain(handlers: Sequence[Handler]) -> Next:
-    """The handlers linked in order: the first gets each request, and each the rest."""
-    link: Next = end_of_chain
+def chain(handlers: Sequence[Handler], end: Next = end_of_chain) -> Next:
+    """The handlers linked in order: the first gets each request, each the rest, the last
+    `end`."""
+    link: Next = end
     for handler in reversed(handlers):
         link = _linked(handler, link)
     return link
