@@ -24,10 +24,10 @@ backlog of work) count against the next. The attacks, one after the other:
 - `case`: server CPU per query in random letter case (each case new) against a same-case cache
   hit, for an A record and for a 100-endpoint SRV;
 - `ecs-coredns`, `ecs-nodelocal`: a pod that sends its own Client Subnet option through the
-  shipped CoreDNS configuration (`manifests/coredns-forward/`) and through a NodeLocal-style
-  cache configured as `manifests/README.md` says (a stand-in applying CoreDNS's `rewrite edns0
-  subnet` semantics, bench/ecs_forwarder.py, in the mode the shipped text gives): does it, and
-  another pod on its node, get the true placement;
+  cluster-zone block of the `coredns-forward` overlay and through NodeLocal DNSCache's as
+  `manifests/README.md` shows it, each read where it is shipped and played by the test suite's
+  CoreDNS stand-in (tests/coredns_forwarder.py), toposdns trusting each hop as the shipped
+  text says: does it, and another pod on its node, get the true placement;
 - `locators`: PodLocators in a tenant namespace (an exact address, a claim on a node's CIDR, the
   `toposdns.io/locator: node` label): does any other namespace's client answer change.
 
@@ -37,8 +37,10 @@ the victims' answers and p99, the server's RSS and PSS at the height of the atta
 bytes in the kernel queues of the server's TCP sockets (`ss`), what was measured and the target
 it is held to. An attack that cannot run, or whose server dies, is a FAIL row, not a crash.
 
-Loopback only; every flood, wait and socket call is bounded in count and time (a whole run takes
-about 3-5 minutes). Run from the repository root:  python -m bench.hostile  (see bench/README.md).
+Loopback only; every flood, wait and socket call is bounded in count and time (an attack takes
+seconds, a whole run a minute or two).
+
+Run from the repository root:  python -m bench.hostile  (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ import json
 import math
 import os
 import random
-import re
 import resource
 import shutil
 import socket
@@ -72,13 +73,16 @@ import dns.exception
 import dns.message
 import dns.query
 import dns.rdatatype
+import yaml
 
-from bench.ecs_forwarder import Forwarder
 from bench.harness import (
     HOST,
     REPO,
+    CorefileForwarder,
+    Directive,
     FakeApiServer,
     ServerProcess,
+    corefile_block,
     endpoint,
     endpoint_slice,
     free_port,
@@ -89,6 +93,7 @@ from bench.harness import (
     namespace,
     pod_locator,
     service,
+    shown_corefile,
     toposdns_command,
 )
 from bench.held_connections import HeldConnections
@@ -172,7 +177,7 @@ def base_objects() -> list[JSON]:
             node_name="node-a",
             node_labels=node_labels("node-a", "z1"),
             role="node",
-        ),  # fmt: skip
+        ),
         pod_locator(
             "node-b",
             CONTROLLER_NAMESPACE,
@@ -181,7 +186,7 @@ def base_objects() -> list[JSON]:
             node_name="node-b",
             node_labels=node_labels("node-b", "z2"),
             role="node",
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -776,49 +781,74 @@ def attack_case(target: Target, args: argparse.Namespace) -> Outcome:
     return Outcome(measured, max(ratios) <= CASE_TARGET, [victim.stats], sample, details)
 
 
-REWRITE = re.compile(r"rewrite\s+edns0\s+subnet\s+(\w+)")
+OVERLAY = REPO / "manifests" / "coredns-forward"
 
 
-def shipped_rewrite(hop: str) -> tuple[str | None, str]:
-    """The `rewrite edns0 subnet MODE` the shipped configuration of `hop` ("coredns": the
-    coredns-forward overlay's Corefile block; "nodelocal": a NodeLocal DNSCache file under
-    manifests/, else the README's "Behind NodeLocal DNSCache") uses, and where it says so;
-    (None, why) when it sets none."""
-    manifests = REPO / "manifests"
-    places: list[tuple[Path, str | None]]
+def shipped_block(hop: str) -> tuple[list[Directive], str]:
+    """The cluster zone's Corefile block as shipped for `hop`, and where: "coredns", the
+    `coredns-forward` overlay's (ConfigMap `coredns-custom`); "nodelocal", the one
+    manifests/README.md gives for NodeLocal DNSCache's Corefile."""
     if hop == "coredns":
-        places = [(path, None) for path in sorted((manifests / "coredns-forward").glob("*"))]
+        path = OVERLAY / "coredns-custom.yaml"
+        (document,) = yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        (text,) = document["data"].values()
     else:
-        local = re.compile(r"node-?local", re.IGNORECASE)
-        files = [
-            path
-            for path in sorted(manifests.rglob("*"))
-            if path.is_file() and path.suffix != ".md" and local.search(str(path.relative_to(REPO)))
+        path = REPO / "manifests" / "README.md"
+        text = shown_corefile(path.read_text(encoding="utf-8"), "Behind NodeLocal DNSCache")
+    return corefile_block(text, "cluster.local:53"), str(path.relative_to(REPO))
+
+
+def overlay_trust() -> list[str]:
+    """The `--ecs-trust*` flags the `coredns-forward` overlay adds to the DNS server's args."""
+    kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text(encoding="utf-8"))
+    found = []
+    for patch in kustomization.get("patches", []):
+        operations = yaml.safe_load(patch.get("patch", ""))
+        if isinstance(operations, list):
+            found += [
+                str(op["value"])
+                for op in operations
+                if isinstance(op, dict) and str(op.get("value", "")).startswith("--ecs-trust")
+            ]
+    return found
+
+
+def trusted_services() -> list[tuple[str, str]]:
+    """The Services whose endpoints the overlay trusts (`--ecs-trust-service=NS/NAME,...`)."""
+    return [
+        (found.split("/")[0], found.split("/")[1])
+        for flag in overlay_trust()
+        if flag.startswith("--ecs-trust-service=")
+        for found in flag.split("=", 1)[1].split(",")
+    ]
+
+
+def coredns_objects() -> list[JSON]:
+    """CoreDNS's Service as the overlay trusts it, CoreDNS's pod (the forwarder) its endpoint."""
+    dns_ports = [{"name": "dns", "port": 53, "protocol": "UDP"}]
+    objects = []
+    for i, (ns, name) in enumerate(trusted_services()):
+        objects += [
+            service(name, ns, cluster_ip=f"10.96.0.{20 + i}", ports=dns_ports),
+            endpoint_slice(name, ns, [endpoint(COREDNS_POD)], ports=dns_ports),
         ]
-        places = [(path, None) for path in files]
-        places.append((manifests / "README.md", "## Behind NodeLocal DNSCache"))
-    for path, section in places:
-        if not path.is_file():
-            continue
-        lines = path.read_text(encoding="utf-8").splitlines()
-        inside = section is None
-        for number, line in enumerate(lines, 1):
-            if section is not None and line.startswith("## "):
-                inside = line.strip() == section
-            found = REWRITE.search(line) if inside else None
-            if found:
-                return found.group(1), f"{path.relative_to(REPO)}:{number}"
-    return None, "no `rewrite edns0 subnet` in the shipped configuration"
+    return objects
 
 
 def coredns_flags(args: argparse.Namespace) -> list[str]:
-    return ["--ecs-trust", f"{COREDNS_POD}/32"]  # as the overlay trusts CoreDNS's pods
+    return overlay_trust()  # as the overlay trusts CoreDNS's pods
 
 
 def nodelocal_flags(args: argparse.Namespace) -> list[str]:
-    # The README trusts the node addresses only when the node cache adds the option.
-    mode, _ = shipped_rewrite("nodelocal")
-    return ["--ecs-trust", f"{NODE_A}/32"] if mode else []
+    # As manifests/README.md says: with the block's rewrite, trust the nodes' own addresses.
+    directives, _ = shipped_block("nodelocal")
+    return ["--ecs-trust", f"{NODE_A}/32"] if any(d[0][0] == "rewrite" for d in directives) else []
+
+
+def rewrite_text(hop: CorefileForwarder) -> str:
+    """The block's `rewrite edns0 subnet` as the stand-in plays it."""
+    rule = hop.rewrite
+    return "no rewrite" if rule is None else f"`rewrite edns0 subnet {rule.action}`"
 
 
 def placement_text(answer: frozenset[str] | None) -> str:
@@ -831,29 +861,31 @@ def placement_text(answer: frozenset[str] | None) -> str:
 
 
 def attack_ecs_coredns(target: Target, args: argparse.Namespace) -> Outcome:
-    mode, where = shipped_rewrite("coredns")
+    block, where = shipped_block("coredns")
     forged = VictimStats("forging pod", timeout_s=2.0)
     got: dict[str, int] = {}
     with (
-        Forwarder(COREDNS_POD, target.dns_port, mode) as forwarder,
+        CorefileForwarder(block, COREDNS_POD, (HOST, target.dns_port)) as coredns,
         UdpVictim(target.dns_port, UDP_VICTIM, VICTIM_NAME) as victim,
     ):
-        honest = target.addresses(WEB, HONEST_POD, forwarder.at)
+        honest = target.addresses(WEB, HONEST_POD, coredns.address)
         for _ in range(20 if honest == Z1 else 0):  # else the set-up is wrong: nothing to tell
             started = time.monotonic()
-            answer = target.addresses(WEB, FORGING_POD, forwarder.at, ecs=Z2_ADDRESS)
+            answer = target.addresses(WEB, FORGING_POD, coredns.address, ecs=Z2_ADDRESS)
             forged.asked += 1
             got[placement_text(answer)] = got.get(placement_text(answer), 0) + 1
             if answer == Z1:
                 forged.latencies_ms.append((time.monotonic() - started) * 1000)
         sample = target.sample()
+        played = rewrite_text(coredns)
     passed = honest == Z1 and forged.answered == forged.asked
-    measured = f"rewrite mode `{mode}` ({where}); " + (
+    measured = f"{where}: {played}, {' '.join(overlay_trust()) or 'no trust flag'}; " + (
         f"a pod of z1 sending ECS {Z2_ADDRESS}/32 (z2) got: {counted(got)}"
         if honest == Z1
         else f"SET-UP: a pod of z1 without ECS got {placement_text(honest)}, not z1"
     )
-    details = {"mode": mode, "where": where, "forged_answers": got, "honest": sorted(honest or [])}
+    details = {"block": where, "rewrite": played, "forged_answers": got,
+               "honest": sorted(honest or [])}  # fmt: skip
     return Outcome(measured, passed, [forged, victim.stats], sample, details)
 
 
@@ -862,39 +894,39 @@ def counted(got: dict[str, int]) -> str:
 
 
 def attack_ecs_nodelocal(target: Target, args: argparse.Namespace) -> Outcome:
-    mode, where = shipped_rewrite("nodelocal")
+    block, where = shipped_block("nodelocal")
     neighbour = VictimStats("neighbour pod", timeout_s=2.0)
     got: dict[str, int] = {}
     # The set-up, asked past the node cache (so that it keeps nothing): a pod of z1 gets z1.
     honest = target.addresses(WEB, HONEST_POD)
     poisoner = None
     with (
-        Forwarder(NODE_A, target.dns_port, mode, cache_seconds=30, tcp=True) as cache,
+        CorefileForwarder(block, NODE_A, (HOST, target.dns_port)) as cache,
         UdpVictim(target.dns_port, UDP_VICTIM, VICTIM_NAME) as victim,
     ):
         if honest == Z1:
             # A pod of another namespace on node-a claims an address nobody places: NODATA,
             # if believed, and the node's cache keeps it (its key is the name and type only).
-            poisoner = target.addresses(WEB, POISONING_POD, cache.at, ecs=UNPLACED)
+            poisoner = target.addresses(WEB, POISONING_POD, cache.address, ecs=UNPLACED)
             for _ in range(20):
                 started = time.monotonic()
-                answer = target.addresses(WEB, NEIGHBOUR_POD, cache.at)
+                answer = target.addresses(WEB, NEIGHBOUR_POD, cache.address)
                 neighbour.asked += 1
                 got[placement_text(answer)] = got.get(placement_text(answer), 0) + 1
                 if answer == Z1:
                     neighbour.latencies_ms.append((time.monotonic() - started) * 1000)
                 time.sleep(0.1)
         sample = target.sample()
-        forwarded, hits = cache.forwarded, cache.cache_hits
+        forwarded, hits, played = cache.forwarded, cache.hits, rewrite_text(cache)
     passed = poisoner == Z1 and neighbour.answered == neighbour.asked == 20
-    measured = f"rewrite mode `{mode}` ({where}); " + (
+    measured = f"{where}, NodeLocal's block: {played}; " + (
         f"the pod sending ECS {UNPLACED}/32 got {placement_text(poisoner)}; then a pod of "
         f"another namespace on its node (z1) got: {counted(got)} ({hits} from the node cache)"
         if honest == Z1
         else f"SET-UP: a pod of z1 got {placement_text(honest)}, not z1"
     )
     details = {
-        "mode": mode, "where": where, "poisoner": placement_text(poisoner),
+        "block": where, "rewrite": played, "poisoner": placement_text(poisoner),
         "neighbour_answers": got, "forwarded": forwarded, "cache_hits": hits,
     }  # fmt: skip
     return Outcome(measured, passed, [neighbour, victim.stats], sample, details)
@@ -989,7 +1021,7 @@ ATTACKS: list[Attack] = [
     Attack("fairness-32", "fifth client >= 19/20", attack_fairness(32)),
     Attack("case", f"random case <= {CASE_TARGET:g}x a same-case hit", attack_case),
     Attack("ecs-coredns", "the pod gets its own zone (z1), 20/20", attack_ecs_coredns,
-           flags=coredns_flags),
+           coredns_objects, coredns_flags),
     Attack("ecs-nodelocal", "both pods get their own zone (z1), 20/20", attack_ecs_nodelocal,
            flags=nodelocal_flags),
     Attack("locators", "the shop pod's answer unchanged (z1), 15/15", attack_locators),
