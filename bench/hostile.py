@@ -240,7 +240,11 @@ class Target:
                 "--upstream", "none", *flags,
             )
         )  # fmt: skip
-        self.proc.wait_until(lambda: ready(self.ready_port), timeout=60.0, interval=0.05)
+        try:
+            self.proc.wait_until(lambda: ready(self.ready_port), timeout=60.0, interval=0.05)
+        except BaseException:
+            self.proc.stop()
+            raise
         time.sleep(0.3)
         self.start = self.sample(queues=False)
 
@@ -676,7 +680,7 @@ def attack_orphans(target: Target, args: argparse.Namespace) -> Outcome:
     ):
         time.sleep(args.orphan_seconds)
         sample = target.sample()  # while the flood still holds its end of every connection
-        opened, closed = flood.opened, flood.closed_by_server
+        opened, closed, failed = flood.opened, flood.closed_by_server, flood.failed
         victim.wait()
     queues = sample.queues
     passed = (
@@ -686,12 +690,14 @@ def attack_orphans(target: Target, args: argparse.Namespace) -> Outcome:
         and queues.owned <= MAX_TCP_CONNECTIONS
     )
     measured = (
-        f"{opened} connections opened in {args.orphan_seconds:g} s, {closed} closed by the "
-        f"server; its side: {queues.sockets} sockets ({queues.owned} its own, "
-        f"{queues.orphans} orphans, {queues.orphans_holding} of them holding bytes), "
+        f"{opened} connections opened in {args.orphan_seconds:g} s ({failed} connects failed), "
+        f"{closed} closed by the server; its side: {queues.sockets} sockets "
+        f"({queues.owned} its own, {queues.orphans} orphans, {queues.orphans_holding} of them "
+        "holding bytes), "
         f"{queues.send_q / (1 << 20):.1f} MiB in send queues"
     )
-    details = {"opened": opened, "closed_by_server": closed, "queues": queues.summary()}
+    details = {"opened": opened, "closed_by_server": closed, "connect_failed": failed,
+               "queues": queues.summary()}  # fmt: skip
     return Outcome(measured, passed, [victim.stats, udp_victim.stats], sample, details)
 
 
