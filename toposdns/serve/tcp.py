@@ -193,8 +193,7 @@ class TcpLimits:
 
     def admit(self, connection: TcpProtocol, source: str) -> bool:
         """Count a new connection in, making room if a bound is reached (closing an idle one,
-        or resetting a busy one of a source over its share); False (not counted) when none
-        can go."""
+        or a busy one of a source over its share); False (not counted) when none can go."""
         mine = self.by_source.get(source)
         share = self.share(source)
         if mine is not None and len(mine) >= share:
@@ -286,9 +285,10 @@ class TcpLimits:
         return True
 
     def _preempt(self, source: str, share: int) -> bool:
-        """Reset the connection quiet the longest of the source holding the most connections,
-        if that is more than `share` (it took them when there were fewer sources): the cap is
-        full of busy connections and `source` is within its share. False if none is over."""
+        """Close at once the connection quiet the longest of the source holding the most
+        connections, if that is more than `share` (it took them when there were fewer
+        sources): the cap is full of busy connections and `source` is within its share. False
+        if none is over."""
         if not self.by_source:
             return False
         largest = max(self.by_source.values(), key=len)
