@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.model import Record
+from toposdns.store.placement import EVERYWHERE
 
 
 class Put(NamedTuple):
@@ -35,8 +36,8 @@ Operation = Put | Remove
 class JournaledBuilder(StoreBuilder):
     """A StoreBuilder that, while `journal` is a list, appends each change it makes to it."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, locator_namespaces: frozenset[str] = EVERYWHERE) -> None:
+        super().__init__(locator_namespaces)
         #: The changes since the last `take_journal()`; None: not noting (until
         #: `start_journal()`, and in a copy that replays).
         self.journal: list[Operation] | None = None

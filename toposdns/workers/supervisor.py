@@ -43,6 +43,7 @@ from toposdns.server import (
     answering,
     kept_where,
     report_conflicts,
+    report_ignored,
     report_invalid_policies,
     report_restart,
     report_server,
@@ -143,7 +144,11 @@ class Supervisor:
         self.life = Lifecycle()
         #: What every worker serves, or will once it has applied the last batch.
         self.current = Snapshot(synced=config.snapshot.path is not None)
-        self.builder = JournaledBuilder() if config.snapshot.path is None else None
+        self.builder = (
+            JournaledBuilder(config.toposdns.locator_namespaces)
+            if config.snapshot.path is None
+            else None
+        )
         self.source: KubeSource | None = None
         self.batch = 0
         self.port = config.bind.port
@@ -226,6 +231,7 @@ class Supervisor:
         report_invalid_policies(self.current, snapshot)
         SOURCE_SYNCED.set(snapshot.synced)
         report_conflicts(self.current, snapshot)
+        report_ignored(self.current, snapshot)
         previous, self.current = self.current, snapshot
         self.batch += 1
         message: Message
