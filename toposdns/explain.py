@@ -89,7 +89,7 @@ def explain(
     locator = client.locator
     names = None
     if autopath.enabled and locator is not None and not locator.is_node:
-        names = candidates(name, locator.pod_namespace, config, autopath.search)
+        names = candidates(name, locator.namespace_of_pod, config, autopath.search)
     if names is not None:
         decisions = []  # the walk's, whose first name is the name asked
         steps = _walk(snapshot, config, client, names, qtype, decisions)
@@ -258,7 +258,7 @@ def _believed_text(result: Explanation) -> str:
         return "--locator-namespaces=* believes the PodLocators of every namespace"
     listed = ",".join(sorted(result.believed))
     namespace = result.client.locator.namespace if result.client.locator else "?"
-    return f"its namespace {namespace} is believed (--locator-namespaces={listed})"
+    return f"namespace {namespace} is in --locator-namespaces={listed}"
 
 
 def _ignored_text(result: Explanation) -> list[str]:
@@ -330,7 +330,7 @@ def render_text(result: Explanation) -> str:
 
 def _autopath_text(result: Explanation) -> list[str]:
     assert result.autopath is not None and result.client.locator is not None
-    lines = [f"autopath: the client's pod is in namespace {result.client.locator.pod_namespace}"]
+    lines = [f"autopath: the client's pod is in namespace {result.client.locator.namespace_of_pod}"]
     for step in result.autopath:
         if step.answer is None:
             lines.append(
@@ -358,7 +358,7 @@ def render_json(result: Explanation) -> dict[str, Any]:
             else {
                 "namespace": locator.namespace,
                 "name": locator.name,
-                "pod_namespace": locator.pod_namespace,
+                "pod_namespace": None if locator.is_node else locator.namespace_of_pod,
                 "node": locator.node_name,
                 "kind": "node" if locator.is_node else "pod",
                 "via": "address" if client.placement.via == client.address else "cidr",

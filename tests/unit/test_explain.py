@@ -24,7 +24,8 @@ def test_text_names_locator_policy_tier_candidates_and_records(
 ) -> None:
     code, out = run(capsys, "--client", "127.0.0.3", "web.shop.svc.cluster.local")
     assert code == 0
-    assert "client 127.0.0.3: PodLocator shop/client-b on node node-b" in out
+    assert "client 127.0.0.3: PodLocator toposdns/shop.client-b on node node-b" in out
+    assert "  believed: namespace toposdns is in --locator-namespaces=toposdns" in out
     assert "policy topologyKeys [kubernetes.io/hostname, topology.kubernetes.io/zone, *]" in out
     assert "rule: topology.kubernetes.io/zone=z1" in out
     assert "chosen 10.244.1.10" in out and "-      10.244.3.10" in out
@@ -38,12 +39,14 @@ def test_json_for_tools(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["client"]["locator"] == {
         "namespace": "toposdns",
         "name": "node-d",
+        "pod_namespace": None,
         "node": "node-d",
         "kind": "node",
         "via": "address",
         "matched": "127.0.0.5",
     }
-    assert data["client"]["conflict"] == []
+    assert data["client"]["conflict"] == [] and data["client"]["ignored"] == []
+    assert data["client"]["locator_namespaces"] == ["toposdns"]
     (decision,) = data["topology"]
     assert decision["policy"]["source"] == "annotation" and decision["policy"]["valid"]
     assert decision["rule"] == "no tier matched: no endpoint"

@@ -108,4 +108,4 @@ class Snapshot:
         if holders is None:
             locator = self.locators.get(ip)
             holders = () if locator is None else (locator,)
-        return any(not held.is_node and held.pod_namespace == namespace for held in holders)
+        return any(not held.is_node and held.namespace_of_pod == namespace for held in holders)
