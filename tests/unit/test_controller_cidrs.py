@@ -26,7 +26,7 @@ from toposdns.controller.cidrs import (
     usable_cidr,
 )
 from toposdns.controller.config import ControllerConfig
-from toposdns.controller.desired import desired, node_locator
+from toposdns.controller.desired import desired, node_locator, pod_locator_name
 from toposdns.controller.state import LOCATORS, NODES, PODS, ClusterState
 
 NS = "toposdns"
@@ -452,3 +452,32 @@ def test_a_pod_keeps_its_locator_until_the_node_locator_that_places_it_is_writte
     state.observe((NS, "n1"), written(new_node_locator, "2"))
     assert KEY in set().union(*moved)  # the pod is looked at again
     assert state.want(KEY) is None and KEY not in state.reasons
+
+
+def test_every_locator_is_keyed_in_the_controllers_namespace() -> None:
+    moved: list[set[Any]] = []
+    state = ClusterState(
+        ControllerConfig(namespace=NS, pod_locators="all"),
+        changed=lambda keys: moved.append(set(keys)),
+    )
+    long_name = "p" * 240  # too long after its namespace for an object name: a digest
+    digest = pod_locator_name("shop", long_name)
+    node = spec_node("n1", "10.1.0.0/24")
+    state.replace(NODES, [node])
+    state.replace(PODS, [raw_pod("web.0", "n1", "10.1.0.5"), raw_pod(long_name, "n1", "10.1.0.6")])
+    # Where an older controller wrote them: no more.
+    older = desired(raw_pod("web.0", "n1", "10.1.0.5"), node, state.config)
+    assert older is not None
+    older["metadata"].update(namespace="shop", name="web.0")
+    state.replace(LOCATORS, [written(older)])
+    assert (NS, "shop.web.0") in state.keys() and (NS, digest) in state.keys()
+    assert ("shop", "web.0") in state.keys() and state.want(("shop", "web.0")) is None
+    for key, name in (((NS, "shop.web.0"), "web.0"), ((NS, digest), long_name)):
+        locator = state.want(key)
+        assert locator is not None and locator["metadata"]["name"] == key[1]
+        assert locator["metadata"]["labels"]["toposdns.io/pod-namespace"] == "shop"
+        assert state.reasons[key] == "all-mode"
+        moved.clear()
+        state.delete(PODS, raw_pod(name, "n1"))
+        assert moved == [{key}] and state.want(key) is None and key not in state.reasons
+    assert not state.digested
