@@ -31,7 +31,7 @@ from toposdns.options import (
     none,
     sets,
 )
-from toposdns.resolve.answer import RR, Answer, Chase, Soa, Srv
+from toposdns.resolve.answer import Answer, Chase
 from toposdns.resolve.qname import (
     PIN,
     POD,
@@ -71,6 +71,7 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
+from toposdns.wire.records import RR, Soa, Srv
 
 DNS_SCHEMA_VERSION = "1.1.0"
 DNS_VERSION_TTL = 28800

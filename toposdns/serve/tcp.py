@@ -29,7 +29,7 @@ from toposdns.logs import Tally
 from toposdns.options import Plugin, Setting, integer, seconds, sets
 from toposdns.serve.acl import Screen
 from toposdns.serve.responder import Responder
-from toposdns.serve.transport import Transport
+from toposdns.serve.transport import TCP4, Transport, unmapped
 
 log = logging.getLogger("toposdns")
 
@@ -190,6 +190,8 @@ class TcpProtocol(asyncio.Protocol):
         # uvloop's transports implement the interface without subclassing asyncio's.
         self.transport = cast(asyncio.Transport, transport)
         self.source = self.peer()
+        if self.kind.family == 2 and "." in self.source and ":" not in self.source:
+            self.kind = TCP4  # an IPv4 client of a socket bound to `::` (`peer`)
         self.last_active = time.monotonic()
         if not self.limits.admit(self, self.source):
             self.transport.abort()
@@ -213,7 +215,7 @@ class TcpProtocol(asyncio.Protocol):
         buffer += data
         received = len(buffer)
         responder = self.responder
-        source = self.transport.get_extra_info("peername")[0]
+        source = self.source
         while len(buffer) >= 2 and len(self.pending) < MAX_PENDING:
             length = (buffer[0] << 8) | buffer[1]
             if len(buffer) < 2 + length:
@@ -314,9 +316,10 @@ class TcpProtocol(asyncio.Protocol):
         self.wake(deadline)
 
     def peer(self) -> str:
-        """The client's address, for logs."""
+        """The client's address, as every address rule and log reads it (IPv4 clients of a
+        socket bound to `::` as IPv4 addresses, not IPv4-mapped)."""
         peer = self.transport.get_extra_info("peername") if self.transport else None
-        return str(peer[0]) if peer else "?"
+        return unmapped(str(peer[0])) if peer else "?"
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
