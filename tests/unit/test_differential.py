@@ -32,6 +32,7 @@ import dnslib
 import pytest
 
 from tests.differential import (
+    FixedZone,
     Frontends,
     frame,
     reference_relayed,
@@ -43,6 +44,8 @@ from tests.helpers import config_of
 from tests.upstream import StubUpstream
 from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import Network
+from toposdns.serve.blocks import BlockConfig, Blocks
+from toposdns.serve.chain import chain
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.serve.upstream import Upstream
@@ -193,6 +196,12 @@ CONFIGS = {
         ),
         (("cluster", "local"),),
     ),
+    # The cluster zone in a server block of its own, beside a block for corp.example: reverse
+    # names and names outside both get REFUSED, corp.example's its block's fixed replies.
+    "blocks": (
+        config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], pods="verified"),
+        (("cluster", "local"), ("corp", "example")),
+    ),
     "noendpoints": (
         config_of(
             zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
@@ -207,6 +216,8 @@ CONFIGS = {
 BALANCED = frozenset({"kubeadm", "manifests"})
 #: The configurations that forward to a fake upstream, with --autopath.
 FORWARDING = frozenset({"manifests"})
+#: The configurations with server blocks: the kubernetes block's zones, and another block's.
+BLOCKS = {"blocks": ([("cluster", "local")], [("corp", "example")])}
 #: The node's search domains, which autopath walks after the cluster's.
 NODE_SEARCH = (("corp", "test"),)
 #: What the fake upstream knows: names the queries ask outside the zones, the ExternalName
@@ -722,6 +733,11 @@ class Run:
             self.upstream.start()
             forwarder = Forwarder([Upstream("127.0.0.1", self.upstream.port)])
             autopath = AutopathOptions(enabled=True, search=NODE_SEARCH)
+        self.blocks = None
+        if config_name in BLOCKS:
+            main, others = BLOCKS[config_name]
+            stub = (BlockConfig(tuple(others)), chain([FixedZone()]))
+            self.blocks = Blocks(main, [stub])
         self.responder = Responder(
             self.config,
             self.snapshot,
@@ -729,6 +745,7 @@ class Run:
             forwarder=forwarder,
             loadbalance=self.balanced,
             autopath=autopath,
+            blocks=self.blocks,
         )
         self.frontends = Frontends(self.responder)
         self.queries = Queries(self.rng, zones)
@@ -767,7 +784,9 @@ class Run:
         if self.upstream is not None:
             return await self.send_forwarding(number, (first, second), udp, tcp, source)
         want = {
-            kind: reference_reply(first, kind, source, self.snapshot, self.config, ECS_TRUST)
+            kind: reference_reply(
+                first, kind, source, self.snapshot, self.config, ECS_TRUST, blocks=self.blocks
+            )
             for kind in (udp, tcp)
         }
         self.note(udp, first, want[udp], want[tcp])
