@@ -10,7 +10,9 @@ from a fixed pool, so a reply cached before a change is asked for again after it
 The `manifests` configuration runs as the manifests do (forwarding to a fake upstream on
 loopback, autopath, loadbalance, reverse fallthrough): there the replies an upstream or
 autopath had a hand in are compared in what a client relies on (`relied_on`), the rest byte
-for byte.
+for byte. The `blocks` configuration puts the cluster zone in a server block of its own beside
+a block for corp.example (tests/differential.py `FixedZone`): every frontend path must send each
+name to its block, or REFUSED where no block holds it, as the reference does.
 
 Environment: TOPOSDNS_DIFF_ROUNDS and TOPOSDNS_DIFF_QUERIES (per round) make longer runs,
 TOPOSDNS_DIFF_SEED picks the seed (an integer, or "random").
