@@ -15,10 +15,10 @@ import logging
 import platform
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
@@ -27,6 +27,7 @@ from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import (
     ANSWERING,
     BUILD_INFO,
+    IGNORED_LOCATORS,
     INVALID_POLICIES,
     LOCATOR_CONFLICTS,
     PLUGIN_ENABLED,
@@ -137,6 +138,41 @@ def report_conflicts(old: Snapshot, new: Snapshot) -> None:
             "on one locator",
             " and ".join(f"{held.namespace}/{held.name}" for held in holders),
             cidr,
+        )
+
+
+#: Ignored PodLocators named one per line in one snapshot; the rest are counted in one more.
+NAMED_IGNORED = 10
+
+
+def report_ignored(old: Snapshot, new: Snapshot) -> None:
+    """Log and count each PodLocator that is held but not believed, once, when it appears: a
+    line for each of the first few in a snapshot, one for the rest (a relist after an upgrade
+    may find thousands written by an older controller)."""
+    words = new.changed_since(old)
+    if words is None:
+        keys: Iterable[tuple[str, str]] = new.ignored.keys()
+    else:
+        keys = [(word[1], word[2]) for word in words if word[0] == "ignored"]
+    appeared = [key for key in keys if key in new.ignored and key not in old.ignored]
+    if not appeared:
+        return
+    IGNORED_LOCATORS.inc(len(appeared))
+    believed = ", ".join(sorted(new.locator_namespaces))
+    for namespace, name in sorted(appeared)[:NAMED_IGNORED]:
+        log.warning(
+            "PodLocator %s/%s ignored: only PodLocators in %s place clients and endpoints "
+            "(--locator-namespaces), where the controller writes them; one from an older "
+            "controller goes when the new one runs, one written by hand belongs there",
+            namespace,
+            name,
+            believed,
+        )
+    if len(appeared) > NAMED_IGNORED:
+        log.warning(
+            "%d more PodLocators outside %s ignored (toposdns_ignored_locators_total)",
+            len(appeared) - NAMED_IGNORED,
+            believed,
         )
 
 
@@ -305,48 +341,105 @@ class DnsServer:
         return port
 
 
-async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
-    """Serve in this process until SIGTERM or SIGINT, then keep answering for the lameduck
-    period (the supervisor of `--workers N` runs a `DnsServer` in each worker instead). With
-    `corefile` (its path, and how to read it) and `reload` on, apply it when it changes.
+class Answering(Protocol):
+    """Who answers DNS while `run_server` runs the rest: this process (`InProcess`), or the
+    workers of `--workers N` (workers/supervisor.py `Supervisor`)."""
+
+    #: The configuration answers follow now (a reload changes it).
+    config: ServeConfig
+
+    @property
+    def builder(self) -> StoreBuilder | None:
+        """The store builder the cluster's source fills (None: the source's own)."""
+        ...
+
+    @property
+    def exposition(self) -> Callable[[], Awaitable[bytes]] | None:
+        """/metrics' text, when it is not the process's own registry."""
+        ...
+
+    def current(self) -> Snapshot:
+        """The data answered from (or, once applied, to be)."""
+        ...
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Answer from a new snapshot."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """/ready: None when ready, else what is not."""
+        ...
+
+    def serving(self) -> Serving:
+        """What /explain answers from."""
+        ...
+
+    async def start(self, source: KubeSource | None) -> int:
+        """Answer on the DNS port; the port."""
+        ...
+
+    def check_loops(self, server: str) -> None:
+        """Start CoreDNS's `loop` check through the upstreams, if there are any."""
+        ...
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        """Answer by a reloaded configuration; the settings that wait for a restart."""
+        ...
+
+    async def stop(self) -> None:
+        """Answer for the lameduck, then stop (at once on a second signal)."""
+        ...
+
+    def described(self) -> str:
+        """How many answer, for the "serving DNS" line ("" for this process)."""
+        ...
+
+
+async def run_server(
+    config: ServeConfig,
+    corefile: Corefile | None,
+    answerer: Callable[[Lifecycle], Answering],
+) -> None:
+    """Serve until SIGTERM or SIGINT, then answer for the lameduck period: the source, the HTTP
+    endpoints, the reports on the data, `reload` (with `corefile`, its path and how to read it)
+    and the lameduck here, the DNS port by the `Answering` that `answerer` makes. The one
+    assembly of a DNS server, in one process or with workers.
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
     read_bytes = None if corefile is None else corefile_bytes(corefile[0])
-    snapshot = Snapshot(synced=config.snapshot.path is not None)
-    dns = DnsServer(config, answering(config), snapshot)
     async with Lifecycle() as life:
-        dns.register(life.stack)
+        dns = answerer(life)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
         def publish(snapshot: Snapshot) -> None:
-            report_invalid_policies(dns.responder.snapshot, snapshot)
+            report_invalid_policies(dns.current(), snapshot)
             SOURCE_SYNCED.set(snapshot.synced)
-            report_conflicts(dns.responder.snapshot, snapshot)
-            dns.responder.update(snapshot)
-
-        def not_ready() -> str | None:
-            if life.stopping:
-                return "Shutting down"
-            return None if dns.responder.snapshot.synced else "kubernetes"
+            report_conflicts(dns.current(), snapshot)
+            report_ignored(dns.current(), snapshot)
+            dns.publish(snapshot)
 
         def reconfigure(new: ServeConfig) -> None:
             report_restart(dns.reconfigure(new))
-            report_server(new, port)
+            report_server(dns.config, port)
 
-        await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
-        await start_http(config, life.stack, not_ready, dns.serving)
+        synced = lambda: dns.current().synced  # noqa: E731
+        source = await start_source(config, life, publish, synced, dns.builder)
+        await start_http(config, life.stack, dns.not_ready, dns.serving, dns.exposition)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         life.catch_signals()
-        port = await dns.start(life.stack, config.bind.port)
-        log.info("serving DNS on %s:%d (udp, tcp) for %s", config.bind.host, port, zones(config))
+        port = await dns.start(source)
+        log.info(
+            "serving DNS on %s:%d (udp, tcp) for %s%s",
+            config.bind.host,
+            port,
+            zones(config),
+            dns.described(),
+        )
         report_server(config, port)
-        if dns.forwarder is not None:
-            # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
-            life.start(check, "loop check", ending=False)
+        dns.check_loops(f"{config.bind.host}:{port}")
         if corefile is not None and config.reload.enabled:
             path, read = corefile
             watch = watch_corefile(path, read_bytes, lambda: dns.config.reload, read, reconfigure)
@@ -354,10 +447,63 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         await life.main_loop()
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
-        lameduck = dns.config.health.lameduck
-        log.info("shutting down: answering for %gs more (lameduck)", lameduck)
-        await life.lameduck(lameduck)
+        log.info("shutting down: answering for %gs more (lameduck)", dns.config.health.lameduck)
+        await dns.stop()
         log.info("stopped")
+
+
+async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
+    """Serve in this process (the supervisor of `--workers N` runs a `DnsServer` in each
+    worker instead): `run_server` with the answers `InProcess`."""
+    await run_server(config, corefile, lambda life: InProcess(config, life))
+
+
+class InProcess:
+    """DNS answered in this process, by one `DnsServer`."""
+
+    def __init__(self, config: ServeConfig, life: Lifecycle) -> None:
+        self.config = config
+        self.life = life
+        self.builder: StoreBuilder | None = None
+        self.exposition: Callable[[], Awaitable[bytes]] | None = None
+        snapshot = Snapshot(synced=config.snapshot.path is not None)
+        self.dns = DnsServer(config, answering(config), snapshot)
+        self.dns.register(life.stack)
+
+    def current(self) -> Snapshot:
+        return self.dns.responder.snapshot
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.dns.responder.update(snapshot)
+
+    def not_ready(self) -> str | None:
+        if self.life.stopping:
+            return "Shutting down"
+        return None if self.current().synced else "kubernetes"
+
+    def serving(self) -> Serving:
+        return self.dns.serving()
+
+    async def start(self, source: KubeSource | None) -> int:
+        return await self.dns.start(self.life.stack, self.config.bind.port)
+
+    def check_loops(self, server: str) -> None:
+        forwarder = self.dns.forwarder
+        if forwarder is not None:
+            # CoreDNS's `loop`: a probe through each upstream must not come back here.
+            check = forwarder.loops.check(self.config.upstreams, server)
+            self.life.start(check, "loop check", ending=False)
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        waiting = self.dns.reconfigure(config)
+        self.config = self.dns.config
+        return waiting
+
+    async def stop(self) -> None:
+        await self.life.lameduck(self.config.health.lameduck)
+
+    def described(self) -> str:
+        return ""
 
 
 #: The settings that say where and from what the server serves, by the name a reload's
@@ -376,6 +522,8 @@ RESTART_ONLY: dict[str, tuple[str, str]] = {
     "explain": ("toposdns", "explain"),
     "udp_batch": ("toposdns", "udp_batch"),
     "log": ("log", ""),  # the frontends are chosen at startup
+    # The store believes the locators of these namespaces from the first it holds.
+    "locator_namespaces": ("toposdns", "locator_namespaces"),
 }
 
 
@@ -439,7 +587,8 @@ def make_blocks(
     if not config.blocks and config.block_zones == ((),):
         return [], None, []
     bound = cache_bounds(config)[1]
-    forwarders = [block_forwarder(block, bound) for block in config.blocks]
+    allow = config.forward.allow
+    forwarders = [block_forwarder(block, bound, allow) for block in config.blocks]
     links: list[tuple[BlockConfig, Next]] = []
     handlers: list[Handler] = []
     for block, forwarder in zip(config.blocks, forwarders, strict=True):
@@ -484,7 +633,10 @@ async def start_source(
     cluster's source, None for a file."""
     if config.snapshot.path is not None:
         files = SnapshotFileSource(
-            config.snapshot.path, publish, max_bytes=config.snapshot.max_bytes
+            config.snapshot.path,
+            publish,
+            max_bytes=config.snapshot.max_bytes,
+            locator_namespaces=config.toposdns.locator_namespaces,
         )
         publish(files.load())
         gc.freeze()  # the data lives long: the cyclic collector need not walk it again and again
@@ -498,7 +650,7 @@ async def start_source(
         apis_of(api_client),
         publish,
         on_page=gc.freeze,
-        builder=builder,
+        builder=StoreBuilder(config.toposdns.locator_namespaces) if builder is None else builder,
         endpoints=not config.kubernetes.noendpoints,
     )
     task = life.start(source.run(), "source")

@@ -84,9 +84,9 @@ class Server(ServerProcess):
 class CorefileServer(Server):
     """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it."""
 
-    def __init__(self, corefile: Path) -> None:
-        self.snapshot, self.args, self.host, self.port = None, (), "", 0
-        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile)))
+    def __init__(self, corefile: Path, *flags: str) -> None:
+        self.snapshot, self.args, self.host, self.port = None, flags, "", 0
+        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile), *flags))
 
 
 def free_ports(*names: str) -> dict[str, int]:

@@ -17,11 +17,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings
 from toposdns.serve.hosts import HostsOptions, make_hosts
-from toposdns.wire.codes import DS, Name
+from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
 log = logging.getLogger("toposdns")
@@ -72,9 +73,14 @@ class Blocks:
         found = self.find(name, qtype)
         return found is not None and found[1] is None
 
-    def zones(self) -> list[Name]:
-        """The zones of the blocks beside the kubernetes one."""
-        return [zone for zone, link in self.by_zone.items() if link is not None]
+    def holds_whole(self, zones: Sequence[Name]) -> bool:
+        """True if the kubernetes block answers every name of these zones: each is its, and
+        no other block's zone lies inside one (the responder's templates may then answer
+        for the zones without asking which block a name is)."""
+        others = [zone for zone, link in self.by_zone.items() if link is not None]
+        return all(self.mine(zone, 0) for zone in zones) and not any(
+            other[len(other) - len(zone) :] == zone for zone in zones for other in others
+        )
 
 
 class Forwarding:
@@ -86,6 +92,8 @@ class Forwarding:
         self.forwarder = forwarder
 
     def serve(self, request: Request, next: Next) -> Reply:
+        if not self.forwarder.admits(request.source):  # `--forward-allow`, as in every block
+            return encode_bare(request.query, REFUSED)
         return self.relayed(request)
 
     async def relayed(self, request: Request) -> bytes | None:
@@ -98,8 +106,11 @@ class Forwarding:
         return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
 
-def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | None:
-    """The block's forwarder, with its cache bounded to `cache_max_bytes`; None without one."""
+def block_forwarder(
+    config: BlockConfig, cache_max_bytes: int, allow: tuple[Network, ...] = ()
+) -> Forwarder | None:
+    """The block's forwarder, with its cache bounded to `cache_max_bytes` and the sources it
+    forwards for (`--forward-allow`, the server's); None without one."""
     options = config.forward
     if not options.upstreams:
         return None
@@ -112,7 +123,7 @@ def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | No
         list(options.upstreams),
         max_concurrent=options.max_concurrent,
         cache=settings,
-        allow=options.allow,
+        allow=allow,
     )
 
 
