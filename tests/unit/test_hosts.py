@@ -674,7 +674,7 @@ def test_watch_reads_again_every_reload(tmp_path: Path) -> None:
 
     async def run() -> None:
         task = asyncio.create_task(hosts.watch())
-        hosts.path.write_text("10.0.0.2 b\n")
+        hosts.path.write_text("10.0.0.2 b\n10.0.0.3 c\n")  # another size: seen at once
         for _ in range(100):
             await asyncio.sleep(0.05)
             if "b" in hosts.file.v4:
