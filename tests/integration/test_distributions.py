@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 
 from tests.distributions import DISTRIBUTIONS, render
 from tests.integration.support import (
+    STOP_TIMEOUT,
     CorefileServer,
     copy_snapshot,
     free_ports,
@@ -78,7 +80,8 @@ TTL = {
     "coredns-helm": 30,
 }
 FRONTEND = "frontend.shop.svc.cluster.local"
-LOG_LINE = "shutting down"
+#: The line a server logs on SIGTERM, with its lameduck.
+LAMEDUCK = r"answering for (\S+)s more \(lameduck\)"
 
 
 @dataclass
@@ -102,12 +105,17 @@ class Served:
 
 
 def stop(server: CorefileServer) -> int | None:
-    """SIGTERM, and a second one once the lameduck shipped (5 s, 10 s) has begun, to end it."""
+    """SIGTERM, and a second one once the lameduck shipped (5 s, 10 s) has begun, to end it;
+    the exit code."""
     start = server.line_count()
     server.send_signal(signal.SIGTERM)
     with contextlib.suppress(AssertionError):
-        server.wait_for_log(LOG_LINE, 5.0, start)
-    return server.stop(15)
+        lameduck = server.wait_for_log(LAMEDUCK, 5.0, start)
+        if float(lameduck.group(1)) > 0:
+            server.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.proc.wait(15)
+    return server.stop(STOP_TIMEOUT)  # no signal left to send once it has exited
 
 
 @pytest.fixture(scope="class")
