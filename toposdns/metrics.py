@@ -55,6 +55,11 @@ LOCATOR_CONFLICTS = Counter(
     "Prefixes claimed by two or more PodLocators (nobody inside them is placed), counted once "
     "per change of their claimants.",
 )
+IGNORED_LOCATORS = Counter(
+    "toposdns_ignored_locators",
+    "PodLocators ignored because their namespace is not believed (--locator-namespaces), "
+    "counted once when each appears.",
+)
 UNPLACED_SUBNETS = Counter(
     "toposdns_unplaced_client_subnets",
     "Client Subnet prefix lengths shorter than a host that no PodLocator CIDR held whole, "

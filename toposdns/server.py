@@ -15,7 +15,7 @@ import logging
 import platform
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import (
     ANSWERING,
     BUILD_INFO,
+    IGNORED_LOCATORS,
     INVALID_POLICIES,
     LOCATOR_CONFLICTS,
     PLUGIN_ENABLED,
@@ -133,6 +134,41 @@ def report_conflicts(old: Snapshot, new: Snapshot) -> None:
             "on one locator",
             " and ".join(f"{held.namespace}/{held.name}" for held in holders),
             cidr,
+        )
+
+
+#: Ignored PodLocators named one per line in one snapshot; the rest are counted in one more.
+NAMED_IGNORED = 10
+
+
+def report_ignored(old: Snapshot, new: Snapshot) -> None:
+    """Log and count each PodLocator that is held but not believed, once, when it appears: a
+    line for each of the first few in a snapshot, one for the rest (a relist after an upgrade
+    may find thousands written by an older controller)."""
+    words = new.changed_since(old)
+    if words is None:
+        keys: Iterable[tuple[str, str]] = new.ignored.keys()
+    else:
+        keys = [(word[1], word[2]) for word in words if word[0] == "ignored"]
+    appeared = [key for key in keys if key in new.ignored and key not in old.ignored]
+    if not appeared:
+        return
+    IGNORED_LOCATORS.inc(len(appeared))
+    believed = ", ".join(sorted(new.locator_namespaces))
+    for namespace, name in sorted(appeared)[:NAMED_IGNORED]:
+        log.warning(
+            "PodLocator %s/%s ignored: only PodLocators in %s place clients and endpoints "
+            "(--locator-namespaces), where the controller writes them; one from an older "
+            "controller goes when the new one runs, one written by hand belongs there",
+            namespace,
+            name,
+            believed,
+        )
+    if len(appeared) > NAMED_IGNORED:
+        log.warning(
+            "%d more PodLocators outside %s ignored (toposdns_ignored_locators_total)",
+            len(appeared) - NAMED_IGNORED,
+            believed,
         )
 
 
@@ -323,6 +359,7 @@ async def run_server(
             report_invalid_policies(dns.current(), snapshot)
             SOURCE_SYNCED.set(snapshot.synced)
             report_conflicts(dns.current(), snapshot)
+            report_ignored(dns.current(), snapshot)
             dns.publish(snapshot)
 
         def reconfigure(new: ServeConfig) -> None:
@@ -427,6 +464,8 @@ RESTART_ONLY: dict[str, tuple[str, str]] = {
     "explain": ("toposdns", "explain"),
     "udp_batch": ("toposdns", "udp_batch"),
     "log": ("log", ""),  # the frontends are chosen at startup
+    # The store believes the locators of these namespaces from the first it holds.
+    "locator_namespaces": ("toposdns", "locator_namespaces"),
 }
 
 
@@ -523,7 +562,10 @@ async def start_source(
     cluster's source, None for a file."""
     if config.snapshot.path is not None:
         files = SnapshotFileSource(
-            config.snapshot.path, publish, max_bytes=config.snapshot.max_bytes
+            config.snapshot.path,
+            publish,
+            max_bytes=config.snapshot.max_bytes,
+            locator_namespaces=config.toposdns.locator_namespaces,
         )
         publish(files.load())
         gc.freeze()  # the data lives long: the cyclic collector need not walk it again and again
@@ -537,7 +579,7 @@ async def start_source(
         apis_of(api_client),
         publish,
         on_page=gc.freeze,
-        builder=builder,
+        builder=StoreBuilder(config.toposdns.locator_namespaces) if builder is None else builder,
         endpoints=not config.kubernetes.noendpoints,
     )
     task = life.start(source.run(), "source")

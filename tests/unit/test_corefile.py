@@ -85,6 +85,7 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
         "--loadbalance": True,
         "--lameduck": "2s",
         "--ecs-trust": "10.0.0.0/8",
+        "--locator-namespaces": "toposdns,infra",
         "--workers": "1",
         "--startup-timeout": "3s",
         "--tcp-idle-timeout": "4s",
@@ -114,6 +115,7 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
         }
         toposdns {
             ecs_trust 10.0.0.0/8
+            locator_namespaces toposdns infra
             workers 1
             tcp_idle_timeout 4s
         }

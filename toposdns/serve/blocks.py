@@ -71,9 +71,14 @@ class Blocks:
         found = self.find(name, qtype)
         return found is not None and found[1] is None
 
-    def zones(self) -> list[Name]:
-        """The zones of the blocks beside the kubernetes one."""
-        return [zone for zone, link in self.by_zone.items() if link is not None]
+    def holds_whole(self, zones: Sequence[Name]) -> bool:
+        """True if the kubernetes block answers every name of these zones: each is its, and
+        no other block's zone lies inside one (the responder's templates may then answer
+        for the zones without asking which block a name is)."""
+        others = [zone for zone, link in self.by_zone.items() if link is not None]
+        return all(self.mine(zone, 0) for zone in zones) and not any(
+            other[len(other) - len(zone) :] == zone for zone in zones for other in others
+        )
 
 
 class Forwarding:

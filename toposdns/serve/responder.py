@@ -239,9 +239,9 @@ class Responder:
             else None
         )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
-        #: nor when another server block holds names in the zones.
-        nested = blocks is not None and any(in_zones(zone, config.zones) for zone in blocks.zones())
-        self.negatives = None if autopath.enabled or nested or front else Negatives(config)
+        #: nor when a name of the zones may be another server block's or none's.
+        shared = blocks is not None and not blocks.holds_whole(config.zones)
+        self.negatives = None if autopath.enabled or shared or front else Negatives(config)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
