@@ -163,7 +163,8 @@ def read_block(
         key_tokens[0].place,
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
         options["cache"] if "cache" in seen else _cache_off(options["cache"]),
-        options["template"],
+        hosts=options["hosts"],
+        template=options["template"],
     )
 
 
@@ -474,17 +475,18 @@ def _directive(
         option = line[0]
         words = [token.text for token in line[1:]]
         found = next(((p, s) for p in plugins if (s := p.setting(option.text)) is not None), None)
+        said = option.text
         if found is None and not option.quoted:
             # A line of data rather than an option (a `hosts` entry): the plugin's `*` setting
-            # takes it whole.
+            # takes it whole, and a message names the directive before it.
             found = next(((p, s) for p in plugins if (s := p.setting("*")) is not None), None)
-            words = [option.text, *words]
+            words, said = [option.text, *words], word.text
         if option.quoted or found is None:
             supported = sorted(w for plugin in plugins for w in plugin.words())
             raise option.error(
                 f"not an option of {word.text}; supported: {', '.join(supported) or 'none'}"
             )
-        reading.apply(*found, words, Origin(option.text, " ".join(words), option.place))
+        reading.apply(*found, words, Origin(said, " ".join(words), option.place))
 
 
 def _absent(reading: Reading, seen: dict[str, Token]) -> None:

@@ -697,7 +697,8 @@ def test_a_block_without_kubernetes_answers_from_its_templates(tmp_path: Path) -
     config = read_corefile(path).done()
     (block,) = config.blocks
     assert isinstance(block, BlockConfig) and block.template.enabled
-    link = block_chain(block, None)
+    link, handlers = block_chain(block, None)
+    assert [handler.name for handler in handlers] == ["template"]
     reply = link(request_of("www.example.org."))
     assert isinstance(reply, bytes)
     assert texts(dnslib.DNSRecord.parse(reply).rr) == ["A 192.0.2.1"]
