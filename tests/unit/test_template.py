@@ -707,5 +707,26 @@ def test_a_block_without_kubernetes_answers_from_its_templates(tmp_path: Path) -
     assert isinstance(other, bytes) and dnslib.DNSRecord.parse(other).header.rcode == 2
 
 
+def test_a_field_the_data_lacks_is_accepted_and_named_once_at_startup(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # setup_test.go accepts `.Grup.d` (Go finds it only when it runs): so does toposdns, and
+    # says at startup that the queries it matches will fail.
+    with caplog.at_level("WARNING", logger="toposdns"):
+        handler = templates_of(
+            tmp_path,
+            'template IN A example {\n answer "{{ .Name }} 60 IN A {{ .Grup.d }}"\n}',
+        )
+    (line,) = [r.getMessage() for r in caplog.records if "Grup" in r.getMessage()]
+    assert "Corefile:3" in line and "reads .Grup" in line
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="toposdns"):
+        for _ in range(3):
+            reply = handler.serve(request_of("a.example."), passed_on)
+            assert isinstance(reply, bytes) and dnslib.DNSRecord.parse(reply).header.rcode == 2
+    # Its failure is logged once, not once per query.
+    assert len([r for r in caplog.records if "SERVFAIL" in r.getMessage()]) == 1
+
+
 def test_no_template_no_handler() -> None:
     assert make_template(TemplateOptions(), ((),)) is None
