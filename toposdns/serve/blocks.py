@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
@@ -38,7 +38,7 @@ class BlockConfig:
     place: str = ""
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
-    cache: CacheSettings = field(default_factory=CacheSettings)
+    cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
 
 
@@ -134,6 +134,8 @@ def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> tuple[Next,
     hosts = make_hosts(config.hosts, config.zones)
     if hosts is not None:
         handlers.append(hosts)
+    if handlers and (cache := capping(config.cache)) is not None:
+        handlers.append(cache)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
     handlers.sort(key=lambda handler: ORDER.index(handler.name))
