@@ -27,7 +27,7 @@ from toposdns.config import BLOCK_PLUGINS, PLUGINS, Reading
 from toposdns.options import ConfigError, Origin, Plugin, domain
 from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.forward import ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import cache_off
 from toposdns.serve.http import PROMETHEUS
 from toposdns.wire.codes import Name
 
@@ -162,7 +162,7 @@ def read_block(
         tuple(key.zone for key, _ in keys),
         key_tokens[0].place,
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
-        options["cache"] if "cache" in seen else _cache_off(options["cache"]),
+        options["cache"] if "cache" in seen else cache_off(options["cache"]),
         hosts=options["hosts"],
         template=options["template"],
     )
@@ -495,14 +495,4 @@ def _absent(reading: Reading, seen: dict[str, Token]) -> None:
     if "forward" not in seen:
         options["forward"] = replace(options["forward"], upstreams=())
     if "cache" not in seen:
-        options["cache"] = _cache_off(options["cache"])
-
-
-def _cache_off(cache: CacheSettings) -> CacheSettings:
-    """The `cache` settings of a block without one: nothing kept, for any zone."""
-    off = ((),)
-    return replace(
-        cache,
-        success=replace(cache.success, disabled=off),
-        denial=replace(cache.denial, disabled=off),
-    )
+        options["cache"] = cache_off(options["cache"])

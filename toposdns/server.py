@@ -42,7 +42,7 @@ from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_by
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
@@ -246,6 +246,8 @@ class DnsServer:
             # What it answers comes before the cached replies of the kubernetes block's names.
             hosts.on_change = self.front_changed
             handlers.append(hosts)
+        if handlers and (cache := capping(config.cache)) is not None:
+            handlers.append(cache)  # the first replies of those plugins, as its cache caps them
         handlers.sort(key=lambda handler: ORDER.index(handler.name))
         return handlers, chain(handlers, pass_on) if handlers else None
 
@@ -283,8 +285,9 @@ class DnsServer:
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
-        front = (config.hosts, config.template, config.block_zones)
-        if (old.hosts, old.template, old.block_zones) != front:
+        # The front's plugins, and the cache that caps their replies' TTLs.
+        front = (config.hosts, config.template, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:

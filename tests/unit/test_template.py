@@ -13,6 +13,8 @@ from typing import Any
 import dnslib
 import pytest
 
+from tests.helpers import snapshot_of
+from tests.objects import SHOP_WEB
 from toposdns.config import ServeConfig
 from toposdns.corefile import read_corefile
 from toposdns.metrics import TEMPLATE_FAILURES, TEMPLATE_MATCHES, TEMPLATE_RR_FAILURES
@@ -21,6 +23,7 @@ from toposdns.serve.blocks import BlockConfig, block_chain
 from toposdns.serve.chain import Reply, Request
 from toposdns.serve.template import MAX_CHASE, TemplateOptions, Templates, make_template
 from toposdns.serve.transport import UDP4, Transport
+from toposdns.server import DnsServer
 from toposdns.wire.decode import decode_query
 
 #: setup_test.go's server block keys.
@@ -726,6 +729,60 @@ def test_a_field_the_data_lacks_is_accepted_and_named_once_at_startup(
             assert isinstance(reply, bytes) and dnslib.DNSRecord.parse(reply).header.rcode == 2
     # Its failure is logged once, not once per query.
     assert len([r for r in caplog.records if "SERVFAIL" in r.getMessage()]) == 1
+
+
+def serve_corefile(tmp_path: Path, directives: str) -> DnsServer:
+    """A DNS server (not bound) of a `.` block with kubernetes, from the Corefile's text."""
+    config = read(tmp_path, directives, keys=".:8053")
+    return DnsServer(config, config.kubernetes, snapshot_of(SHOP_WEB))
+
+
+def ask(server: DnsServer, name: str, qtype: str = "A") -> dnslib.DNSRecord:
+    data = bytes(dnslib.DNSRecord.question(name, qtype).pack())
+    reply = server.responder.respond(data, UDP4, "127.0.0.1")
+    assert isinstance(reply, bytes)
+    return dnslib.DNSRecord.parse(reply)
+
+
+def test_the_kubernetes_blocks_templates_answer_before_it(tmp_path: Path) -> None:
+    server = serve_corefile(
+        tmp_path,
+        "template IN A cluster.local {\n"
+        ' match "^web[.]shop[.]svc[.]"\n'
+        ' answer "{{ .Name }} 60 IN CNAME www.example.org."\n'
+        " fallthrough\n}\n"
+        'template IN A example.org {\n answer "{{ .Name }} 60 IN A 192.0.2.9"\n}\n'
+        "cache 30",
+    )
+    # The CNAME is followed through the server: the second template answers its target, and
+    # `cache 30` caps the TTLs of both, as CoreDNS's cache in front of template does.
+    reply = ask(server, "web.shop.svc.cluster.local")
+    assert [str(rr) for rr in reply.rr] == [
+        "web.shop.svc.cluster.local. 30      IN      CNAME   www.example.org.",
+        "www.example.org.        30      IN      A       192.0.2.9",
+    ]
+    # Names the templates pass on are the kubernetes plugin's.
+    assert ask(server, "web.shop.svc.cluster.local", "AAAA").header.rcode == 0
+    assert ask(server, "nothere.shop.svc.cluster.local").header.rcode == 3
+
+
+def test_a_reload_replaces_the_templates(tmp_path: Path) -> None:
+    server = serve_corefile(tmp_path, "template IN A example.org {\n rcode NXDOMAIN\n}")
+    assert ask(server, "www.example.org").header.rcode == 3
+    (before,) = [h for h in server.front_handlers if h.name == "template"]
+    server.reconfigure(read(tmp_path, "template IN A example.org {\n rcode NXDOMAIN\n}", ".:8053"))
+    assert before in server.front_handlers  # the same templates: kept
+    changed = read(tmp_path, "template IN A example.org {\n rcode REFUSED\n}", ".:8053")
+    server.reconfigure(changed)
+    assert before not in server.front_handlers
+    assert ask(server, "www.example.org").header.rcode == 5
+    # A cache of its own changes how the front's replies are capped: the front is built anew.
+    (current,) = [h for h in server.front_handlers if h.name == "template"]
+    server.reconfigure(
+        read(tmp_path, "template IN A example.org {\n rcode REFUSED\n}\ncache 5", ".:8053")
+    )
+    assert current not in server.front_handlers
+    assert [h.name for h in server.front_handlers] == ["cache", "template"]
 
 
 def test_no_template_no_handler() -> None:

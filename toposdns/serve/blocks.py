@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
 from toposdns.serve.template import TemplateOptions, make_template
 from toposdns.serve.transport import Transport
@@ -40,7 +40,7 @@ class BlockConfig:
     place: str = ""
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
-    cache: CacheSettings = field(default_factory=CacheSettings)
+    cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
     template: TemplateOptions = field(default_factory=TemplateOptions)
 
@@ -146,6 +146,8 @@ def block_chain(
     hosts = make_hosts(config.hosts, config.zones)
     if hosts is not None:
         handlers.append(hosts)
+    if handlers and (cache := capping(config.cache)) is not None:
+        handlers.append(cache)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
     handlers.sort(key=lambda handler: ORDER.index(handler.name))
