@@ -113,7 +113,7 @@ class AutoPath:
         locator, via_ecs = self.placer.locate(source, subnet)
         if locator is None or locator.is_node:
             return None
-        names = candidates(query.name, locator.namespace, config, self.options.search)
+        names = candidates(query.name, locator.namespace_of_pod, config, self.options.search)
         if names is None:
             return None
         labels = locator.labels
