@@ -7,6 +7,7 @@ from pathlib import Path
 import dnslib
 import pytest
 
+from tests.distributions import render
 from toposdns.cli import main
 from toposdns.config import Reading, ServeConfig
 from toposdns.corefile import read_corefile
@@ -67,11 +68,11 @@ def test_kubeadms_corefile(tmp_path: Path) -> None:
     assert not config.autopath.enabled and config.toposdns.http is None
 
 
-KUBESPRAY = Path(__file__).parents[1] / "distributions" / "kubespray.Corefile"
-
-
 def test_kubesprays_corefile(tmp_path: Path) -> None:
-    config = read(tmp_path, KUBESPRAY.read_text())
+    # As kubespray ships it, its forward target the resolv.conf of the node.
+    values = {name: "127.0.0.1:53" for name in ("HEALTH", "READY", "METRICS", "STUB_UPSTREAM")}
+    values |= {"DNS_PORT": "53", "UPSTREAM": "/etc/resolv.conf", "SNAPSHOT": "s.yaml"}
+    config = read_corefile(render("kubespray", tmp_path, values | {"DIR": str(tmp_path)})).done()
     forward = config.forward
     assert forward.prefer_udp and not forward.force_tcp and forward.max_concurrent == 1000
     assert forward.zone == () and config.upstreams  # /etc/resolv.conf's nameservers
