@@ -12,7 +12,9 @@ loopback, autopath, loadbalance, reverse fallthrough): there the replies an upst
 autopath had a hand in are compared in what a client relies on (`relied_on`), the rest byte
 for byte. The `blocks` configuration puts the cluster zone in a server block of its own beside
 a block for corp.example (tests/differential.py `FixedZone`): every frontend path must send each
-name to its block, or REFUSED where no block holds it, as the reference does.
+name to its block, or REFUSED where no block holds it, as the reference does. The `port`
+configuration is a port without the kubernetes block, where only the corp.example block
+answers: its caches and templates must never answer (nothing is cached).
 
 Environment: TOPOSDNS_DIFF_ROUNDS and TOPOSDNS_DIFF_QUERIES (per round) make longer runs,
 TOPOSDNS_DIFF_SEED picks the seed (an integer, or "random").
@@ -204,6 +206,12 @@ CONFIGS = {
         config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], pods="verified"),
         (("cluster", "local"), ("corp", "example")),
     ),
+    # A port without the kubernetes block, a server of its own: every name goes to the block
+    # for corp.example or gets REFUSED, whatever the responder's zones say.
+    "port": (
+        config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], pods="verified"),
+        (("cluster", "local"), ("corp", "example")),
+    ),
     "noendpoints": (
         config_of(
             zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
@@ -219,7 +227,10 @@ BALANCED = frozenset({"kubeadm", "manifests"})
 #: The configurations that forward to a fake upstream, with --autopath.
 FORWARDING = frozenset({"manifests"})
 #: The configurations with server blocks: the kubernetes block's zones, and another block's.
-BLOCKS = {"blocks": ([("cluster", "local")], [("corp", "example")])}
+BLOCKS = {
+    "blocks": ([("cluster", "local")], [("corp", "example")]),
+    "port": ([], [("corp", "example")]),
+}
 #: The node's search domains, which autopath walks after the cluster's.
 NODE_SEARCH = (("corp", "test"),)
 #: What the fake upstream knows: names the queries ask outside the zones, the ExternalName
@@ -711,6 +722,17 @@ FORWARDING_COVERAGE = {
     "relayed",
     "autopath CNAME",
 }
+#: What a port without the kubernetes block meets: its block's replies and the server's own.
+PORT_COVERAGE = {
+    "records",
+    "NODATA",
+    "NXDOMAIN",
+    "REFUSED",
+    "FORMERR",
+    "NOTIMP",
+    "BADVERS",
+    "no reply",
+}
 RCODE_NAMES = {1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
 BADVERS_OPT = b"\x00" + pack("!HHIH", 41, 0, 1 << 24, 0)
 
@@ -947,12 +969,18 @@ def test_served_bytes_equal_the_reference_across_changes(config_name: str) -> No
     except Mismatch as mismatch:
         pytest.fail(str(mismatch), pytrace=False)
     assert run.compared == rounds * QUERIES * 4
+    if config_name == "port":  # no reply is the responder's own: none is kept
+        responder = run.responder
+        assert responder.negatives is None and not responder.cache.table
+        assert not any(responder.cache.renders)
     print(dict(run.seen))
     if ROUNDS * QUERIES >= 20 * 200:  # a shorter run may miss a rare case, and that is fine
         # Without endpoints there are no large or client-dependent answers to meet.
         wanted = COVERAGE - (UNTRUNCATED if config_name == "noendpoints" else set())
         if config_name in FORWARDING:  # a shorter run, with other classes forwarded
             wanted = FORWARDING_COVERAGE
+        if config_name == "port":  # only the block and the server's own checks answer
+            wanted = PORT_COVERAGE
         assert not wanted - set(run.seen), f"the run never met {wanted - set(run.seen)}"
 
 
