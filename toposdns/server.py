@@ -195,7 +195,9 @@ class PortServer:
     answer (serve/blocks.py); its queries are counted with `prometheus` in one of its blocks
     and logged with `log`, as CoreDNS's."""
 
-    def __init__(self, config: ServeConfig, address: ListenOptions, resolver: ResolverConfig):
+    def __init__(
+        self, config: ServeConfig, address: ListenOptions, resolver: ResolverConfig
+    ) -> None:
         self.address = address
         #: The port it is bound to, once it is (port 0 picks one).
         self.port = address.port
