@@ -28,7 +28,7 @@ from toposdns.options import ConfigError, Origin, Plugin, domain
 from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.chain import ORDER
 from toposdns.serve.forward import ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import cache_off
 from toposdns.serve.http import PROMETHEUS
 from toposdns.wire.codes import Name
 
@@ -56,7 +56,7 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl",)
+REPEATABLE = ("acl", "template")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -178,8 +178,9 @@ def read_block(
         tuple(key.zone for key, _ in keys),
         key_tokens[0].place,
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
-        options["cache"] if "cache" in seen else _cache_off(options["cache"]),
-        options["hosts"],
+        options["cache"] if "cache" in seen else cache_off(options["cache"]),
+        hosts=options["hosts"],
+        template=options["template"],
         port=None if where == MAIN else port,
         bind=bind,
         plugins=tuple(sorted((word for word in seen if word != "bind"), key=ORDER.index)),
@@ -514,14 +515,4 @@ def _absent(reading: Reading, seen: dict[str, Token]) -> None:
     if "forward" not in seen:
         options["forward"] = replace(options["forward"], upstreams=())
     if "cache" not in seen:
-        options["cache"] = _cache_off(options["cache"])
-
-
-def _cache_off(cache: CacheSettings) -> CacheSettings:
-    """The `cache` settings of a block without one: nothing kept, for any zone."""
-    off = ((),)
-    return replace(
-        cache,
-        success=replace(cache.success, disabled=off),
-        denial=replace(cache.denial, disabled=off),
-    )
+        options["cache"] = cache_off(options["cache"])

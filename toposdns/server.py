@@ -39,10 +39,10 @@ from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
-from toposdns.serve.chain import ORDER, Handler, Next, chain, pass_on
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import ListenOptions, bind_pair
@@ -50,7 +50,8 @@ from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, Query
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
-from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
+from toposdns.serve.template import make_template
+from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
@@ -98,6 +99,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("log")
     if config.hosts.enabled:
         names.append("hosts")
+    if config.template.enabled:
+        names.append("template")
     return names
 
 
@@ -215,7 +218,7 @@ class PortServer:
     def build(self, config: ServeConfig) -> tuple[list[Forwarder | None], list[Handler], Responder]:
         """Its blocks' forwarders, their plugins' handlers, and the responder that routes to
         their chains."""
-        forwarders, blocks, handlers = make_blocks(config, self.address)
+        forwarders, blocks, handlers = make_blocks(config, self.label, self.lookup, self.address)
         responder = Responder(
             self.resolver,
             Snapshot(),
@@ -225,6 +228,15 @@ class PortServer:
             blocks=blocks,
         )
         return forwarders, handlers, responder
+
+    def label(self) -> str:
+        """The `server` label of its metrics."""
+        return f"dns://:{self.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks the server
+        that received the query."""
+        return self.responder.respond(data, transport, source)
 
     def reconfigure(self, config: ServeConfig) -> tuple[list[Forwarder | None], list[Handler]]:
         """Answer by the blocks `config` has for this address from the next query on; the
@@ -249,8 +261,12 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
+        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        self.server = ""
         self.forwarder = make_forwarder(config)
-        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+            config, self.label, self.lookup
+        )
         #: The servers of the other addresses, in the configuration's order.
         self.others = [PortServer(config, address, resolver) for address in config.servers()]
         #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
@@ -263,7 +279,6 @@ class DnsServer:
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
-        self.server = ""
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -287,16 +302,30 @@ class DnsServer:
             self.front,
         )
 
+    def label(self) -> str:
+        """The `server` label of this server's metrics."""
+        return self.server or f"dns://:{self.config.bind.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
+        plugin follows a CNAME it answered with."""
+        return self.responder.respond(data, transport, source)
+
     def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
         """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (hosts), in its order, and their chain, which ends in the responder's turn; None
-        without any."""
+        (template, hosts), in its order, and their chain, which ends in the responder's turn;
+        None without any."""
         handlers: list[Handler] = []
+        template = make_template(config.template, config.block_zones, self.label, self.lookup)
+        if template is not None:
+            handlers.append(template)
         hosts = make_hosts(config.hosts, config.block_zones)
         if hosts is not None:
             # What it answers comes before the cached replies of the kubernetes block's names.
             hosts.on_change = self.front_changed
             handlers.append(hosts)
+        if handlers and (cache := capping(config.cache)) is not None:
+            handlers.append(cache)  # the first replies of those plugins, as its cache caps them
         handlers.sort(key=lambda handler: ORDER.index(handler.name))
         return handlers, chain(handlers, pass_on) if handlers else None
 
@@ -334,7 +363,9 @@ class DnsServer:
             retired = [self.forwarder, *self.block_forwarders]
             replaced += self.block_handlers
             self.forwarder = make_forwarder(config)
-            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+                config, self.label, self.lookup
+            )
             for other in self.others:  # the same addresses: a change of them waits
                 forwarders, handlers = other.reconfigure(config)
                 retired += forwarders
@@ -344,7 +375,9 @@ class DnsServer:
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
-        if (old.hosts, old.block_zones) != (config.hosts, config.block_zones):
+        # The front's plugins, and the cache that caps their replies' TTLs.
+        front = (config.hosts, config.template, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:
@@ -713,11 +746,15 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
 
 
 def make_blocks(
-    config: ServeConfig, address: ListenOptions | None = None
+    config: ServeConfig,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+    address: ListenOptions | None = None,
 ) -> tuple[list[Forwarder | None], Blocks | None, list[Handler]]:
     """The forwarders of the server blocks beside the kubernetes one on its address (or on
     another `address`), the blocks of that address (None when the kubernetes block is its
-    only one, for `.`), and their plugins' handlers."""
+    only one, for `.`), and their plugins' handlers (`server` and `lookup`: what they label
+    their metrics with and ask the server by)."""
     if address is None:
         blocks, main = config.port_blocks, config.block_zones
         if not blocks and main == ((),):
@@ -730,7 +767,7 @@ def make_blocks(
     links: list[tuple[BlockConfig, Next]] = []
     handlers: list[Handler] = []
     for block, forwarder in zip(blocks, forwarders, strict=True):
-        link, chained = block_chain(block, forwarder)
+        link, chained = block_chain(block, forwarder, server, lookup)
         links.append((block, link))
         handlers += chained
     return forwarders, Blocks(main, links), handlers

@@ -50,8 +50,9 @@ def ask(port: int, name: str, tcp: bool) -> dns.message.Message:
 
 
 def corefile(tmp_path: Path, ports: dict[str, int], upstreams: list[int], workers: int) -> Path:
-    """The kubernetes block on the first port, forwarding to the first upstream; `.` and
-    example.org on the second port, forwarding to the second and third."""
+    """The kubernetes block on the first port, forwarding to the first upstream; `.` (with a
+    template for ip-A-B.example.net) and example.org on the second port, forwarding to the
+    second and third."""
     snapshot = copy_snapshot(tmp_path)
     first, second, third = upstreams
     path = tmp_path / "Corefile"
@@ -72,6 +73,11 @@ def corefile(tmp_path: Path, ports: dict[str, int], upstreams: list[int], worker
     errors
     log
     prometheus 127.0.0.1:{ports["metrics"]}
+    template IN A example.net {{
+        match "^ip-(?P<a>[0-9]+)-(?P<b>[0-9]+)[.]example[.]net[.]$"
+        answer "{{{{ .Name }}}} 60 IN A 192.0.{{{{ .Group.a }}}}.{{{{ .Group.b }}}}"
+        fallthrough
+    }}
     forward . 127.0.0.1:{second}
 }}
 example.org:{ports["two"]} {{
@@ -113,7 +119,12 @@ def test_each_port_answers_its_own_blocks(tmp_path: Path, workers: int) -> None:
                 }
                 # The cluster's names are not the second port's: its `.` block forwards them.
                 assert ask(two, CLUSTER, tcp).rcode() == dns.rcode.NXDOMAIN
-            assert set(up1.names()) == {"example.org"}
+                # Its template answers before its forward, on its port only.
+                assert rrset_texts(ask(two, "ip-7-8.example.net", tcp).answer) == {
+                    "ip-7-8.example.net. 60 IN A 192.0.7.8"
+                }
+                assert ask(one, "ip-7-8.example.net", tcp).rcode() == dns.rcode.NXDOMAIN
+            assert set(up1.names()) == {"example.org", "ip-7-8.example.net"}
             assert set(up2.names()) == {"www.example.net", CLUSTER}
             assert set(up3.names()) == {"example.org"}
             status, text = http_get(ports["metrics"], "/metrics")
@@ -123,7 +134,9 @@ def test_each_port_answers_its_own_blocks(tmp_path: Path, workers: int) -> None:
             for sample in families["coredns_dns_requests"].samples:
                 server_label = sample.labels["server"]
                 requests[server_label] = requests.get(server_label, 0) + sample.value
-            assert requests == {f"dns://:{one}": 2 * ROUNDS, f"dns://:{two}": 3 * ROUNDS}
+            assert requests == {f"dns://:{one}": 3 * ROUNDS, f"dns://:{two}": 4 * ROUNDS}
+            matches = families["coredns_template_matches"].samples
+            assert {(s.labels["server"], s.value) for s in matches} == {(f"dns://:{two}", ROUNDS)}
             enabled = {
                 (s.labels["server"], s.labels["zone"], s.labels["name"])
                 for s in families["coredns_plugin_enabled"].samples
@@ -137,6 +150,7 @@ def test_each_port_answers_its_own_blocks(tmp_path: Path, workers: int) -> None:
                 "errors",
                 "log",
                 "prometheus",
+                "template",
                 "forward",
             }
             # `log` in a block of the second port logs its queries too (as the kubernetes
@@ -168,5 +182,5 @@ def test_a_port_that_cannot_be_bound_is_named(tmp_path: Path, workers: int) -> N
     found = re.search(r"cannot listen on (\S+) \(the server block at (\S+)\): (.*)", done.stderr)
     assert found is not None, done.stderr
     assert found.group(1) == f"127.0.0.1:{ports['two']}"
-    assert found.group(2) == f"{path}:13"
+    assert found.group(2) == f"{path}:13"  # the first block on the port
     assert "in use" in found.group(3)

@@ -335,7 +335,7 @@ REFUSED = [
     (
         ".:53 {\n  kubernetes\n}\nconsul.local {\n  acl\n}\n",
         "Corefile:5: acl: not supported in a server block without kubernetes; supported there: "
-        "bind, cache, errors, forward, hosts, log, loop, prometheus",
+        "bind, cache, errors, forward, hosts, log, loop, prometheus, template",
     ),
     (
         ".:53 {\n  kubernetes\n}\nconsul.local {\n  log\n}\n",

@@ -17,14 +17,16 @@ every query goes down a block's chain, or is REFUSED.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.template import TemplateOptions, make_template
+from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -41,8 +43,9 @@ class BlockConfig:
     place: str = ""
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
-    cache: CacheSettings = field(default_factory=CacheSettings)
+    cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
     #: The port of its keys; None: the kubernetes block's (a stub domain beside it).
     port: int | None = None
     #: Its own `bind` address; None: the kubernetes block's.
@@ -142,13 +145,24 @@ def block_forwarder(
     )
 
 
-def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> tuple[Next, list[Handler]]:
+def block_chain(
+    config: BlockConfig,
+    forwarder: Forwarder | None,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> tuple[Next, list[Handler]]:
     """The block's plugins linked in CoreDNS's order (`chain.ORDER`), and their handlers (the
-    server runs the `watch` of those that have one)."""
+    server runs the `watch` of those that have one). `server` is the metrics' server label,
+    `lookup` how a plugin asks the whole server a query."""
     handlers: list[Handler] = []
+    template = make_template(config.template, config.zones, server, lookup)
+    if template is not None:
+        handlers.append(template)
     hosts = make_hosts(config.hosts, config.zones)
     if hosts is not None:
         handlers.append(hosts)
+    if handlers and (cache := capping(config.cache)) is not None:
+        handlers.append(cache)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
     handlers.sort(key=lambda handler: ORDER.index(handler.name))
