@@ -32,6 +32,7 @@ from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
 from toposdns.serve.acl import ACL, AclOptions
+from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.cache import CACHE_BOUNDS, CacheBoundOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CACHE, CacheSettings
@@ -49,6 +50,7 @@ from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.tcp import TCP, TcpOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
+from toposdns.wire.codes import Name
 from toposdns.wire.encode import BUFSIZE, BufsizeOptions
 from toposdns.wire.shuffle import LOADBALANCE, LoadbalanceOptions
 from toposdns.workers.cpus import usable_cpus
@@ -166,6 +168,8 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     ACL,
     LOG,
 )
+#: The plugins a server block without kubernetes may hold (serve/blocks.py).
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE)
 #: The plugins `toposdns explain` takes: those that change answers.
 ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
 
@@ -193,6 +197,10 @@ class ServeConfig:
     reload: ReloadOptions = field(default_factory=ReloadOptions)
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
+    #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
+    block_zones: tuple[Name, ...] = ((),)
+    #: The server blocks beside it on its port (stub domains).
+    blocks: tuple[BlockConfig, ...] = ()
 
     @property
     def upstreams(self) -> tuple[Upstream, ...]:
@@ -240,6 +248,9 @@ class Reading:
         self.options: dict[str, Any] = {plugin.name: plugin.default() for plugin in plugins}
         #: Where each plugin was last set, for the checks made at the end.
         self.origins: dict[str, Origin] = {}
+        #: The kubernetes server block's zones, and the blocks beside it (a Corefile's).
+        self.block_zones: tuple[Name, ...] = ((),)
+        self.blocks: list[BlockConfig] = []
 
     def apply(
         self, plugin: Plugin[Any], setting: Setting[Any], words: Sequence[str], origin: Origin
@@ -279,7 +290,9 @@ class Reading:
 
     def done(self) -> ServeConfig:
         """The server's configuration, checked; defaults that depend on other plugins filled."""
-        config = ServeConfig(**self.finished())
+        config = ServeConfig(
+            **self.finished(), block_zones=self.block_zones, blocks=tuple(self.blocks)
+        )
         if config.forward.upstreams is None:
             # A snapshot is a closed world: a demo or a test must not reach out.
             found = () if config.snapshot.path is not None else tuple(resolv_conf_upstreams())

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposdns.resolve.answer import Answer, name_text, type_code, type_name
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import (
     NO_AUTOPATH,
     AutopathOptions,
@@ -30,6 +30,7 @@ from toposdns.store.model import NODE_NAME
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import RCODE_NAMES, Name
+from toposdns.wire.records import name_text, type_code, type_name
 
 # A label as typed: printable ASCII but a backslash (escapes are not read); spaces are not.
 _LABEL = re.compile(r"[!-\[\]-~]{1,63}")

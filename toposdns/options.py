@@ -62,7 +62,9 @@ class Setting(Generic[T]):
     """One option of a plugin: where it is written and how it changes the options object."""
 
     #: Its word in the plugin's Corefile block; "" for the directive's own arguments
-    #: (`kubernetes ZONES`, `cache TTL`), None when no Corefile spells it (a flag only).
+    #: (`kubernetes ZONES`, `cache TTL`), `*` for the lines of its block that begin with no
+    #: other setting's word (`hosts` entries: the line's first word is then one of its words),
+    #: None when no Corefile spells it (a flag only).
     word: str | None
     #: How its words change the options: `sets(field, parse)` for most.
     apply: Apply[T]
@@ -112,7 +114,7 @@ class Plugin(Generic[T]):
 
     def words(self) -> list[str]:
         """The words its block takes, for error messages."""
-        return [s.word for s in self.settings if s.word]
+        return [s.word for s in self.settings if s.word and s.word != "*"]
 
     def finish(self, options: T, origin: Origin) -> T:
         """The options after the checks between settings."""

@@ -18,16 +18,14 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-from prometheus_client import REGISTRY
-from prometheus_client.registry import Collector
+from typing import Any, Protocol
 
 from toposdns import __version__, build_revision
 from toposdns.config import ServeConfig
 from toposdns.kube.client import apis_of, connect
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import (
+    ANSWERING,
     BUILD_INFO,
     INVALID_POLICIES,
     LOCATOR_CONFLICTS,
@@ -35,10 +33,10 @@ from toposdns.metrics import (
     SOURCE_SYNCED,
 )
 from toposdns.reload import corefile_bytes, watch_corefile
-from toposdns.resolve.answer import name_text
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
+from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
@@ -57,6 +55,7 @@ from toposdns.store.builder import StoreBuilder
 from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
+from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
 
@@ -144,6 +143,7 @@ class DnsServer:
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
         self.forwarder = make_forwarder(config)
+        self.block_forwarders, self.blocks = make_blocks(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
@@ -170,6 +170,7 @@ class DnsServer:
             config.bufsize.size,
             not config.any.minimal,
             config.cache,
+            self.blocks,
         )
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -177,14 +178,16 @@ class DnsServer:
         lost), data and metrics; the forwarder is new if its settings changed, the old one
         closed once its queries are done. Returns the plugins whose changes need a restart."""
         old = self.config
-        restart = [name for name, value in where(config).items() if value != where(old)[name]]
-        config = kept_where(config, old)
-        if (old.forward, old.cache) != (config.forward, config.cache):
-            retired, self.forwarder = self.forwarder, make_forwarder(config)
-            if retired is not None:  # closed once the queries it has are done
-                task = asyncio.create_task(self.retire(retired))
-                self.retiring.add(task)
-                task.add_done_callback(self.retiring.discard)
+        config, restart = restart_only(config, old)
+        if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
+            retired = [self.forwarder, *self.block_forwarders]
+            self.forwarder = make_forwarder(config)
+            self.block_forwarders, self.blocks = make_blocks(config)
+            for forwarder in retired:
+                if forwarder is not None:  # closed once the queries it has are done
+                    task = asyncio.create_task(self.retire(forwarder))
+                    self.retiring.add(task)
+                    task.add_done_callback(self.retiring.discard)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -208,8 +211,18 @@ class DnsServer:
         for task in list(self.retiring):
             task.cancel()
         await asyncio.gather(*self.retiring, return_exceptions=True)
-        if self.forwarder is not None:
-            await self.forwarder.close()
+        for forwarder in [self.forwarder, *self.block_forwarders]:
+            if forwarder is not None:
+                await forwarder.close()
+
+    def register(self, stack: contextlib.AsyncExitStack) -> None:
+        """Count this server's queries in the answering metrics (metrics.py `ANSWERING`, which
+        /metrics serves, or a worker sends whole), until the stack closes."""
+        if self.metrics is None:
+            return
+        for collector in (self.metrics, self.responder.topology_counts):
+            ANSWERING.register(collector)
+            stack.callback(ANSWERING.unregister, collector)
 
     def serving(self) -> Serving:
         """What answers come from right now (for /explain)."""
@@ -234,50 +247,104 @@ class DnsServer:
         return port
 
 
-async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
-    """Serve in this process until SIGTERM or SIGINT, then keep answering for the lameduck
-    period (the supervisor of `--workers N` runs a `DnsServer` in each worker instead). With
-    `corefile` (its path, and how to read it) and `reload` on, apply it when it changes.
+class Answering(Protocol):
+    """Who answers DNS while `run_server` runs the rest: this process (`InProcess`), or the
+    workers of `--workers N` (workers/supervisor.py `Supervisor`)."""
+
+    #: The configuration answers follow now (a reload changes it).
+    config: ServeConfig
+
+    @property
+    def builder(self) -> StoreBuilder | None:
+        """The store builder the cluster's source fills (None: the source's own)."""
+        ...
+
+    @property
+    def exposition(self) -> Callable[[], Awaitable[bytes]] | None:
+        """/metrics' text, when it is not the process's own registry."""
+        ...
+
+    def current(self) -> Snapshot:
+        """The data answered from (or, once applied, to be)."""
+        ...
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Answer from a new snapshot."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """/ready: None when ready, else what is not."""
+        ...
+
+    def serving(self) -> Serving:
+        """What /explain answers from."""
+        ...
+
+    async def start(self, source: KubeSource | None) -> int:
+        """Answer on the DNS port; the port."""
+        ...
+
+    def check_loops(self, server: str) -> None:
+        """Start CoreDNS's `loop` check through the upstreams, if there are any."""
+        ...
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        """Answer by a reloaded configuration; the settings that wait for a restart."""
+        ...
+
+    async def stop(self) -> None:
+        """Answer for the lameduck, then stop (at once on a second signal)."""
+        ...
+
+    def described(self) -> str:
+        """How many answer, for the "serving DNS" line ("" for this process)."""
+        ...
+
+
+async def run_server(
+    config: ServeConfig,
+    corefile: Corefile | None,
+    answerer: Callable[[Lifecycle], Answering],
+) -> None:
+    """Serve until SIGTERM or SIGINT, then answer for the lameduck period: the source, the HTTP
+    endpoints, the reports on the data, `reload` (with `corefile`, its path and how to read it)
+    and the lameduck here, the DNS port by the `Answering` that `answerer` makes. The one
+    assembly of a DNS server, in one process or with workers.
 
     Raises SnapshotError or ConnectError when the data cannot be had at all.
     """
     read_bytes = None if corefile is None else corefile_bytes(corefile[0])
-    snapshot = Snapshot(synced=config.snapshot.path is not None)
-    dns = DnsServer(config, answering(config), snapshot)
     async with Lifecycle() as life:
-        if dns.metrics is not None:
-            register(life.stack, dns.metrics)
-            register(life.stack, dns.responder.topology_counts)
+        dns = answerer(life)
         if config.upstreams:
             log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
 
         def publish(snapshot: Snapshot) -> None:
-            report_invalid_policies(dns.responder.snapshot, snapshot)
+            report_invalid_policies(dns.current(), snapshot)
             SOURCE_SYNCED.set(snapshot.synced)
-            report_conflicts(dns.responder.snapshot, snapshot)
-            dns.responder.update(snapshot)
-
-        def not_ready() -> str | None:
-            if life.stopping:
-                return "Shutting down"
-            return None if dns.responder.snapshot.synced else "kubernetes"
+            report_conflicts(dns.current(), snapshot)
+            dns.publish(snapshot)
 
         def reconfigure(new: ServeConfig) -> None:
             report_restart(dns.reconfigure(new))
-            report_server(new, port)
+            report_server(dns.config, port)
 
-        await start_source(config, life, publish, lambda: dns.responder.snapshot.synced)
-        await start_http(config, life.stack, not_ready, dns.serving)
+        synced = lambda: dns.current().synced  # noqa: E731
+        source = await start_source(config, life, publish, synced, dns.builder)
+        await start_http(config, life.stack, dns.not_ready, dns.serving, dns.exposition)
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         life.catch_signals()
-        port = await dns.start(life.stack, config.bind.port)
-        log.info("serving DNS on %s:%d (udp, tcp) for %s", config.bind.host, port, zones(config))
+        port = await dns.start(source)
+        log.info(
+            "serving DNS on %s:%d (udp, tcp) for %s%s",
+            config.bind.host,
+            port,
+            zones(config),
+            dns.described(),
+        )
         report_server(config, port)
-        if dns.forwarder is not None:
-            # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = dns.forwarder.loops.check(config.upstreams, f"{config.bind.host}:{port}")
-            life.start(check, "loop check", ending=False)
+        dns.check_loops(f"{config.bind.host}:{port}")
         if corefile is not None and config.reload.enabled:
             path, read = corefile
             watch = watch_corefile(path, read_bytes, lambda: dns.config.reload, read, reconfigure)
@@ -285,46 +352,99 @@ async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
         await life.main_loop()
         # Lameduck, as CoreDNS's health plugin: /ready fails so that endpoints drop this pod,
         # while queries already on their way are still answered.
-        lameduck = dns.config.health.lameduck
-        log.info("shutting down: answering for %gs more (lameduck)", lameduck)
-        await life.lameduck(lameduck)
+        log.info("shutting down: answering for %gs more (lameduck)", dns.config.health.lameduck)
+        await dns.stop()
         log.info("stopped")
 
 
-def where(config: ServeConfig) -> dict[str, object]:
-    """The settings that say where and from what the server serves: a reload keeps them until
-    a restart."""
-    return {
-        "snapshot": config.snapshot,
-        "kubeconfig and startup_timeout": config.cluster,
-        "bind and port": config.bind,
-        "tcp": config.tcp,
-        "health address": config.health.address,
-        "ready address": config.ready.address,
-        "prometheus address": config.prometheus.address,
-        "workers": config.toposdns.workers,
-        "http": config.toposdns.http,
-        "log": config.log,  # the frontends are chosen at startup
-        "udp_batch": config.toposdns.udp_batch,
-    }
+async def serve(config: ServeConfig, corefile: Corefile | None = None) -> None:
+    """Serve in this process (the supervisor of `--workers N` runs a `DnsServer` in each
+    worker instead): `run_server` with the answers `InProcess`."""
+    await run_server(config, corefile, lambda life: InProcess(config, life))
 
 
-def kept_where(config: ServeConfig, running: ServeConfig) -> ServeConfig:
-    """`config` with the `running` one's settings of where it serves."""
-    return replace(
-        config,
-        snapshot=running.snapshot,
-        cluster=running.cluster,
-        bind=running.bind,
-        tcp=running.tcp,
-        health=replace(config.health, address=running.health.address),
-        ready=running.ready,
-        prometheus=running.prometheus,
-        log=running.log,
-        toposdns=replace(
-            config.toposdns, workers=running.toposdns.workers, http=running.toposdns.http
-        ),
-    )
+class InProcess:
+    """DNS answered in this process, by one `DnsServer`."""
+
+    def __init__(self, config: ServeConfig, life: Lifecycle) -> None:
+        self.config = config
+        self.life = life
+        self.builder: StoreBuilder | None = None
+        self.exposition: Callable[[], Awaitable[bytes]] | None = None
+        snapshot = Snapshot(synced=config.snapshot.path is not None)
+        self.dns = DnsServer(config, answering(config), snapshot)
+        self.dns.register(life.stack)
+
+    def current(self) -> Snapshot:
+        return self.dns.responder.snapshot
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.dns.responder.update(snapshot)
+
+    def not_ready(self) -> str | None:
+        if self.life.stopping:
+            return "Shutting down"
+        return None if self.current().synced else "kubernetes"
+
+    def serving(self) -> Serving:
+        return self.dns.serving()
+
+    async def start(self, source: KubeSource | None) -> int:
+        return await self.dns.start(self.life.stack, self.config.bind.port)
+
+    def check_loops(self, server: str) -> None:
+        forwarder = self.dns.forwarder
+        if forwarder is not None:
+            # CoreDNS's `loop`: a probe through each upstream must not come back here.
+            check = forwarder.loops.check(self.config.upstreams, server)
+            self.life.start(check, "loop check", ending=False)
+
+    def reconfigure(self, config: ServeConfig) -> list[str]:
+        waiting = self.dns.reconfigure(config)
+        self.config = self.dns.config
+        return waiting
+
+    async def stop(self) -> None:
+        await self.life.lameduck(self.config.health.lameduck)
+
+    def described(self) -> str:
+        return ""
+
+
+#: The settings that say where and from what the server serves, by the name a reload's
+#: warning gives them: (plugin, field; "" for all its options). A reload keeps them as they
+#: are until a restart; the rest applies at once.
+RESTART_ONLY: dict[str, tuple[str, str]] = {
+    "snapshot": ("snapshot", ""),
+    "kubeconfig and startup_timeout": ("cluster", ""),
+    "bind and port": ("bind", ""),
+    "tcp": ("tcp", ""),
+    "health address": ("health", "address"),
+    "ready address": ("ready", "address"),
+    "prometheus address": ("prometheus", "address"),
+    "workers": ("toposdns", "workers"),
+    "http": ("toposdns", "http"),
+    "explain": ("toposdns", "explain"),
+    "udp_batch": ("toposdns", "udp_batch"),
+    "log": ("log", ""),  # the frontends are chosen at startup
+}
+
+
+def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig, list[str]]:
+    """`config` as a reload applies it over the `running` one: the settings of where it serves
+    kept as they run, and the names of those that changed (they wait for a restart)."""
+    waiting = []
+    for name, (plugin, attribute) in RESTART_ONLY.items():
+        options, kept = getattr(config, plugin), getattr(running, plugin)
+        if attribute:
+            if getattr(options, attribute) == getattr(kept, attribute):
+                continue
+            kept = replace(options, **{attribute: getattr(kept, attribute)})
+        elif options == kept:
+            continue
+        waiting.append(name)
+        config = replace(config, **{plugin: kept})
+    return config, waiting
 
 
 def report_restart(plugins: list[str]) -> None:
@@ -361,21 +481,33 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     )
 
 
+def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:
+    """The forwarders of the server blocks beside the kubernetes one, and the blocks of the
+    port; None when the kubernetes block is the port's only one, for `.`."""
+    if not config.blocks and config.block_zones == ((),):
+        return [], None
+    bound = cache_bounds(config)[1]
+    forwarders = [block_forwarder(block, bound) for block in config.blocks]
+    links = [
+        (block, block_chain(block, forwarder))
+        for block, forwarder in zip(config.blocks, forwarders, strict=True)
+    ]
+    return forwarders, Blocks(config.block_zones, links)
+
+
 def cache_bounds(config: ServeConfig) -> tuple[int, int]:
-    """The bytes each DNS process's reply cache and forward cache may hold: as set, else their
-    shares of the container's memory limit, split between the workers (serve/cache.py)."""
+    """The bytes each DNS process's reply cache and each forward cache may hold: as set, else
+    their shares of the container's memory limit, split between the workers (serve/cache.py);
+    the forward caches' share is split between the server blocks."""
     bounds = config.cache_bounds
     workers = config.workers
+    forward = bounds.forward_max_bytes or default_max_bytes(
+        FORWARD_SHARE, workers, FORWARD_MAX_BYTES
+    )
     return (
         bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
-        bounds.forward_max_bytes or default_max_bytes(FORWARD_SHARE, workers, FORWARD_MAX_BYTES),
+        forward // (1 + len(config.blocks)),
     )
-
-
-def register(stack: contextlib.AsyncExitStack, collector: Collector) -> None:
-    """Serve a collector on /metrics until the stack closes."""
-    REGISTRY.register(collector)
-    stack.callback(REGISTRY.unregister, collector)
 
 
 async def start_source(

@@ -81,6 +81,26 @@ class Server(ServerProcess):
         return (self.host, self.port)
 
 
+class CorefileServer(Server):
+    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it."""
+
+    def __init__(self, corefile: Path) -> None:
+        self.snapshot, self.args, self.host, self.port = None, (), "", 0
+        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile)))
+
+
+def free_ports(*names: str) -> dict[str, int]:
+    sockets = []
+    for _ in names:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
 #: The `start_server` fixture: start_server(*args, snapshot=None) -> a running Server.
 StartServer = Callable[..., Server]
 

@@ -8,7 +8,6 @@ The Corefile is kubeadm's, changed only where a loopback test must: the ports, `
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,10 @@ import dns.rcode
 import pytest
 
 from tests.integration.support import (
-    Server,
+    CorefileServer,
     copy_snapshot,
     dig,
+    free_ports,
     http_get,
     metric_total,
     udp,
@@ -31,7 +31,6 @@ from tests.integration.support import (
 )
 from tests.kubeapi import FakeApiServer
 from tests.objects import headless, service
-from tests.server_process import ServerProcess, toposdns_command
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -78,18 +77,6 @@ def kubeadm_corefile(ports: dict[str, int], kubeconfig: Path, upstream: int, ttl
 """
 
 
-def free_ports(*names: str) -> dict[str, int]:
-    sockets = []
-    for _ in names:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 class ConfigMap:
     """A directory laid out as the kubelet mounts a ConfigMap: `Corefile` -> `..data/Corefile`,
     `..data` -> a versioned directory, swapped whole on an update."""
@@ -111,14 +98,6 @@ class ConfigMap:
         link = self.directory / "..data_tmp"
         link.symlink_to(data.name)
         os.replace(link, self.directory / "..data")
-
-
-class CorefileServer(Server):
-    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it."""
-
-    def __init__(self, corefile: Path) -> None:
-        self.snapshot, self.args, self.host, self.port = None, (), "", 0
-        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile)))
 
 
 @pytest.fixture

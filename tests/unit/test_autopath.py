@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import config_of, snapshot_of
 from tests.objects import namespace, pod_locator, service
-from toposdns.resolve.answer import RR, Answer
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import (
     AutopathOptions,
     candidates,
@@ -23,6 +23,7 @@ from toposdns.resolve.autopath import (
 )
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
 from toposdns.wire.codes import CNAME, NOERROR, NXDOMAIN, SERVFAIL, A, Name
+from toposdns.wire.records import RR
 
 
 def labels(text: str) -> Name:

@@ -184,6 +184,41 @@ def test_log_with_names_and_classes(tmp_path: Path) -> None:
     assert every.classes == frozenset()
 
 
+def test_server_blocks_beside_the_kubernetes_one(tmp_path: Path) -> None:
+    config = read(
+        tmp_path,
+        """\
+        cluster.local:53 {
+            kubernetes
+            prometheus
+            forward . 192.0.2.1
+        }
+        . {
+            errors
+            forward . 192.0.2.2:5353 {
+                max_concurrent 10
+            }
+            cache 30
+            loop
+        }
+        consul.local:53 Service.Consul:53 {
+            prometheus
+            forward . 192.0.2.3
+        }
+        """,
+    )
+    assert config.block_zones == (("cluster", "local"),)
+    assert config.upstreams == (Upstream("192.0.2.1", 53),)
+    root, consul = config.blocks
+    assert root.zones == ((),) and root.place.endswith("/Corefile:6")
+    assert root.forward.upstreams == (Upstream("192.0.2.2", 5353),)
+    assert root.forward.max_concurrent == 10
+    assert root.cache.success.max_ttl == 30 and root.cache.success.disabled == ()
+    assert consul.zones == (("consul", "local"), ("service", "consul"))
+    # A block without cache keeps nothing, as in CoreDNS.
+    assert consul.cache.success.disabled == ((),) and consul.cache.denial.disabled == ((),)
+
+
 # Each: a Corefile CoreDNS would reject, or one toposdns cannot serve, and the line it gets.
 REFUSED = [
     (".:53 {\n    kubernetes\n    rewrite name a b\n}\n", "Corefile:3: rewrite: unknown plugin;"),
@@ -193,19 +228,37 @@ REFUSED = [
     (".:53 {\n  kubernetes\n  kubernetes\n}\n", "Corefile:3: kubernetes: given twice"),
     (
         ".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n",
-        "Corefile:4: .:54: a server block on a second port",
+        "Corefile:4: .:54: a second server block with kubernetes (the first is at line 1)",
     ),
-    # kubeadm-era split: the cluster zone in its own block, the rest forwarded by another
     (
-        "cluster.local:53 {\n  kubernetes\n}\n.:53 {\n  forward . 1.1.1.1\n}\n",
-        "Corefile:4: .:53: a second server block on the same port (the first is at line 1): "
-        "toposdns serves one block; put its plugins in one .:PORT block",
+        ".:53 {\n  kubernetes\n}\nconsul.local:54 {\n  forward . 1.1.1.1\n}\n",
+        "Corefile:4: consul.local:54: a server block on port 54, beside the kubernetes block's 53",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\n.:53 {\n  forward . 1.1.1.1\n}\n",
+        "Corefile:4: .:53: the zone . on port 53 is another server block's already (line 1)",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\na.b:53 {\n  forward . 1.1.1.1\n}\nA.b:53 {\n  cache\n}\n",
+        "Corefile:7: A.b:53: the zone A.b on port 53 is another server block's already (line 4)",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\nconsul.local {\n  acl\n}\n",
+        "Corefile:5: acl: not supported in a server block without kubernetes; supported there: "
+        "cache, errors, forward, log, loop, prometheus",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\nconsul.local {\n  log\n}\n",
+        "Corefile:5: log: log in a server block without kubernetes: toposdns logs every query",
+    ),
+    (
+        ".:53 {\n  kubernetes\n  prometheus :9153\n}\nconsul.local {\n  prometheus :9154\n}\n",
+        "Corefile:6: prometheus: a prometheus address other than the kubernetes block's",
     ),
     (".:53 {\n  kubernetes\n", "Corefile:1: .:53: this block is never closed"),
     (".:53 {\n  health { lameduck 5s }\n}\n", "Corefile:2: {: a { must end its line"),
-    (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin"),
+    (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin in any server block"),
     ("tls://.:853 {\n  kubernetes\n}\n", "Corefile:1: tls://.:853: tls:// servers are not"),
-    ("a:53 {\n  kubernetes\n  forward . 1.1.1.1\n}\n", "Corefile:3: forward: forward in a"),
     (".:53 {\n  kubernetes\n  forward example.org 1.1.1.1\n}\n", "only is not supported"),
     (".:53 {\n  kubernetes\n  reload 1s\n}\n", "Corefile:3: reload 1s: the interval must be"),
     (".:53 {\n  kubernetes\n  cache 30 example.org\n}\n", "caching only some zones"),

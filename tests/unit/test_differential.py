@@ -537,6 +537,8 @@ class Queries:
         options = []
         if rng.random() < 0.5:
             options.append((8, self.client_subnet()))
+            if rng.random() < 0.1:  # two: every path must believe the same one, the first
+                options.append((8, self.client_subnet()))
         if rng.random() < 0.25:
             cookie = rng.randbytes(8) + (rng.randbytes(16) if rng.random() < 0.5 else b"")
             options.append((10, cookie))

@@ -49,3 +49,33 @@ def test_a_reload_applies_answers_now_and_where_to_serve_at_the_restart(
             assert port > 0
 
     asyncio.run(run())
+
+
+# Each: a flag changed by a reload, and the name the warning gives it (None: applied at once).
+RELOADED = [
+    ({"--explain": "127.0.0.1:9999"}, "explain"),
+    ({"--http": "127.0.0.1:9998"}, "http"),
+    ({"--udp-batch": "off"}, "udp_batch"),
+    ({"--workers": "3"}, "workers"),
+    ({"--listen": "127.0.0.1:5301"}, "bind and port"),
+    ({"--tcp-idle-timeout": "3s"}, "tcp"),
+    ({"--query-log": True}, "log"),
+    ({"--ttl": "9"}, None),
+    ({"--ecs-trust": "10.0.0.0/8"}, None),
+    ({"--upstream": "192.0.2.9"}, None),
+    ({"--loadbalance": True}, None),
+]
+
+
+@pytest.mark.parametrize(("flags", "waiting"), RELOADED)
+def test_every_reloaded_setting_is_applied_or_named_as_waiting(
+    flags: dict[str, Any], waiting: str | None
+) -> None:
+    running = config_of()
+    reloaded = config_of(**flags)
+    assert reloaded != running
+    applied, named = server.restart_only(reloaded, running)
+    if waiting is None:
+        assert named == [] and applied == reloaded
+    else:
+        assert named == [waiting] and applied == running

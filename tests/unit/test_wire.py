@@ -8,9 +8,10 @@ import dns.message
 import dnslib
 import pytest
 
-from toposdns.resolve.answer import RR, Answer, Soa, Srv
+from toposdns.resolve.answer import Answer
 from toposdns.wire.codes import AAAA, CNAME, NOERROR, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import ClientSubnet, Dropped, Edns, Query, Rejected, decode_query
+from toposdns.wire.edns import read_options, split_query
 from toposdns.wire.encode import (
     encode_badvers,
     encode_bare,
@@ -19,6 +20,7 @@ from toposdns.wire.encode import (
     truncate,
     udp_limit,
 )
+from toposdns.wire.records import RR, Soa, Srv
 
 ZONE = ("cluster", "local")
 NAME = ("web", "shop", "svc") + ZONE
@@ -57,6 +59,18 @@ class TestDecode:
         ecs = dnslib.EDNSOption(8, bytes.fromhex("00023800") + bytes.fromhex("20010db8000000"))
         query = decode_query(query_bytes(opts=[ecs]))
         assert query.ecs is not None and query.ecs.address == "2001:db8::"
+
+    def test_the_first_of_two_ecs_options_counts(self) -> None:
+        # The first is the one a forwarder's `rewrite edns0 subnet set` overwrote.
+        first = dnslib.EDNSOption(8, bytes.fromhex("00011800c00002"))
+        second = dnslib.EDNSOption(8, bytes.fromhex("00011800c63364"))
+        data = query_bytes(opts=[first, second])
+        assert decode_query(data).ecs == ClientSubnet(1, 24, "192.0.2.0", b"\xc0\x00\x02")
+        split = split_query(data)
+        assert split is not None and read_options(split[1]).subnet == ("192.0.2.0", 24)
+        # A malformed one is FORMERR wherever it stands.
+        with pytest.raises(Rejected):
+            decode_query(query_bytes(opts=[first, dnslib.EDNSOption(8, b"\x00")]))
 
     @pytest.mark.parametrize(
         "value",

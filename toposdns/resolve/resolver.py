@@ -31,7 +31,7 @@ from toposdns.options import (
     none,
     sets,
 )
-from toposdns.resolve.answer import RR, Answer, Chase, Soa, Srv
+from toposdns.resolve.answer import Answer, Chase
 from toposdns.resolve.qname import (
     PIN,
     POD,
@@ -71,9 +71,9 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
+from toposdns.wire.encode import MAX_TCP_SIZE
+from toposdns.wire.records import RR, Soa, Srv
 
-#: The largest DNS message (RFC 1035 §4.2.2, TCP's length field): no reply is larger.
-MAX_MESSAGE = 65535
 #: The least a record of a reply takes besides its rdata: its owner name, compressed to a
 #: pointer at least (no owner here is the root), then type, class, TTL and rdata length.
 _RR_LEAST = 12
@@ -297,7 +297,7 @@ def resolve(
     config: ResolverConfig,
     client: Labels | None = None,
     trace: list[Decision] | None = None,
-    limit: int = MAX_MESSAGE,
+    limit: int = MAX_TCP_SIZE,
 ) -> Answer:
     """Answer one question. `name` is the query name's labels exactly as asked.
 

@@ -25,13 +25,13 @@ from time import perf_counter
 from typing import Any, TextIO
 
 from toposdns.options import Origin, Plugin, Setting, adds, domain, none, sets
-from toposdns.resolve.answer import name_text, type_name
 from toposdns.serve.acl import Screen
 from toposdns.serve.responder import Responder, Transport
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.wire.codes import NOERROR, NXDOMAIN, RCODE_NAMES, Name
 from toposdns.wire.decode import HEADER_SIZE, read_name, record_spans
+from toposdns.wire.records import name_text, type_name
 
 #: Reply classes of CoreDNS's response.Classify, and `all`.
 CLASSES = ("success", "denial", "error", "all")

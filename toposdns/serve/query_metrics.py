@@ -32,8 +32,8 @@ from time import perf_counter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from toposdns.resolve.answer import type_name
 from toposdns.wire.codes import RCODE_NAMES
+from toposdns.wire.records import type_name
 
 ZONE = "."
 #: qtypes CoreDNS reports by name (vars/monitor.go); the rest are "other".

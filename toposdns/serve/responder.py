@@ -33,11 +33,12 @@ from typing import Any, Literal
 
 from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.options import Plugin, Setting, none, sets
-from toposdns.resolve.answer import Answer, name_text, type_name
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
+from toposdns.serve.blocks import Blocks
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
     Cached,
@@ -46,6 +47,7 @@ from toposdns.serve.cache import (
     ReplyCache,
     TopologyReplies,
 )
+from toposdns.serve.chain import PASSED, Next, Reply, Request
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
 from toposdns.serve.negative import Negatives
@@ -115,6 +117,7 @@ from toposdns.wire.encode import (
     fit,
     udp_limit,
 )
+from toposdns.wire.records import name_text, type_name
 from toposdns.wire.shuffle import shuffle_reply
 
 log = logging.getLogger("toposdns")
@@ -154,9 +157,6 @@ ANY_PLUGIN: Plugin[AnyOptions] = Plugin(
 
 #: The rcodes CoreDNS's cache keeps as denials (NXDOMAIN, NODATA is NOERROR, SERVFAIL, NOTIMP).
 DENIALS = frozenset({NOERROR, NXDOMAIN, SERVFAIL, NOTIMP})
-
-#: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
-Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
 
 #: Where a query goes first (`route`).
@@ -203,8 +203,17 @@ class Responder:
         max_udp_size: int = MAX_UDP_SIZE,
         forward_any: bool = False,
         cache: CacheSettings = DEFAULT_CACHE,
+        blocks: Blocks | None = None,
+        front: Next | None = None,
     ) -> None:
         self.config = config
+        #: The plugins the kubernetes block runs before its own (template, hosts), linked and
+        #: ending in `pass_on`: a query they answer is theirs, one they give back (`PASSED`)
+        #: the responder's (serve/chain.py).
+        self.front = front
+        #: The server blocks of the port, when there are others than this one's `.`: a query
+        #: of another block's zone goes down that block's chain (serve/blocks.py).
+        self.blocks = blocks
         self.snapshot = snapshot
         self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
@@ -229,8 +238,10 @@ class Responder:
             if autopath.enabled
             else None
         )
-        #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
-        self.negatives = None if autopath.enabled else Negatives(config)
+        #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
+        #: nor when another server block holds names in the zones.
+        nested = blocks is not None and any(in_zones(zone, config.zones) for zone in blocks.zones())
+        self.negatives = None if autopath.enabled or nested or front else Negatives(config)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
@@ -378,6 +389,10 @@ class Responder:
         key, whatever their case, buffer size and options), then served as a hit is. Anything
         but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
         decoder's path."""
+        if self.front is not None:
+            fronted = self.fronted(data, transport, source, started)
+            if fronted is not False:
+                return fronted
         # A reply kept in another letter case stays: this one is made for this query only.
         kept = self.cache.table.get(key)
         keep = not isinstance(kept, Cached)
@@ -390,11 +405,11 @@ class Responder:
                 return self.counted(data, answer, transport, started, qtype)
         made = self.made(data, key, echo, source, keep)
         if made is None:
-            return self.decoded(data, transport, source, started)
+            return self.decoded(data, transport, source, started, fronted=True)
         cached, scoped = made
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
-            return self.decoded(data, transport, source, started)
+            return self.decoded(data, transport, source, started, fronted=True)
         self.count_miss(kept)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
@@ -495,6 +510,8 @@ class Responder:
             return None
         if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
             return None
+        if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
+            return None  # another block's, or none's: the decoder's path says which
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
             # As many records as the largest reply (TCP's) holds: it serves every transport.
@@ -551,9 +568,31 @@ class Responder:
             for kind in TRANSPORTS
         )
 
-    def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
+    def fronted(
+        self, data: bytes, transport: Transport, source: str, started: float
+    ) -> Reply | Literal[False]:
+        """The reply the plugins before the kubernetes block's own give a plain query, counted;
+        False when they pass it on (or it is not the block's: the decoder's path says why)."""
+        assert self.front is not None
+        try:
+            query = self.bounded(decode_plain(data))
+        except ValueError:
+            return False
+        if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
+            return False
+        if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
+            return False
+        reply = self.front(Request(query, data, transport, source))
+        if reply is PASSED:
+            return False
+        return self.chained(reply, data, transport, started, query.qtype)
+
+    def decoded(
+        self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
+    ) -> Reply:
         """Decode, place, resolve and encode a query in full; nothing is cached. Every query
-        that is not plain, or not answered by the zones, comes this way."""
+        that is not plain, or not answered by the zones, comes this way (`fronted`: the plugins
+        before the kubernetes block's own have passed it on already)."""
         try:
             query = self.bounded(decode_query(data))
         except Dropped:
@@ -565,10 +604,22 @@ class Responder:
         where = route(query, self.config.zones, self.forwarder is not None)
         if where is BADVERS:
             return self.counted(data, encode_badvers(query), transport, started, qtype)
-        if where is UPSTREAMS:
-            return self.upstreams(data, query, transport, source, started)
+        if self.blocks is not None:
+            block = self.blocks.find(query.name, qtype)
+            if block is None:  # no server block of the port holds the name, as CoreDNS
+                return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+            zone, link = block
+            if link is not None:
+                request = Request(query, data, transport, source, name_text(zone))
+                return self.chained(link(request), data, transport, started, qtype)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+        if self.front is not None and not fronted:
+            reply = self.front(Request(query, data, transport, source))
+            if reply is not PASSED:
+                return self.chained(reply, data, transport, started, qtype)
+        if where is UPSTREAMS:
+            return self.upstreams(data, query, transport, source, started)
         self.passed()
         try:
             if self.autopath is not None:
@@ -594,6 +645,14 @@ class Responder:
         except Exception:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
+
+    def chained(
+        self, reply: Reply, data: bytes, transport: Transport, started: float, qtype: int
+    ) -> Reply:
+        """A reply from another server block's chain, counted when it is there."""
+        if reply is None or isinstance(reply, bytes):
+            return reply if reply is None else self.counted(data, reply, transport, started, qtype)
+        return self.counted_later(reply, data, transport, started, qtype, "")
 
     def upstreams(
         self,

@@ -15,7 +15,6 @@ from struct import pack, unpack_from
 from typing import cast
 
 from toposdns.options import Plugin, Setting, integer, sets
-from toposdns.resolve.answer import RR, Answer, Soa, Srv
 from toposdns.wire.codes import (
     AA,
     AAAA,
@@ -36,6 +35,7 @@ from toposdns.wire.codes import (
 )
 from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
 from toposdns.wire.edns import echoed
+from toposdns.wire.records import RR, Sections, Soa, Srv, Written
 
 MIN_UDP_SIZE = 512
 #: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
@@ -134,7 +134,7 @@ _bare_opts: dict[tuple[int, int, int], bytes] = {}
 
 
 def encode_reply(
-    query: Query, answer: Answer, limit: int, fragment_limit: int = 0, ecs_scope: int = 0
+    query: Query, answer: Sections, limit: int, fragment_limit: int = 0, ecs_scope: int = 0
 ) -> bytes:
     """Encode a reply to `query` within `limit` bytes; `fragment_limit` > 0 only for UDP."""
     opt = b""
@@ -148,7 +148,7 @@ def encode_reply(
     return _Writer(query, compress=True).finish(answer, opt, limit)
 
 
-def encode_forms(query: Query, answer: Answer, compress_over: int) -> tuple[bytes, bytes | None]:
+def encode_forms(query: Query, answer: Sections, compress_over: int) -> tuple[bytes, bytes | None]:
     """A reply to cache: uncompressed, and compressed too if the uncompressed one is larger
     than `compress_over` bytes, for the queries it would not fit whole (`fit` cuts either to a
     query's limit). A reply larger than any message uncompressed (65,535 bytes) goes whole to
@@ -164,7 +164,7 @@ def encode_forms(query: Query, answer: Answer, compress_over: int) -> tuple[byte
     return message, _Writer(query, compress=True).finish(answer, opt, None)
 
 
-def _uncompressed(query: Query, answer: Answer, opt: bytes, limit: int) -> bytes | None:
+def _uncompressed(query: Query, answer: Sections, opt: bytes, limit: int) -> bytes | None:
     """The whole reply without name compression: what most replies are, built from the wire
     forms of its names and records, which repeat from reply to reply. None when it is larger
     than `limit` bytes: the records past it are not written."""
@@ -244,7 +244,7 @@ def encode_minimal_any(query: Query) -> bytes:
     """RFC 8482's answer to ANY, as CoreDNS's `any` plugin gives it: one HINFO record, not
     authoritative."""
     hinfo = RR(query.name, HINFO, 8482, ("ANY obsoleted", "See RFC 8482"))
-    answer = Answer(NOERROR, answer=(hinfo,), authoritative=False)
+    answer = Written(NOERROR, answer=(hinfo,))
     return encode_reply(query, answer, MAX_TCP_SIZE)
 
 
@@ -341,7 +341,7 @@ def _skip_name(message: bytes, offset: int) -> int:
 def encode_bare(query: Query, rcode: int) -> bytes:
     """A reply with the question and no records, not authoritative (REFUSED, SERVFAIL, ...)."""
     opt = encode_opt(query.edns, rcode, query.ecs) if query.edns is not None else b""
-    return _Writer(query, compress=False).finish(Answer(rcode, authoritative=False), opt, None)
+    return _Writer(query, compress=False).finish(Written(rcode), opt, None)
 
 
 def encode_badvers(query: Query) -> bytes:
@@ -350,7 +350,7 @@ def encode_badvers(query: Query) -> bytes:
     As CoreDNS's `edns.Version`, the OPT carries a zero buffer size and no options.
     """
     opt = b"\x00" + pack("!HHIH", OPT, 0, 1 << 24, 0)
-    return _Writer(query, compress=False).finish(Answer(0, authoritative=False), opt, None)
+    return _Writer(query, compress=False).finish(Written(0), opt, None)
 
 
 def encode_rejection(data: bytes, rcode: int) -> bytes:
@@ -369,7 +369,7 @@ class _Writer:
         self.buf = bytearray()
         self.added: list[Name] = []  # suffixes the current record made known
 
-    def finish(self, answer: Answer, opt: bytes, limit: int | None) -> bytes:
+    def finish(self, answer: Sections, opt: bytes, limit: int | None) -> bytes:
         """Header, question, as many records as fit under `limit`, then the OPT record."""
         query = self.query
         self.buf += b"\x00" * 12

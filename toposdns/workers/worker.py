@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from prometheus_client import CollectorRegistry
-
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import ANSWERING
@@ -151,11 +149,6 @@ async def work(start: Start, channel: socket.socket) -> None:
     """Answer DNS on the shared port and follow the supervisor, until told to stop."""
     config = start.config
     dns = DnsServer(config, start.resolver, start.snapshot)
-    responder = dns.responder
-    registry = CollectorRegistry()
-    if dns.metrics is not None:
-        for collector in (dns.metrics, responder.topology_counts, *ANSWERING):
-            registry.register(collector)
     reader, writer = await asyncio.open_unix_connection(sock=channel)
 
     def send(message: Message) -> None:
@@ -168,9 +161,10 @@ async def work(start: Start, channel: socket.socket) -> None:
         if dns.forwarder is not None:
             dns.forwarder.loops.probes.update(start.probes)
             dns.forwarder.loops.on_probe = lambda question: send(Looped(question))
+        dns.register(life.stack)
         await dns.start(life.stack, start.port, reuse_port=True)
         send(Serving())
-        follow = _follow(reader, send, dns, start.builder, registry, life)
+        follow = _follow(reader, send, dns, start.builder, life)
         following = life.start(follow, "supervisor")
         await life.main_loop()
         if following.done():
@@ -184,7 +178,6 @@ async def _follow(
     send: Callable[[Message], None],
     dns: DnsServer,
     builder: StoreBuilder | None,
-    registry: CollectorRegistry,
     life: Lifecycle,
 ) -> None:
     """Do what the supervisor says, in order, until it closes its end."""
@@ -200,6 +193,6 @@ async def _follow(
         elif isinstance(message, Reconfigure):
             dns.reconfigure(message.config)
         elif isinstance(message, Scrape):
-            send(Families(message.request, list(registry.collect())))
+            send(Families(message.request, list(ANSWERING.collect())))
         elif isinstance(message, Stop):
             life.stop(now=message.now)

@@ -1,0 +1,122 @@
+"""The server blocks of one port, and the chains of the blocks beside the kubernetes one.
+
+A Corefile may hold several server blocks on a port, each for its zones (its keys:
+`consul.local:53 { forward . 10.0.0.10 }` is a stub domain). CoreDNS's dnsserver gives a
+query to the block whose zone is the longest suffix of its name (`.` last), and REFUSED when
+no block's zone holds it; a DS question goes to the parent's block when its name is a block's
+zone itself, as the delegation's parent answers DS (RFC 4035 section 3.1.4.1).
+
+The kubernetes server block is the responder's (serve/responder.py), with its caches and fast
+paths; `Blocks.find` tells it which queries are its own (None) and hands the others to their
+block's chain (serve/chain.py), built here from the block's options in CoreDNS's plugin order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from toposdns.serve.chain import Handler, Next, Reply, Request, chain
+from toposdns.serve.forward import Forwarder, ForwardOptions
+from toposdns.serve.forward_cache import CacheSettings
+from toposdns.wire.codes import DS, Name
+from toposdns.wire.encode import encode_bare, encode_opt
+
+log = logging.getLogger("toposdns")
+
+
+@dataclass(frozen=True, slots=True)
+class BlockConfig:
+    """A server block without the kubernetes plugin: its zones and its plugins' options."""
+
+    #: The block's keys' zones, lower case.
+    zones: tuple[Name, ...]
+    #: Where its keys are written (`file:line`), for messages.
+    place: str = ""
+    forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
+    #: CoreDNS's `cache` as the block sets it (off when it has none).
+    cache: CacheSettings = field(default_factory=CacheSettings)
+
+
+class Blocks:
+    """The server blocks of one port, by zone: the kubernetes block's zones lead to None (the
+    responder answers), every other block's to its chain."""
+
+    def __init__(self, main: Sequence[Name], others: Sequence[tuple[BlockConfig, Next]]) -> None:
+        self.by_zone: dict[Name, Next | None] = {zone: None for zone in main}
+        for config, link in others:
+            for zone in config.zones:
+                self.by_zone[zone] = link
+
+    def find(self, name: Name, qtype: int) -> tuple[Name, Next | None] | None:
+        """The zone of the block that answers `name`, and its chain (None: the kubernetes
+        block's); None when no block holds the name (REFUSED)."""
+        lowered = tuple(label.lower() for label in name)
+        found: tuple[Name, Next | None] | None = None
+        for start in range(len(lowered) + 1):
+            zone = lowered[start:]
+            if zone in self.by_zone:
+                if found is None:
+                    found = (zone, self.by_zone[zone])
+                    if not (qtype == DS and start == 0 and zone):
+                        return found
+                else:  # a DS question for a block's own zone: its parent's block answers
+                    return (zone, self.by_zone[zone])
+        return found
+
+    def mine(self, name: Name, qtype: int) -> bool:
+        """True if the kubernetes block answers `name`."""
+        found = self.find(name, qtype)
+        return found is not None and found[1] is None
+
+    def zones(self) -> list[Name]:
+        """The zones of the blocks beside the kubernetes one."""
+        return [zone for zone, link in self.by_zone.items() if link is not None]
+
+
+class Forwarding:
+    """CoreDNS's `forward` (with its `cache`) at the end of a server block's chain."""
+
+    name = "forward"
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        self.forwarder = forwarder
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        return self.relayed(request)
+
+    async def relayed(self, request: Request) -> bytes | None:
+        """The upstream's reply, or the rcode the forwarder gives when there is none."""
+        query = request.query
+        opt = encode_opt(query.edns) if query.edns is not None else b""
+        reply = await self.forwarder.forward(
+            request.data, request.transport.tcp, request.limit, opt
+        )
+        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
+
+
+def block_forwarder(config: BlockConfig, cache_max_bytes: int) -> Forwarder | None:
+    """The block's forwarder, with its cache bounded to `cache_max_bytes`; None without one."""
+    options = config.forward
+    if not options.upstreams:
+        return None
+    settings = CacheSettings(
+        success=config.cache.success,
+        denial=config.cache.denial,
+        max_bytes=cache_max_bytes,
+    )
+    return Forwarder(
+        list(options.upstreams),
+        max_concurrent=options.max_concurrent,
+        cache=settings,
+        allow=options.allow,
+    )
+
+
+def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> Next:
+    """The block's plugins linked in CoreDNS's order."""
+    handlers: list[Handler] = []
+    if forwarder is not None:
+        handlers.append(Forwarding(forwarder))
+    return chain(handlers)
