@@ -629,8 +629,10 @@ class Responder:
             subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
             labels, via_ecs = self.placer.place(source, subnet)
             # Never cached: no more records than this reply can hold.
-            limit = self.limit(query, transport)
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels, None, limit)
+            room = self.limit(query, transport)
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+            )
             if answer.fallthrough and self.forwarder is not None:
                 return self.upstreams(data, query, transport, source, started, passed=True)
             # The answer was tailored to the ECS prefix only if it depended on the client.

@@ -323,8 +323,8 @@ def _cut(body: bytes, opt: bytes, limit: int) -> bytes:
     answers = min(kept, ancount)
     authority = min(kept - answers, nscount)
     additional = kept - answers - authority + (1 if opt else 0)
-    counts = pack("!3H", answers, authority, additional)
-    return bytes((body[0] | TC >> 8, body[1])) + body[2:4] + counts + body[HEADER_SIZE - 2 : cut] + opt
+    header = bytes((body[0] | TC >> 8, body[1])) + body[2:4]
+    return header + pack("!3H", answers, authority, additional) + body[HEADER_SIZE - 2 : cut] + opt
 
 
 def _skip_name(message: bytes, offset: int) -> int:
