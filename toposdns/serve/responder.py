@@ -629,7 +629,7 @@ class Responder:
             subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
             labels, via_ecs = self.placer.place(source, subnet)
             # Never cached: no more records than this reply can hold.
-            room = self.limit(query, transport)
+            room = self.reply_limit(query, transport)
             answer = resolve(
                 query.name, query.qtype, self.snapshot, self.config, labels, limit=room
             )
@@ -687,10 +687,10 @@ class Responder:
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
-        limit = self.limit(query, transport)
+        limit = self.reply_limit(query, transport)
         return encode_reply(query, answer, limit, transport.fragment_limit, scope)
 
-    def limit(self, query: Query, transport: Transport) -> int:
+    def reply_limit(self, query: Query, transport: Transport) -> int:
         """The largest reply to a decoded query (its buffer bounded already, `bounded`)."""
         return MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
 
