@@ -55,6 +55,11 @@ LOCATOR_CONFLICTS = Counter(
     "Prefixes claimed by two or more PodLocators (nobody inside them is placed), counted once "
     "per change of their claimants.",
 )
+IGNORED_LOCATORS = Counter(
+    "toposdns_ignored_locators",
+    "PodLocators ignored because their namespace is not believed (--locator-namespaces), "
+    "counted once when each appears.",
+)
 UNPLACED_SUBNETS = Counter(
     "toposdns_unplaced_client_subnets",
     "Client Subnet prefix lengths shorter than a host that no PodLocator CIDR held whole, "
@@ -143,6 +148,40 @@ ACL_DROPPED = Counter(
     "coredns_acl_dropped_requests",
     "Counter of DNS requests being dropped.",
     ["server", "zone", "view"],
+    registry=ANSWERING,
+)
+# CoreDNS's `hosts` (serve/hosts.py), as its metrics.go defines them.
+HOSTS_ENTRIES = Gauge(
+    "coredns_hosts_entries",
+    "The combined number of entries in hosts and Corefile.",
+    ["hostsfile"],
+    registry=ANSWERING,
+)
+HOSTS_RELOAD_TIMESTAMP = Gauge(
+    "coredns_hosts_reload_timestamp_seconds",
+    "The timestamp of the last reload of hosts file (the file's modification time, as CoreDNS's).",
+    registry=ANSWERING,
+)
+#: Gauges each worker sets alike, from the same file: /metrics shows their largest value rather
+#: than their sum (workers/exposition.py).
+UNSUMMED = frozenset({"coredns_hosts_entries", "coredns_hosts_reload_timestamp_seconds"})
+# CoreDNS's `template` (serve/template.py), as its metrics.go defines them.
+TEMPLATE_MATCHES = Counter(
+    "coredns_template_matches",
+    "Counter of template regex matches.",
+    ["server", "zone", "view", "class", "type"],
+    registry=ANSWERING,
+)
+TEMPLATE_FAILURES = Counter(
+    "coredns_template_template_failures",
+    "Counter of go template failures.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
+TEMPLATE_RR_FAILURES = Counter(
+    "coredns_template_rr_failures",
+    "Counter of mis-templated RRs.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
     registry=ANSWERING,
 )
 REGISTRY.register(ANSWERING)

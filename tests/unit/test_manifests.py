@@ -1134,6 +1134,9 @@ def test_controller() -> None:
     assert item["args"][0] == "controller"
     options = flags(item["args"])
     assert options["--namespace"] == "$(POD_NAMESPACE)"
+    # DNS believes the PodLocators of the namespace the controller writes them in, only.
+    dns = flags(container(dns_deployment())["args"])
+    assert dns["--locator-namespaces"] == deployment["metadata"]["namespace"]
     env = {var["name"]: var for var in item["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     http_port = int(options["--http"].rpartition(":")[2])

@@ -46,6 +46,10 @@ def test_a_reload_applies_answers_now_and_where_to_serve_at_the_restart(
             kept = dns.forwarder
             assert dns.reconfigure(config_of(**{"--upstream": "192.0.2.2", "--ttl": "5"})) == []
             assert dns.forwarder is kept
+            # The store believes the locators of its namespaces from the start.
+            widened = config_of(**{"--upstream": "192.0.2.2", "--locator-namespaces": "*"})
+            assert dns.reconfigure(widened) == ["locator_namespaces"]
+            assert dns.config.toposdns.locator_namespaces == {"toposdns"}
             assert port > 0
 
     asyncio.run(run())

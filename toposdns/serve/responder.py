@@ -239,9 +239,9 @@ class Responder:
             else None
         )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
-        #: nor when another server block holds names in the zones.
-        nested = blocks is not None and any(in_zones(zone, config.zones) for zone in blocks.zones())
-        self.negatives = None if autopath.enabled or nested or front else Negatives(config)
+        #: nor when a name of the zones may be another server block's or none's.
+        shared = blocks is not None and not blocks.holds_whole(config.zones)
+        self.negatives = None if autopath.enabled or shared or front else Negatives(config)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
@@ -250,6 +250,12 @@ class Responder:
         self.first_seen: set[int] = set()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
+
+    def clear(self) -> None:
+        """Drop every cached reply: a plugin before the kubernetes block's own (a hosts file
+        read again) may now answer a name whose reply the cache holds."""
+        self.cache.clear()
+        self.first_seen.clear()
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
@@ -572,11 +578,12 @@ class Responder:
         self, data: bytes, transport: Transport, source: str, started: float
     ) -> Reply | Literal[False]:
         """The reply the plugins before the kubernetes block's own give a plain query, counted;
-        False when they pass it on (or it is not the block's: the decoder's path says why)."""
+        False when they pass it on (or it is not the block's: the decoder's path says why).
+        Decoded whole, EDNS options too: a reply of theirs echoes the query's cookie."""
         assert self.front is not None
         try:
-            query = self.bounded(decode_plain(data))
-        except ValueError:
+            query = self.bounded(decode_query(data))
+        except (Dropped, Rejected):
             return False
         if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
             return False
@@ -637,7 +644,9 @@ class Responder:
                 return self.upstreams(data, query, transport, source, started, passed=True)
             # The answer was tailored to the ECS prefix only if it depended on the client.
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
-            if answer.chase is not None and self.forwarder is not None:
+            if answer.chase is not None and self.admits(source):
+                # Outside --forward-allow the CNAME stands alone, as CoreDNS's upstream lookup
+                # would leave it with an acl block refusing the target to this client.
                 chased = self.chased(query, answer, transport, scope)
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
             reply = self.balanced(self.encoded(query, answer, transport, scope))
@@ -796,6 +805,11 @@ class Responder:
         """A name autopath found (`coredns_autopath_success_total`, with metrics on)."""
         if self.metrics is not None:
             AUTOPATH_SUCCESS.labels(self.metrics.server).inc()
+
+    def admits(self, source: str) -> bool:
+        """Whether names outside the zones may go upstream for this client: there are
+        upstreams, and it is inside `--forward-allow`."""
+        return self.forwarder is not None and self.forwarder.admits(source)
 
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""

@@ -129,7 +129,11 @@ class Supervisor:
         self.life = life
         #: What every worker serves, or will once it has applied the last batch.
         self.current_snapshot = Snapshot(synced=config.snapshot.path is not None)
-        self.builder = JournaledBuilder() if config.snapshot.path is None else None
+        self.builder = (
+            JournaledBuilder(config.toposdns.locator_namespaces)
+            if config.snapshot.path is None
+            else None
+        )
         self.exposition: Callable[[], Awaitable[bytes]] | None = self.summed
         self.source: KubeSource | None = None
         self.batch = 0
