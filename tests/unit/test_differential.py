@@ -961,6 +961,8 @@ def run_rounds(seed: int, config_name: str, rounds: int = ROUNDS, publish: bool 
                 await run.round(number, publish)
         finally:
             run.frontends.close()
+            if run.responder.forwarder is not None:  # its TCP connections, kept for reuse
+                await run.responder.forwarder.close()
             if run.upstream is not None:
                 run.upstream.stop()
         return run
