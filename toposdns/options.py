@@ -15,6 +15,7 @@ The validators below are the ones plugins share: numbers, durations, sizes, name
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
@@ -324,3 +325,29 @@ def networks(words: Sequence[str], origin: Origin) -> tuple[Network, ...]:
         except ValueError:
             raise origin.error(f"{word!r} is not a CIDR, e.g. 10.244.0.0/16") from None
     return tuple(found)
+
+
+#: Go's duration units, in seconds.
+GO_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def go_duration(text: str, origin: Origin, example: str = "5s") -> float:
+    """Seconds from a duration as Go's `time.ParseDuration` reads it, where CoreDNS does: each
+    number with its unit (`30s`, `1h20m`, `100ms`), a sign before them; a bare `0` is the only
+    number without one (`20` is refused, as by CoreDNS)."""
+    body = text[1:] if text[:1] in "+-" else text
+    parts = _GO_PART.findall(body)
+    if body != "0" and (not parts or "".join(n + unit for n, unit in parts) != body):
+        raise origin.error(f"{text!r} is not a duration: a number and its unit, e.g. {example}")
+    total = sum(float(number) * GO_UNITS[unit] for number, unit in parts)
+    return -total if text.startswith("-") else total

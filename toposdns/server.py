@@ -181,6 +181,7 @@ class DnsServer:
         self.forwarder = make_forwarder(config)
         self.block_forwarders, self.blocks = make_blocks(config)
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.count_forward_caches()
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
@@ -219,6 +220,7 @@ class DnsServer:
             retired = [self.forwarder, *self.block_forwarders]
             self.forwarder = make_forwarder(config)
             self.block_forwarders, self.blocks = make_blocks(config)
+            self.count_forward_caches()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -234,6 +236,15 @@ class DnsServer:
             protocol.screen = self.screen
         self.config = config
         return restart
+
+    def count_forward_caches(self) -> None:
+        """Count what the forward caches do (prefetches, stale replies, evictions) in this
+        server's metrics, which go on across reloads."""
+        if self.metrics is None:
+            return
+        for forwarder in (self.forwarder, *self.block_forwarders):
+            if forwarder is not None:
+                forwarder.cache.counts = self.metrics.forward_counts
 
     async def retire(self, forwarder: Forwarder) -> None:
         """Close a forwarder a reload replaced, once its queries are done."""
