@@ -28,7 +28,8 @@ from toposdns.serve.upstream import Upstream
 from toposdns.wire.codes import REFUSED, SERVFAIL
 
 HOUR = 3600.0
-SOA = "example.org. {ttl} IN SOA sns.dns.icann.org. noc.dns.icann.org. 2016082540 7200 3600 1209600 3600"
+SOA = "example.org. {ttl} IN SOA sns.dns.icann.org. noc.dns.icann.org. 2016082540 7200 3600 1209600"
+SOA += " 3600"
 
 
 class Clock:
@@ -70,7 +71,8 @@ class Backend(asyncio.DatagramProtocol):
             if self.mode == "answer":
                 self.answered += 1
                 n = self.answered  # 127.0.0.N for the first 255
-                line = f"{query.q.qname} {self.ttl} IN A 127.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+                address = f"127.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+                line = f"{query.q.qname} {self.ttl} IN A {address}"
                 reply.add_answer(*dnslib.RR.fromZone(line))
             else:
                 reply.header.rcode = SERVFAIL if self.mode == "servfail" else 3

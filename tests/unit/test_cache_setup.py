@@ -296,7 +296,5 @@ def test_serve_stale_policy_is_refused_with_what_is_supported(tmp_path: Path) ->
     # positive and a negative one, so prefer_positive has nothing to prefer.
     with pytest.raises(ConfigError) as error:
         read_cache(tmp_path, block("serve_stale\nserve_stale_policy prefer_positive"), WHERE[0])
-    assert "Corefile:5: serve_stale_policy: not an option of cache; " in str(
-        error.value
-    )
+    assert "Corefile:5: serve_stale_policy: not an option of cache; " in str(error.value)
     assert "keepttl, prefetch, serve_stale, servfail, success" in str(error.value)
