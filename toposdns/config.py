@@ -36,6 +36,7 @@ from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.cache import CACHE_BOUNDS, CacheBoundOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CACHE, CacheSettings
+from toposdns.serve.hosts import HOSTS, HostsOptions
 from toposdns.serve.http import (
     HEALTH,
     PROMETHEUS,
@@ -48,6 +49,7 @@ from toposdns.serve.listen import BIND, ListenOptions
 from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.tcp import TCP, TcpOptions
+from toposdns.serve.template import TEMPLATE, TemplateOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
 from toposdns.store.placement import EVERY_NAMESPACE
@@ -197,9 +199,11 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     RELOAD,
     ACL,
     LOG,
+    HOSTS,
+    TEMPLATE,
 )
 #: The plugins a server block without kubernetes may hold (serve/blocks.py).
-BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE)
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, TEMPLATE)
 #: The plugins `toposdns explain` takes: those that change answers (of toposdns's own
 #: settings, which PodLocators are believed).
 LOCATOR_TRUST: Plugin[ToposdnsOptions] = Plugin(
@@ -233,6 +237,8 @@ class ServeConfig:
     reload: ReloadOptions = field(default_factory=ReloadOptions)
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
+    hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
     #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
     block_zones: tuple[Name, ...] = ((),)
     #: The server blocks beside it on its port (stub domains).

@@ -27,7 +27,7 @@ from toposdns.config import BLOCK_PLUGINS, PLUGINS, Reading
 from toposdns.options import ConfigError, Origin, Plugin, domain
 from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.forward import ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import cache_off
 from toposdns.serve.http import PROMETHEUS
 from toposdns.wire.codes import Name
 
@@ -55,7 +55,7 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl",)
+REPEATABLE = ("acl", "template")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -162,7 +162,9 @@ def read_block(
         tuple(key.zone for key, _ in keys),
         key_tokens[0].place,
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
-        options["cache"] if "cache" in seen else _cache_off(options["cache"]),
+        options["cache"] if "cache" in seen else cache_off(options["cache"]),
+        hosts=options["hosts"],
+        template=options["template"],
     )
 
 
@@ -473,17 +475,18 @@ def _directive(
         option = line[0]
         words = [token.text for token in line[1:]]
         found = next(((p, s) for p in plugins if (s := p.setting(option.text)) is not None), None)
+        said = option.text
         if found is None and not option.quoted:
             # A line of data rather than an option (a `hosts` entry): the plugin's `*` setting
-            # takes it whole.
+            # takes it whole, and a message names the directive before it.
             found = next(((p, s) for p in plugins if (s := p.setting("*")) is not None), None)
-            words = [option.text, *words]
+            words, said = [option.text, *words], word.text
         if option.quoted or found is None:
             supported = sorted(w for plugin in plugins for w in plugin.words())
             raise option.error(
                 f"not an option of {word.text}; supported: {', '.join(supported) or 'none'}"
             )
-        reading.apply(*found, words, Origin(option.text, " ".join(words), option.place))
+        reading.apply(*found, words, Origin(said, " ".join(words), option.place))
 
 
 def _absent(reading: Reading, seen: dict[str, Token]) -> None:
@@ -492,14 +495,4 @@ def _absent(reading: Reading, seen: dict[str, Token]) -> None:
     if "forward" not in seen:
         options["forward"] = replace(options["forward"], upstreams=())
     if "cache" not in seen:
-        options["cache"] = _cache_off(options["cache"])
-
-
-def _cache_off(cache: CacheSettings) -> CacheSettings:
-    """The `cache` settings of a block without one: nothing kept, for any zone."""
-    off = ((),)
-    return replace(
-        cache,
-        success=replace(cache.success, disabled=off),
-        denial=replace(cache.denial, disabled=off),
-    )
+        options["cache"] = cache_off(options["cache"])

@@ -15,6 +15,7 @@ The validators below are the ones plugins share: numbers, durations, sizes, name
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
@@ -221,7 +222,7 @@ def seconds(low: float = 0.001, high: float = 3600.0) -> Parse:
 
 
 def duration_value(text: str, origin: Origin) -> float:
-    """Seconds from `5`, `5s`, `500ms`, `1m` or `1h` (Go's durations, as CoreDNS reads them)."""
+    """Seconds from `5`, `5s`, `500ms`, `1m`, `2h45m` (Go's durations, as CoreDNS reads them)."""
     value = _duration(text, origin)
     if value < 0:
         raise origin.error("must not be negative")
@@ -229,18 +230,40 @@ def duration_value(text: str, origin: Origin) -> float:
 
 
 def _duration(text: str, origin: Origin) -> float:
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    number, scale = text, 1.0
-    for suffix in ("ms", "s", "m", "h"):
-        if text.endswith(suffix):
-            number, scale = text[: -len(suffix)], units[suffix]
-            break
+    """Seconds from a plain number or a Go duration: numbers each with its unit (`1.5h`,
+    `2h45m`, `300ms`, `10us`), an optional sign before them."""
     try:
-        value = float(number) * scale
+        value: float | None = float(text)  # seconds
     except ValueError:
-        raise origin.error("expected a duration such as 5s or 500ms") from None
-    if value != value:  # nan
+        value = _go_duration(text)
+    if value is None or not math.isfinite(value):
         raise origin.error("expected a duration such as 5s or 500ms")
+    return value
+
+
+#: Go's duration units, in seconds.
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def _go_duration(text: str) -> float | None:
+    """Seconds from Go's `time.ParseDuration` form; None when it is not one."""
+    body = text[1:] if text[:1] in "+-" else text
+    parts = _GO_PART.findall(body)
+    if not body or "".join(number + unit for number, unit in parts) != body:
+        return None
+    total = sum(float(number) * _UNITS[unit] for number, unit in parts)
+    return -total if text.startswith("-") else total
+
+
+def go_duration(text: str, origin: Origin, example: str = "5s") -> float:
+    """Seconds from a duration as Go's `time.ParseDuration` reads it, where CoreDNS does: each
+    number with its unit (`30s`, `1h20m`, `100ms`), a sign before them; a bare `0` is the only
+    number without one (`20` is refused, as by CoreDNS)."""
+    unsigned = text[1:] if text[:1] in ("+", "-") else text
+    value = 0.0 if unsigned == "0" else _go_duration(text)
+    if value is None or not math.isfinite(value):
+        raise origin.error(f"{text!r} is not a duration: a number and its unit, e.g. {example}")
     return value
 
 
@@ -325,29 +348,3 @@ def networks(words: Sequence[str], origin: Origin) -> tuple[Network, ...]:
         except ValueError:
             raise origin.error(f"{word!r} is not a CIDR, e.g. 10.244.0.0/16") from None
     return tuple(found)
-
-
-#: Go's duration units, in seconds.
-GO_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def go_duration(text: str, origin: Origin, example: str = "5s") -> float:
-    """Seconds from a duration as Go's `time.ParseDuration` reads it, where CoreDNS does: each
-    number with its unit (`30s`, `1h20m`, `100ms`), a sign before them; a bare `0` is the only
-    number without one (`20` is refused, as by CoreDNS)."""
-    body = text[1:] if text[:1] in "+-" else text
-    parts = _GO_PART.findall(body)
-    if body != "0" and (not parts or "".join(n + unit for n, unit in parts) != body):
-        raise origin.error(f"{text!r} is not a duration: a number and its unit, e.g. {example}")
-    total = sum(float(number) * GO_UNITS[unit] for number, unit in parts)
-    return -total if text.startswith("-") else total

@@ -37,18 +37,21 @@ from toposdns.reload import corefile_bytes, watch_corefile
 from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
-from toposdns.serve.blocks import Blocks, block_chain, block_forwarder
+from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
+from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
-from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
+from toposdns.serve.template import make_template
+from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
@@ -94,6 +97,10 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("autopath")
     if config.log.enabled:
         names.append("log")
+    if config.hosts.enabled:
+        names.append("hosts")
+    if config.template.enabled:
+        names.append("template")
     return names
 
 
@@ -178,8 +185,16 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
+        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        self.server = ""
         self.forwarder = make_forwarder(config)
-        self.block_forwarders, self.blocks = make_blocks(config)
+        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+            config, self.label, self.lookup
+        )
+        #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
+        self.front_handlers, self.front = self.make_front(config)
+        #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
+        self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
         self.count_forward_caches()
         self.responder = self.respond_by(config, resolver, snapshot)
@@ -187,7 +202,6 @@ class DnsServer:
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
-        self.server = ""
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -208,7 +222,50 @@ class DnsServer:
             not config.any.minimal,
             config.cache,
             self.blocks,
+            self.front,
         )
+
+    def label(self) -> str:
+        """The `server` label of this server's metrics."""
+        return self.server or f"dns://:{self.config.bind.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
+        plugin follows a CNAME it answered with."""
+        return self.responder.respond(data, transport, source)
+
+    def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
+        """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
+        (template, hosts), in its order, and their chain, which ends in the responder's turn;
+        None without any."""
+        handlers: list[Handler] = []
+        template = make_template(config.template, config.block_zones, self.label, self.lookup)
+        if template is not None:
+            handlers.append(template)
+        hosts = make_hosts(config.hosts, config.block_zones)
+        if hosts is not None:
+            # What it answers comes before the cached replies of the kubernetes block's names.
+            hosts.on_change = self.front_changed
+            handlers.append(hosts)
+        if handlers and (cache := capping(config.cache)) is not None:
+            handlers.append(cache)  # the first replies of those plugins, as its cache caps them
+        handlers.sort(key=lambda handler: ORDER.index(handler.name))
+        return handlers, chain(handlers, pass_on) if handlers else None
+
+    def front_changed(self) -> None:
+        """A plugin before `kubernetes` answers differently now: no cached reply holds."""
+        self.responder.clear()
+
+    def watch_plugins(self) -> None:
+        """Run the `watch` of every plugin handler that has one (a hosts file's reload) from
+        now until the server closes, those of handlers a reload replaced stopped."""
+        for task in self.watching:
+            task.cancel()
+        self.watching = [
+            asyncio.create_task(watched(handler), name=f"{handler.name} watch")
+            for handler in [*self.front_handlers, *self.block_handlers]
+            if hasattr(handler, "watch")
+        ]
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
         """Answer by `config` from the next query on, with the same sockets (so that none is
@@ -216,16 +273,27 @@ class DnsServer:
         closed once its queries are done. Returns the plugins whose changes need a restart."""
         old = self.config
         config, restart = restart_only(config, old)
+        replaced: list[Handler] = []
         if (old.forward, old.cache, old.blocks) != (config.forward, config.cache, config.blocks):
             retired = [self.forwarder, *self.block_forwarders]
+            replaced += self.block_handlers
             self.forwarder = make_forwarder(config)
-            self.block_forwarders, self.blocks = make_blocks(config)
+            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+                config, self.label, self.lookup
+            )
             self.count_forward_caches()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
+        # The front's plugins, and the cache that caps their replies' TTLs.
+        front = (config.hosts, config.template, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.cache, old.block_zones) != front:
+            replaced += self.front_handlers
+            self.front_handlers, self.front = self.make_front(config)
+        if replaced:
+            self.replaced(replaced)
         previous = self.responder
         resolver = replace(config.kubernetes, ns_addresses=previous.config.ns_addresses)
         self.responder = self.respond_by(config, resolver, previous.snapshot)
@@ -246,6 +314,18 @@ class DnsServer:
             if forwarder is not None:
                 forwarder.cache.counts = self.metrics.forward_counts
 
+    def replaced(self, handlers: list[Handler]) -> None:
+        """Handlers a reload replaced: their watches stopped, their series dropped (those of
+        the new ones set again, in case they share them)."""
+        for handler in handlers:
+            if isinstance(handler, Hosts):
+                handler.forget()
+        for handler in [*self.front_handlers, *self.block_handlers]:
+            if isinstance(handler, Hosts):
+                handler.report()
+        if self.server:  # serving: the new handlers' watches replace the old ones'
+            self.watch_plugins()
+
     async def retire(self, forwarder: Forwarder) -> None:
         """Close a forwarder a reload replaced, once its queries are done."""
         try:
@@ -254,10 +334,11 @@ class DnsServer:
             await forwarder.close()
 
     async def close(self) -> None:
-        """Close the forwarders: the current one, and those a reload replaced."""
-        for task in list(self.retiring):
+        """Stop the plugins' watches; close the forwarders: the current one, and those a reload
+        replaced."""
+        for task in [*self.retiring, *self.watching]:
             task.cancel()
-        await asyncio.gather(*self.retiring, return_exceptions=True)
+        await asyncio.gather(*self.retiring, *self.watching, return_exceptions=True)
         for forwarder in [self.forwarder, *self.block_forwarders]:
             if forwarder is not None:
                 await forwarder.close()
@@ -291,6 +372,7 @@ class DnsServer:
             protocol.screen = self.screen
         if self.metrics is not None:
             self.metrics.server = server
+        self.watch_plugins()
         return port
 
 
@@ -531,19 +613,35 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
     )
 
 
-def make_blocks(config: ServeConfig) -> tuple[list[Forwarder | None], Blocks | None]:
-    """The forwarders of the server blocks beside the kubernetes one, and the blocks of the
-    port; None when the kubernetes block is the port's only one, for `.`."""
+def make_blocks(
+    config: ServeConfig,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> tuple[list[Forwarder | None], Blocks | None, list[Handler]]:
+    """The forwarders of the server blocks beside the kubernetes one, the blocks of the port
+    (None when the kubernetes block is the port's only one, for `.`), and their plugins'
+    handlers (`server` and `lookup`: what they label their metrics with and ask the server
+    by)."""
     if not config.blocks and config.block_zones == ((),):
-        return [], None
+        return [], None, []
     bound = cache_bounds(config)[1]
     allow = config.forward.allow
     forwarders = [block_forwarder(block, bound, allow) for block in config.blocks]
-    links = [
-        (block, block_chain(block, forwarder))
-        for block, forwarder in zip(config.blocks, forwarders, strict=True)
-    ]
-    return forwarders, Blocks(config.block_zones, links)
+    links: list[tuple[BlockConfig, Next]] = []
+    handlers: list[Handler] = []
+    for block, forwarder in zip(config.blocks, forwarders, strict=True):
+        link, chained = block_chain(block, forwarder, server, lookup)
+        links.append((block, link))
+        handlers += chained
+    return forwarders, Blocks(config.block_zones, links), handlers
+
+
+async def watched(handler: Handler) -> None:
+    """A plugin handler's `watch`, run until cancelled; a fault in it is logged once."""
+    try:
+        await handler.watch()  # type: ignore[attr-defined]
+    except Exception:
+        log.exception("%s: its watch failed and has stopped; the rest keeps serving", handler.name)
 
 
 def cache_bounds(config: ServeConfig) -> tuple[int, int]:

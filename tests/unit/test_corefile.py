@@ -247,7 +247,7 @@ REFUSED = [
     (
         ".:53 {\n  kubernetes\n}\nconsul.local {\n  acl\n}\n",
         "Corefile:5: acl: not supported in a server block without kubernetes; supported there: "
-        "cache, errors, forward, log, loop, prometheus",
+        "cache, errors, forward, hosts, log, loop, prometheus",
     ),
     (
         ".:53 {\n  kubernetes\n}\nconsul.local {\n  log\n}\n",
@@ -299,7 +299,7 @@ def test_refused_with_file_line_and_word(tmp_path: Path, text: str, message: str
 
 def test_an_unknown_plugin_lists_what_is_supported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="supported: (acl|any|autopath), "):
-        read(tmp_path, ".:53 {\n  kubernetes\n  hosts\n}\n")
+        read(tmp_path, ".:53 {\n  kubernetes\n  file db.example.org\n}\n")
 
 
 def test_dash_conf_starts_the_server_from_the_corefile(

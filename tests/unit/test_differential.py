@@ -10,7 +10,9 @@ from a fixed pool, so a reply cached before a change is asked for again after it
 The `manifests` configuration runs as the manifests do (forwarding to a fake upstream on
 loopback, autopath, loadbalance, reverse fallthrough): there the replies an upstream or
 autopath had a hand in are compared in what a client relies on (`relied_on`), the rest byte
-for byte.
+for byte. The `blocks` configuration puts the cluster zone in a server block of its own beside
+a block for corp.example (tests/differential.py `FixedZone`): every frontend path must send each
+name to its block, or REFUSED where no block holds it, as the reference does.
 
 Environment: TOPOSDNS_DIFF_ROUNDS and TOPOSDNS_DIFF_QUERIES (per round) make longer runs,
 TOPOSDNS_DIFF_SEED picks the seed (an integer, or "random").
@@ -32,6 +34,7 @@ import dnslib
 import pytest
 
 from tests.differential import (
+    FixedZone,
     Frontends,
     frame,
     reference_relayed,
@@ -43,6 +46,8 @@ from tests.helpers import config_of
 from tests.upstream import StubUpstream
 from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import Network
+from toposdns.serve.blocks import BlockConfig, Blocks
+from toposdns.serve.chain import chain
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.serve.upstream import Upstream
@@ -193,6 +198,12 @@ CONFIGS = {
         ),
         (("cluster", "local"),),
     ),
+    # The cluster zone in a server block of its own, beside a block for corp.example: reverse
+    # names and names outside both get REFUSED, corp.example's its block's fixed replies.
+    "blocks": (
+        config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], pods="verified"),
+        (("cluster", "local"), ("corp", "example")),
+    ),
     "noendpoints": (
         config_of(
             zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
@@ -207,6 +218,8 @@ CONFIGS = {
 BALANCED = frozenset({"kubeadm", "manifests"})
 #: The configurations that forward to a fake upstream, with --autopath.
 FORWARDING = frozenset({"manifests"})
+#: The configurations with server blocks: the kubernetes block's zones, and another block's.
+BLOCKS = {"blocks": ([("cluster", "local")], [("corp", "example")])}
 #: The node's search domains, which autopath walks after the cluster's.
 NODE_SEARCH = (("corp", "test"),)
 #: What the fake upstream knows: names the queries ask outside the zones, the ExternalName
@@ -722,6 +735,11 @@ class Run:
             self.upstream.start()
             forwarder = Forwarder([Upstream("127.0.0.1", self.upstream.port)])
             autopath = AutopathOptions(enabled=True, search=NODE_SEARCH)
+        self.blocks = None
+        if config_name in BLOCKS:
+            main, others = BLOCKS[config_name]
+            stub = (BlockConfig(tuple(others)), chain([FixedZone()]))
+            self.blocks = Blocks(main, [stub])
         self.responder = Responder(
             self.config,
             self.snapshot,
@@ -729,6 +747,7 @@ class Run:
             forwarder=forwarder,
             loadbalance=self.balanced,
             autopath=autopath,
+            blocks=self.blocks,
         )
         self.frontends = Frontends(self.responder)
         self.queries = Queries(self.rng, zones)
@@ -767,7 +786,9 @@ class Run:
         if self.upstream is not None:
             return await self.send_forwarding(number, (first, second), udp, tcp, source)
         want = {
-            kind: reference_reply(first, kind, source, self.snapshot, self.config, ECS_TRUST)
+            kind: reference_reply(
+                first, kind, source, self.snapshot, self.config, ECS_TRUST, blocks=self.blocks
+            )
             for kind in (udp, tcp)
         }
         self.note(udp, first, want[udp], want[tcp])

@@ -14,13 +14,16 @@ block's chain (serve/chain.py), built here from the block's options in CoreDNS's
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from toposdns.options import Network
-from toposdns.serve.chain import Handler, Next, Reply, Request, chain
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
+from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.template import TemplateOptions, make_template
+from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -37,7 +40,9 @@ class BlockConfig:
     place: str = ""
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
-    cache: CacheSettings = field(default_factory=CacheSettings)
+    cache: CacheSettings = field(default_factory=cache_off)
+    hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
 
 
 class Blocks:
@@ -71,9 +76,14 @@ class Blocks:
         found = self.find(name, qtype)
         return found is not None and found[1] is None
 
-    def zones(self) -> list[Name]:
-        """The zones of the blocks beside the kubernetes one."""
-        return [zone for zone, link in self.by_zone.items() if link is not None]
+    def holds_whole(self, zones: Sequence[Name]) -> bool:
+        """True if the kubernetes block answers every name of these zones: each is its, and
+        no other block's zone lies inside one (the responder's templates may then answer
+        for the zones without asking which block a name is)."""
+        others = [zone for zone, link in self.by_zone.items() if link is not None]
+        return all(self.mine(zone, 0) for zone in zones) and not any(
+            other[len(other) - len(zone) :] == zone for zone in zones for other in others
+        )
 
 
 class Forwarding:
@@ -116,9 +126,25 @@ def block_forwarder(
     )
 
 
-def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> Next:
-    """The block's plugins linked in CoreDNS's order."""
+def block_chain(
+    config: BlockConfig,
+    forwarder: Forwarder | None,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> tuple[Next, list[Handler]]:
+    """The block's plugins linked in CoreDNS's order (`chain.ORDER`), and their handlers (the
+    server runs the `watch` of those that have one). `server` is the metrics' server label,
+    `lookup` how a plugin asks the whole server a query."""
     handlers: list[Handler] = []
+    template = make_template(config.template, config.zones, server, lookup)
+    if template is not None:
+        handlers.append(template)
+    hosts = make_hosts(config.hosts, config.zones)
+    if hosts is not None:
+        handlers.append(hosts)
+    if handlers and (cache := capping(config.cache)) is not None:
+        handlers.append(cache)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
-    return chain(handlers)
+    handlers.sort(key=lambda handler: ORDER.index(handler.name))
+    return chain(handlers), handlers

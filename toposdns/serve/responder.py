@@ -239,9 +239,9 @@ class Responder:
             else None
         )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
-        #: nor when another server block holds names in the zones.
-        nested = blocks is not None and any(in_zones(zone, config.zones) for zone in blocks.zones())
-        self.negatives = None if autopath.enabled or nested or front else Negatives(config)
+        #: nor when a name of the zones may be another server block's or none's.
+        shared = blocks is not None and not blocks.holds_whole(config.zones)
+        self.negatives = None if autopath.enabled or shared or front else Negatives(config)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
@@ -250,6 +250,12 @@ class Responder:
         self.first_seen: set[int] = set()
         #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
         self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
+
+    def clear(self) -> None:
+        """Drop every cached reply: a plugin before the kubernetes block's own (a hosts file
+        read again) may now answer a name whose reply the cache holds."""
+        self.cache.clear()
+        self.first_seen.clear()
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
@@ -569,20 +575,22 @@ class Responder:
         self, data: bytes, transport: Transport, source: str, started: float
     ) -> Reply | Literal[False]:
         """The reply the plugins before the kubernetes block's own give a plain query, counted;
-        False when they pass it on (or it is not the block's: the decoder's path says why)."""
+        False when they pass it on (or it is not the block's: the decoder's path says why).
+        Decoded whole, EDNS options too: a reply of theirs echoes the query's cookie."""
         assert self.front is not None
         try:
-            query = self.bounded(decode_plain(data))
-        except ValueError:
+            query = self.bounded(decode_query(data))
+        except (Dropped, Rejected):
             return False
         if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
             return False
         if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
             return False
-        reply = self.front(Request(query, data, transport, source))
+        request = Request(query, data, transport, source)
+        reply = self.front(request)
         if reply is PASSED:
             return False
-        return self.chained(reply, data, transport, started, query.qtype)
+        return self.chained(request, reply, started)
 
     def decoded(
         self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
@@ -608,13 +616,14 @@ class Responder:
             zone, link = block
             if link is not None:
                 request = Request(query, data, transport, source, name_text(zone))
-                return self.chained(link(request), data, transport, started, qtype)
+                return self.chained(request, link(request), started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         if self.front is not None and not fronted:
-            reply = self.front(Request(query, data, transport, source))
+            request = Request(query, data, transport, source)
+            reply = self.front(request)
             if reply is not PASSED:
-                return self.chained(reply, data, transport, started, qtype)
+                return self.chained(request, reply, started)
         if where is UPSTREAMS:
             return self.upstreams(data, query, transport, source, started)
         self.passed()
@@ -643,13 +652,16 @@ class Responder:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
 
-    def chained(
-        self, reply: Reply, data: bytes, transport: Transport, started: float, qtype: int
-    ) -> Reply:
-        """A reply from another server block's chain, counted when it is there."""
+    def chained(self, request: Request, reply: Reply, started: float) -> Reply:
+        """A chain's reply to `request`, counted (under the plugin that wrote it) when it is
+        there."""
+        data, transport, qtype = request.data, request.transport, request.query.qtype
+        plugin = request.written_by
         if reply is None or isinstance(reply, bytes):
-            return reply if reply is None else self.counted(data, reply, transport, started, qtype)
-        return self.counted_later(reply, data, transport, started, qtype, "")
+            if reply is None:
+                return None
+            return self.counted(data, reply, transport, started, qtype, plugin)
+        return self.counted_later(reply, data, transport, started, qtype, plugin)
 
     def upstreams(
         self,
