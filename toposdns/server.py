@@ -219,6 +219,10 @@ class PortServer:
         """Its blocks' forwarders, their plugins' handlers, and the responder that routes to
         their chains."""
         forwarders, blocks, handlers = make_blocks(config, self.label, self.lookup, self.address)
+        if self.metrics is not None:  # what its forward caches do counts in its metrics
+            for forwarder in forwarders:
+                if forwarder is not None:
+                    forwarder.cache.counts = self.metrics.forward_counts
         responder = Responder(
             self.resolver,
             Snapshot(),
@@ -274,6 +278,7 @@ class DnsServer:
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.count_forward_caches()
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
@@ -370,6 +375,7 @@ class DnsServer:
                 forwarders, handlers = other.reconfigure(config)
                 retired += forwarders
                 replaced += handlers
+            self.count_forward_caches()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -392,6 +398,15 @@ class DnsServer:
             protocol.screen = self.screen
         self.config = config
         return restart
+
+    def count_forward_caches(self) -> None:
+        """Count what the forward caches do (prefetches, stale replies, evictions) in this
+        server's metrics, which go on across reloads."""
+        if self.metrics is None:
+            return
+        for forwarder in (self.forwarder, *self.block_forwarders):
+            if forwarder is not None:
+                forwarder.cache.counts = self.metrics.forward_counts
 
     def replaced(self, handlers: list[Handler]) -> None:
         """Handlers a reload replaced: their watches stopped, their series dropped (those of
