@@ -535,6 +535,11 @@ class _Lookup:
         self.policy: Policy | None = None
         #: The tier of that policy that matched (Selection.tier).
         self.tier = ""
+        #: The question's type: soft topology answers SRV with more tiers than A and AAAA.
+        self.qtype = 0
+        #: SRV priorities or weights by tier: id(endpoint) -> (priority, group, the weight
+        #: its group shares), from `Selection.srv`; empty when SRV answers as CoreDNS does.
+        self.srv_groups: dict[int, tuple[int, int, int]] = {}
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
         #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
@@ -546,6 +551,7 @@ class _Lookup:
 
     def dispatch(self, name: Name, lower: Name, qtype: int) -> tuple[list[RR], list[RR]]:
         """The qtype switch of handler.go; raises NotFound/InvalidName for NXDOMAIN."""
+        self.qtype = qtype
         if qtype in (A, AAAA):
             return self.address(name, lower, qtype, []), []
         if qtype == TXT:
@@ -716,6 +722,12 @@ class _Lookup:
             return entries
         self.policy = policy
         self.tier = selection.tier
+        if selection.srv and self.qtype == SRV:
+            groups = self.srv_groups = {
+                id(candidates[i][0]): (priority, group, share)
+                for i, priority, group, share in selection.srv
+            }
+            return [entry for entry in entries if id(entry.endpoint) in groups]
         chosen = {id(candidates[i][0]) for i in selection.chosen}
         return [entry for entry in entries if id(entry.endpoint) in chosen]
 
@@ -802,6 +814,13 @@ class _Lookup:
         # The weight counts every entry, duplicates and sentinel ports included (backend_lookup.go).
         total = 100.0 * len(entries)
         weight = max(1, int(100.0 / total * 100.0)) if entries else 0
+        groups = self.srv_groups
+        # Soft topology: each group's weight is shared as CoreDNS shares 100 among a name's
+        # entries (floor(100/N) for a group of N entries, priority by tier).
+        counts: dict[int, int] = {}
+        for entry in entries if groups else ():
+            group = groups[id(entry.endpoint)][1]
+            counts[group] = counts.get(group, 0) + 1
         records: list[RR] = []
         extra: list[RR] = []
         seen: set[tuple[Name, str, int]] = set()
@@ -810,7 +829,12 @@ class _Lookup:
                 continue
             if (entry.key, "", entry.port) not in seen:
                 seen.add((entry.key, "", entry.port))
-                records.append(RR(name, SRV, self.ttl, Srv(0, weight, entry.port, entry.key)))
+                priority = 0
+                if groups:
+                    priority, group, share = groups[id(entry.endpoint)]
+                    weight = max(1, int(share / (100.0 * counts[group]) * 100.0)) if share else 0
+                srv = Srv(priority, weight, entry.port, entry.key)
+                records.append(RR(name, SRV, self.ttl, srv))
             if (entry.key, entry.host, 0) not in seen:
                 seen.add((entry.key, entry.host, 0))
                 extra.append(RR(entry.key, _ip_family(entry.host), self.ttl, entry.host))
