@@ -1129,7 +1129,8 @@ SOFT_INVALID = [
     (
         {"weights": "80,20"},
         WEIGHTS_FIELD,
-        "must have one weight per tier, 3 for [kubernetes.io/hostname, topology.kubernetes.io/zone, *]",
+        "must have one weight per tier, 3 for "
+        "[kubernetes.io/hostname, topology.kubernetes.io/zone, *]",
     ),
     ({"weights": "80,20,x"}, WEIGHTS_FIELD + "[2]", 'Invalid value: "x"'),
     ({"weights": "80,20,10"}, WEIGHTS_FIELD, "must add up to 100, not 110"),

@@ -404,3 +404,122 @@ def test_a_reply_rendered_for_one_client_is_not_replayed_to_another() -> None:
             assert got == reference_reply(data, UDP4, source, SNAPSHOT, CONFIG), source
             assert addresses(dnslib.DNSRecord.parse(got)) == want, source
     assert responder.cache.renders[UDP4.slot]
+
+
+# Soft topology through the resolver and the responder's caches (docs/topology.md,
+# "Soft topology"). Endpoints: web-0 on node-a (z1); web-1, web-2 on node-c (z2).
+
+SOFT_OBJECTS = [
+    namespace("shop"),
+    *headless(
+        "spill",
+        "shop",
+        ENDPOINTS,
+        topologyKeys=KEYS,
+        annotations={"toposdns.io/topology-min-endpoints": "2"},
+    ),
+    *headless(
+        "prio",
+        "shop",
+        ENDPOINTS,
+        trafficDistribution="PreferSameNode",
+        annotations={"toposdns.io/topology-srv": "priority"},
+    ),
+    *headless(
+        "weighted",
+        "shop",
+        ENDPOINTS,
+        annotations={
+            "toposdns.io/topology-keys": "topology.kubernetes.io/zone,*",
+            "toposdns.io/topology-weights": "80,20",
+        },
+    ),
+    *headless(
+        "hard",
+        "shop",
+        ENDPOINTS,
+        topologyKeys=KEYS,
+        annotations={"toposdns.io/topology-weights": "80,20"},  # 2 weights for 3 tiers
+    ),
+    *OBJECTS[-4:],  # the clients' locators
+]
+SOFT_SNAPSHOT = snapshot_of(SOFT_OBJECTS)
+
+
+def srv_texts(service: str, client: dict[str, str]) -> list[str]:
+    name = ("_http", "_tcp", service, "shop", "svc", "cluster", "local")
+    answer = resolve(name, SRV, SOFT_SNAPSHOT, CONFIG, client)
+    return [rr.rdata_text() for rr in answer.answer]
+
+
+def soft_ips(service: str, client: dict[str, str]) -> list[str]:
+    answer = resolve((service, "shop", "svc", "cluster", "local"), A, SOFT_SNAPSHOT, CONFIG, client)
+    return sorted(str(rr.rdata) for rr in answer.answer)
+
+
+@pytest.mark.parametrize(
+    ("service", "client", "a", "srv"),
+    [
+        # Spill-over: node-a's one replica is not enough, its zone holds no other: "*".
+        (
+            "spill",
+            NODE_A,
+            ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
+            ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
+        ),
+        # node-c's two replicas are enough.
+        ("spill", NODE_C, ["10.3.0.1", "10.3.0.2"], ["0 50 80 web-1", "0 50 80 web-2"]),
+        # SRV priorities by tier: A keeps the nearest tier.
+        ("prio", NODE_A, ["10.1.0.1"], ["0 100 80 web-0", "1 50 80 web-1", "1 50 80 web-2"]),
+        ("prio", NODE_B, ["10.1.0.1"], ["0 100 80 web-0", "1 50 80 web-1", "1 50 80 web-2"]),
+        (
+            "prio",
+            NODE_C,
+            ["10.3.0.1", "10.3.0.2"],
+            ["1 100 80 web-0", "0 50 80 web-1", "0 50 80 web-2"],
+        ),
+        (
+            "prio",
+            NODE_D,
+            ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
+            ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
+        ),
+        # Weights: SRV in priority 0, the zone's endpoints sharing 80, the others 20.
+        ("weighted", NODE_A, ["10.1.0.1"], ["0 80 80 web-0", "0 10 80 web-1", "0 10 80 web-2"]),
+        (
+            "weighted",
+            NODE_C,
+            ["10.3.0.1", "10.3.0.2"],
+            ["0 20 80 web-0", "0 40 80 web-1", "0 40 80 web-2"],
+        ),
+        # No endpoint in z3: the zone's share goes to "*".
+        (
+            "weighted",
+            NODE_D,
+            ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
+            ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
+        ),
+        # An invalid annotation: the hard policy.
+        ("hard", NODE_A, ["10.1.0.1"], ["0 100 80 web-0"]),
+    ],
+)
+def test_soft_answers(service: str, client: dict[str, str], a: list[str], srv: list[str]) -> None:
+    assert soft_ips(service, client) == a
+    suffix = f".{service}.shop.svc.cluster.local."
+    assert srv_texts(service, client) == [text + suffix for text in srv]
+
+
+def test_soft_answers_through_the_caches_agree_with_the_reference() -> None:
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    for _ in range(2):  # the second round is served from the caches
+        for service in ("spill", "prio", "weighted", "hard"):
+            for qtype in ("A", "SRV"):
+                for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.9"):
+                    prefix = "_http._tcp." if qtype == "SRV" else ""
+                    q = dnslib.DNSRecord.question(
+                        f"{prefix}{service}.shop.svc.cluster.local", qtype
+                    )
+                    data = bytes(q.pack())
+                    got = responder.respond(data, UDP4, source)
+                    want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG)
+                    assert got == want, (service, qtype, source)

@@ -512,7 +512,7 @@ class _Lookup:
     # One is made per query that misses the cache.
     __slots__ = (
         "snap", "cfg", "zone", "zone_lower", "ttl", "client", "trace", "policy", "tier", "chase",
-        "depends",
+        "depends", "qtype", "srv_groups",
     )  # fmt: skip
 
     def __init__(
