@@ -512,7 +512,7 @@ def test_soft_answers(service: str, client: dict[str, str], a: list[str], srv: l
 def test_soft_answers_through_the_caches_agree_with_the_reference() -> None:
     responder = Responder(CONFIG, SOFT_SNAPSHOT)
     for _ in range(2):  # the second round is served from the caches
-        for service in ("spill", "prio", "weighted", "hard"):
+        for name in ("spill", "prio", "weighted", "hard"):
             for qtype in ("A", "SRV"):
                 for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.9"):
                     prefix = "_http._tcp." if qtype == "SRV" else ""
@@ -522,4 +522,20 @@ def test_soft_answers_through_the_caches_agree_with_the_reference() -> None:
                     data = bytes(q.pack())
                     got = responder.respond(data, UDP4, source)
                     want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG)
-                    assert got == want, (service, qtype, source)
+                    assert got == want, (name, qtype, source)
+
+
+def test_spillovers_and_weighted_answers_are_counted_cached_or_not() -> None:
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    for _ in range(2):  # built, then from the cache
+        ask(responder, "spill.shop.svc.cluster.local", "127.0.0.2")  # node-a: spills to "*"
+        ask(responder, "spill.shop.svc.cluster.local", "127.0.0.4")  # node-c: enough
+        srv = dnslib.DNSRecord.question("_http._tcp.weighted.shop.svc.cluster.local", "SRV")
+        assert isinstance(responder.respond(bytes(srv.pack()), UDP4, "127.0.0.4"), bytes)
+        ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")  # A: the nearest tier
+    assert responder.topology_counts.rows == {
+        ("topologyKeys", "*", "spill-over"): [2, 0],
+        ("topologyKeys", "kubernetes.io/hostname"): [2, 0],
+        ("annotation", "topology.kubernetes.io/zone", "weighted"): [2, 0],
+        ("annotation", "topology.kubernetes.io/zone"): [2, 0],
+    }

@@ -318,7 +318,12 @@ def resolve(
     depends = frozenset(lookup.depends)
     if not records:
         return Answer(
-            NOERROR, authority=(soa,), policy=lookup.policy, tier=lookup.tier, depends=depends
+            NOERROR,
+            authority=(soa,),
+            policy=lookup.policy,
+            tier=lookup.tier,
+            soft=lookup.soft,
+            depends=depends,
         )
     chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
     return Answer(
@@ -328,6 +333,7 @@ def resolve(
         _dedup(extra),
         policy=lookup.policy,
         tier=lookup.tier,
+        soft=lookup.soft,
         chase=chase,
         depends=depends,
     )
@@ -512,7 +518,7 @@ class _Lookup:
     # One is made per query that misses the cache.
     __slots__ = (
         "snap", "cfg", "zone", "zone_lower", "ttl", "client", "trace", "policy", "tier", "chase",
-        "depends", "qtype", "srv_groups",
+        "depends", "qtype", "srv_groups", "soft",
     )  # fmt: skip
 
     def __init__(
@@ -540,6 +546,8 @@ class _Lookup:
         #: SRV priorities or weights by tier: id(endpoint) -> (priority, group, the weight
         #: its group shares), from `Selection.srv`; empty when SRV answers as CoreDNS does.
         self.srv_groups: dict[int, tuple[int, int, int]] = {}
+        #: What soft topology did (Answer.soft).
+        self.soft = ""
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
         #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
@@ -722,7 +730,10 @@ class _Lookup:
             return entries
         self.policy = policy
         self.tier = selection.tier
+        self.soft = "spill-over" if selection.spilled else ""
         if selection.srv and self.qtype == SRV:
+            if policy.weights:
+                self.soft = "weighted"
             groups = self.srv_groups = {
                 id(candidates[i][0]): (priority, group, share)
                 for i, priority, group, share in selection.srv
