@@ -114,6 +114,24 @@ def test_no_tier_is_nodata_with_soa_and_depends_on_the_client() -> None:
     answer = resolve(("zonal", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_D)
     assert answer.rcode == NOERROR and not answer.answer and answer.authority
     assert answer.policy is not None
+    # A negative TTL of 0: a resolver that ignores its ECS scope cannot spread it.
+    (soa,) = answer.authority
+    assert (soa.ttl, soa.rdata.minimum) == (0, 0)
+    # The same name's NODATA for a type it does not hold, for every client, keeps its TTL.
+    txt = resolve(("zonal", "shop", "svc", "cluster", "local"), TXT, SNAPSHOT, CONFIG, NODE_D)
+    assert (txt.authority[0].ttl, txt.authority[0].rdata.minimum) == (5, 5)
+
+
+def test_topology_nodata_through_the_caches_has_ttl_0() -> None:
+    responder = Responder(CONFIG, SNAPSHOT)
+    for _ in range(2):
+        reply = ask(responder, "zonal.shop.svc.cluster.local", "127.0.0.5")  # node-d: none
+        assert reply.header.rcode == NOERROR and not reply.rr
+        assert [(rr.ttl, rr.rdata.times[-1]) for rr in reply.auth] == [(0, 0)]
+        # Another client is answered from its own signature's reply.
+        assert addresses(ask(responder, "zonal.shop.svc.cluster.local", "127.0.0.2")) == [
+            "10.1.0.1"
+        ]
 
 
 def test_txt_of_a_filtered_name_is_nodata_for_every_client() -> None:

@@ -317,6 +317,10 @@ def resolve(
         return Answer(rcode, authority=(soa,), depends=depends)
     depends = frozenset(lookup.depends)
     if not records:
+        if lookup.policy is not None:
+            # A NODATA for this client only: a negative TTL of 0, so that a resolver that
+            # ignores the ECS scope of negative answers cannot serve it to other clients.
+            soa = zone_soa(zone, snapshot.serial, 0)
         return Answer(
             NOERROR,
             authority=(soa,),
