@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import dnslib
@@ -14,7 +15,8 @@ from tests.objects import forwarder_service, headless, namespace, pod_locator, s
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
-from toposdns.store.builder import StoreBuilder
+from toposdns.source.snapshot_file import load_records
+from toposdns.store.builder import StoreBuilder, build_snapshot
 from toposdns.store.convert import convert_object
 from toposdns.store.model import PodLocator
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
@@ -557,3 +559,41 @@ def test_spillovers_and_weighted_answers_are_counted_cached_or_not() -> None:
         ("annotation", "topology.kubernetes.io/zone", "weighted"): [2, 0],
         ("annotation", "topology.kubernetes.io/zone"): [2, 0],
     }
+
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "topology-soft.yaml"
+
+
+@pytest.mark.parametrize(
+    ("name", "qtype", "client", "want"),
+    [
+        ("api", A, NODE_A, ["10.244.1.10", "10.244.2.10"]),
+        ("api", A, NODE_C, ["10.244.3.10", "10.244.3.11"]),
+        (
+            "_grpc._tcp.grpc",
+            SRV,
+            NODE_A,
+            ["0 100 9000 grpc-0", "1 100 9000 grpc-1", "2 100 9000 grpc-2"],
+        ),
+        ("grpc", A, NODE_A, ["10.244.1.20"]),
+        (
+            "_http._tcp.search",
+            SRV,
+            NODE_C,
+            ["0 20 80 search-0", "0 40 80 search-1", "0 40 80 search-2"],
+        ),
+        ("search", A, NODE_C, ["10.244.3.30", "10.244.3.31"]),
+    ],
+)
+def test_the_readme_soft_example(
+    name: str, qtype: int, client: dict[str, str], want: list[str]
+) -> None:
+    snapshot = build_snapshot(load_records(EXAMPLE), serial=1)
+    answer = resolve(
+        tuple(f"{name}.shop.svc.cluster.local".split(".")), qtype, snapshot, CONFIG, client
+    )
+    if qtype == SRV:
+        suffix = "." + name.split(".")[-1] + ".shop.svc.cluster.local."
+        assert [rr.rdata_text() for rr in answer.answer] == [text + suffix for text in want]
+    else:
+        assert sorted(str(rr.rdata) for rr in answer.answer) == want
