@@ -55,7 +55,7 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl",)
+REPEATABLE = ("acl", "template")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -163,7 +163,8 @@ def read_block(
         key_tokens[0].place,
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
         options["cache"] if "cache" in seen else cache_off(options["cache"]),
-        options["hosts"],
+        hosts=options["hosts"],
+        template=options["template"],
     )
 
 

@@ -39,7 +39,7 @@ from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
-from toposdns.serve.chain import ORDER, Handler, Next, chain, pass_on
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
@@ -50,7 +50,8 @@ from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, Query
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
-from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
+from toposdns.serve.template import make_template
+from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
@@ -98,6 +99,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("log")
     if config.hosts.enabled:
         names.append("hosts")
+    if config.template.enabled:
+        names.append("template")
     return names
 
 
@@ -193,8 +196,12 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
+        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        self.server = ""
         self.forwarder = make_forwarder(config)
-        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+            config, self.label, self.lookup
+        )
         #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
         self.front_handlers, self.front = self.make_front(config)
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
@@ -205,7 +212,6 @@ class DnsServer:
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
-        self.server = ""
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -229,11 +235,23 @@ class DnsServer:
             self.front,
         )
 
+    def label(self) -> str:
+        """The `server` label of this server's metrics."""
+        return self.server or f"dns://:{self.config.bind.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
+        plugin follows a CNAME it answered with."""
+        return self.responder.respond(data, transport, source)
+
     def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
         """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (hosts), in its order, and their chain, which ends in the responder's turn; None
-        without any."""
+        (template, hosts), in its order, and their chain, which ends in the responder's turn;
+        None without any."""
         handlers: list[Handler] = []
+        template = make_template(config.template, config.block_zones, self.label, self.lookup)
+        if template is not None:
+            handlers.append(template)
         hosts = make_hosts(config.hosts, config.block_zones)
         if hosts is not None:
             # What it answers comes before the cached replies of the kubernetes block's names.
@@ -270,13 +288,17 @@ class DnsServer:
             retired = [self.forwarder, *self.block_forwarders]
             replaced += self.block_handlers
             self.forwarder = make_forwarder(config)
-            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+                config, self.label, self.lookup
+            )
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
-        if (old.hosts, old.block_zones) != (config.hosts, config.block_zones):
+        # The front's plugins, and the cache that caps their replies' TTLs.
+        front = (config.hosts, config.template, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:
@@ -593,10 +615,13 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
 
 def make_blocks(
     config: ServeConfig,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
 ) -> tuple[list[Forwarder | None], Blocks | None, list[Handler]]:
     """The forwarders of the server blocks beside the kubernetes one, the blocks of the port
     (None when the kubernetes block is the port's only one, for `.`), and their plugins'
-    handlers."""
+    handlers (`server` and `lookup`: what they label their metrics with and ask the server
+    by)."""
     if not config.blocks and config.block_zones == ((),):
         return [], None, []
     bound = cache_bounds(config)[1]
@@ -605,7 +630,7 @@ def make_blocks(
     links: list[tuple[BlockConfig, Next]] = []
     handlers: list[Handler] = []
     for block, forwarder in zip(config.blocks, forwarders, strict=True):
-        link, chained = block_chain(block, forwarder)
+        link, chained = block_chain(block, forwarder, server, lookup)
         links.append((block, link))
         handlers += chained
     return forwarders, Blocks(config.block_zones, links), handlers

@@ -14,7 +14,7 @@ block's chain (serve/chain.py), built here from the block's options in CoreDNS's
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from toposdns.options import Network
@@ -22,6 +22,8 @@ from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.template import TemplateOptions, make_template
+from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -40,6 +42,7 @@ class BlockConfig:
     #: CoreDNS's `cache` as the block sets it (off when it has none).
     cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
 
 
 class Blocks:
@@ -127,10 +130,19 @@ def block_forwarder(
     )
 
 
-def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> tuple[Next, list[Handler]]:
+def block_chain(
+    config: BlockConfig,
+    forwarder: Forwarder | None,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> tuple[Next, list[Handler]]:
     """The block's plugins linked in CoreDNS's order (`chain.ORDER`), and their handlers (the
-    server runs the `watch` of those that have one)."""
+    server runs the `watch` of those that have one). `server` is the metrics' server label,
+    `lookup` how a plugin asks the whole server a query."""
     handlers: list[Handler] = []
+    template = make_template(config.template, config.zones, server, lookup)
+    if template is not None:
+        handlers.append(template)
     hosts = make_hosts(config.hosts, config.zones)
     if hosts is not None:
         handlers.append(hosts)

@@ -586,10 +586,11 @@ class Responder:
             return False
         if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
             return False
-        reply = self.front(Request(query, data, transport, source))
+        request = Request(query, data, transport, source)
+        reply = self.front(request)
         if reply is PASSED:
             return False
-        return self.chained(reply, data, transport, started, query.qtype)
+        return self.chained(request, reply, started)
 
     def decoded(
         self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
@@ -615,13 +616,14 @@ class Responder:
             zone, link = block
             if link is not None:
                 request = Request(query, data, transport, source, name_text(zone))
-                return self.chained(link(request), data, transport, started, qtype)
+                return self.chained(request, link(request), started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         if self.front is not None and not fronted:
-            reply = self.front(Request(query, data, transport, source))
+            request = Request(query, data, transport, source)
+            reply = self.front(request)
             if reply is not PASSED:
-                return self.chained(reply, data, transport, started, qtype)
+                return self.chained(request, reply, started)
         if where is UPSTREAMS:
             return self.upstreams(data, query, transport, source, started)
         self.passed()
@@ -650,13 +652,16 @@ class Responder:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
 
-    def chained(
-        self, reply: Reply, data: bytes, transport: Transport, started: float, qtype: int
-    ) -> Reply:
-        """A reply from another server block's chain, counted when it is there."""
+    def chained(self, request: Request, reply: Reply, started: float) -> Reply:
+        """A chain's reply to `request`, counted (under the plugin that wrote it) when it is
+        there."""
+        data, transport, qtype = request.data, request.transport, request.query.qtype
+        plugin = request.written_by
         if reply is None or isinstance(reply, bytes):
-            return reply if reply is None else self.counted(data, reply, transport, started, qtype)
-        return self.counted_later(reply, data, transport, started, qtype, "")
+            if reply is None:
+                return None
+            return self.counted(data, reply, transport, started, qtype, plugin)
+        return self.counted_later(reply, data, transport, started, qtype, plugin)
 
     def upstreams(
         self,

@@ -35,7 +35,7 @@ from toposdns.wire.codes import (
 )
 from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
 from toposdns.wire.edns import echoed
-from toposdns.wire.records import RR, Sections, Soa, Srv, Written
+from toposdns.wire.records import RR, Mx, Raw, Sections, Soa, Srv, Written
 
 MIN_UDP_SIZE = 512
 #: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
@@ -44,6 +44,7 @@ MAX_UDP_SIZE = 1232
 MAX_TCP_SIZE = 65535
 FRAGMENT_LIMIT_V4 = 1480
 FRAGMENT_LIMIT_V6 = 1220
+#: Types whose rdata is one name, compressed as miekg/dns does (MX and SOA are too).
 _COMPRESSIBLE = (NS, CNAME, PTR)
 #: Types whose rdata is character-strings (HINFO: CPU and OS, as CoreDNS's `any` writes it).
 _STRINGS = (TXT, HINFO)
@@ -140,6 +141,14 @@ def encode_reply(
     opt = b""
     if query.edns is not None:
         opt = encode_opt(query.edns, answer.rcode, query.ecs, ecs_scope)
+    return encode_with_opt(query, answer, opt, limit, fragment_limit)
+
+
+def encode_with_opt(
+    query: Query, answer: Sections, opt: bytes, limit: int, fragment_limit: int = 0
+) -> bytes:
+    """Encode a whole reply to `query` with `opt` as its OPT record (b"": none), as
+    `encode_reply` does with the one it makes from the query's."""
     message = _uncompressed(query, answer, opt)
     if len(message) <= limit:
         if fragment_limit and len(message) > fragment_limit:
@@ -215,11 +224,16 @@ def _record_wire(rr: RR) -> bytes:
     elif isinstance(data, Soa):
         numbers = pack("!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum)
         rdata = name_wire(data.mname) + name_wire(data.rname) + numbers
+    elif isinstance(data, Raw):
+        header = pack("!HHIH", rr.rtype, data.rclass, rr.ttl, len(data.data))
+        return name_wire(rr.name) + header + data.data
     elif rr.rtype in _STRINGS:
         texts = [text.encode() for text in cast(tuple[str, ...], data)]
         rdata = b"".join(bytes((len(text),)) + text for text in texts)
     elif rr.rtype in _COMPRESSIBLE:
         rdata = name_wire(cast(Name, data))
+    elif isinstance(data, Mx):
+        rdata = pack("!H", data.preference) + name_wire(data.exchange)
     else:
         raise TypeError(f"cannot encode {rr}")
     wire = name_wire(rr.name) + pack("!HHIH", rr.rtype, 1, rr.ttl, len(rdata)) + rdata
@@ -378,12 +392,19 @@ class _Writer:
             self.buf += pack(
                 "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
             )
+        elif isinstance(data, Raw):
+            # Its class, over the IN `record` wrote: type, class, TTL and length precede it.
+            self.buf[-8:-6] = pack("!H", data.rclass)
+            self.buf += data.data
         elif rr.rtype in _STRINGS:
             for text in cast(tuple[str, ...], data):
                 raw = text.encode()
                 self.buf += bytes((len(raw),)) + raw
         elif rr.rtype in _COMPRESSIBLE:
             self.name(cast(Name, data))
+        elif isinstance(data, Mx):
+            self.buf += pack("!H", data.preference)
+            self.name(data.exchange)
         else:
             raise TypeError(f"cannot encode {rr}")
 
