@@ -455,6 +455,13 @@ SOFT_OBJECTS = [
         },
     ),
     *headless(
+        "exact",
+        "shop",
+        ENDPOINTS[:2],
+        topologyKeys=["topology.kubernetes.io/zone", "*"],
+        annotations={"toposdns.io/topology-weights": "57,43"},
+    ),
+    *headless(
         "hard",
         "shop",
         ENDPOINTS,
@@ -519,6 +526,8 @@ def soft_ips(service: str, client: dict[str, str]) -> list[str]:
             ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
             ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
         ),
+        # Weights are whole: 57, not the 56 that float arithmetic would give.
+        ("exact", NODE_A, ["10.1.0.1"], ["0 57 80 web-0", "0 43 80 web-1"]),
         # An invalid annotation: the hard policy.
         ("hard", NODE_A, ["10.1.0.1"], ["0 100 80 web-0"]),
     ],

@@ -847,7 +847,11 @@ class _Lookup:
                 priority = 0
                 if groups:
                     priority, group, share = groups[id(entry.endpoint)]
-                    weight = max(1, int(share / (100.0 * counts[group]) * 100.0)) if share else 0
+                    n = counts[group]
+                    if share == 100:  # CoreDNS's own arithmetic, float rounding and all
+                        weight = max(1, int(100.0 / (100.0 * n) * 100.0))
+                    else:  # exact: in floats 57/100*100 is 56.99999999999999
+                        weight = max(1, share // n) if share else 0
                 srv = Srv(priority, weight, entry.port, entry.key)
                 records.append(RR(name, SRV, self.ttl, srv))
             if (entry.key, entry.host, 0) not in seen:
