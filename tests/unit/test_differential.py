@@ -98,6 +98,9 @@ PORTS = (
     Port("metrics", "SCTP", 9100),
     Port("all", "TCP", 0),  # a slice port without a number
 )
+#: A slice's ports now and then: 45 endpoints of "big" then hold 4,500 SRV records, an answer
+#: larger than any message (built no further than a reply holds, and cut, TC set over TCP too).
+MANY_PORTS = tuple(Port(f"p{i}", "TCP", 20000 + i) for i in range(100))
 HOSTNAMES = ("", "", "", "pod-0", "pod-1", "db-0")
 POD_NAMES = ("", "web-7f9c-abcde", "db-0")
 EXTERNAL_NAMES = (
@@ -156,7 +159,7 @@ NODE_CIDRS = (
 )
 
 #: What a run without endpoints never meets (only headless services have large answers).
-UNTRUNCATED = {"compressed", "ECS scope", "truncated"}
+UNTRUNCATED = {"compressed", "ECS scope", "truncated", "cut over TCP"}
 
 CONFIGS = {
     "defaults": (
@@ -275,6 +278,7 @@ class Cluster:
         self.put(Service("shop", "db", HEADLESS, (), ports, topology_keys=KEY_LISTS[0]))
         self.put(Service("shop", "big", HEADLESS, (), ports, traffic_distribution=DISTRIBUTIONS[1]))
         self.put(self.random_slice("shop", "big", 0))
+        self.put(self.random_slice("shop", "big", 1, many_ports=True))
         for node in NODES:
             self.put(self.node_locator(node))
         node_ips = {ip for ips in NODE_IPS.values() for ip in ips}
@@ -371,19 +375,25 @@ class Cluster:
             topology_weights=soft[2],
         )
 
-    def random_slice(self, namespace: str, service: str, index: int) -> EndpointSlice:
+    def random_slice(
+        self, namespace: str, service: str, index: int, many_ports: bool = False
+    ) -> EndpointSlice:
+        """A slice of random endpoints; `many_ports`: every address of the pool, without
+        hostnames, and `MANY_PORTS` (any client's share is more than a message holds)."""
         rng = self.rng
         v6 = rng.random() < 0.3
+        many_ports = many_ports or service == "big" and rng.random() < 0.2
         if service == "big":
             pool, count = (BIG_V6 if v6 else BIG_V4), rng.randint(15, 45)
+            count = len(pool) if many_ports else count
         else:
             pool, count = (ENDPOINT_V6 if v6 else ENDPOINT_V4), rng.choice((0, 1, 2, 3, 3, 4, 4))
         hinted = rng.random() < 0.3
         endpoints = tuple(
             Endpoint(
                 (address,),
-                hostname=rng.choice(HOSTNAMES),
-                pod_name=rng.choice(POD_NAMES),
+                hostname="" if many_ports else rng.choice(HOSTNAMES),
+                pod_name="" if many_ports else rng.choice(POD_NAMES),
                 node_name=rng.choice(NODES + ("",)),
                 zone=rng.choice(ZONES + ("",)),
                 hint_zones=tuple(rng.sample(ZONES, rng.randint(1, 2))) if hinted else None,
@@ -391,6 +401,8 @@ class Cluster:
             for address in rng.sample(pool, count)
         )
         ports = tuple(rng.sample(PORTS, rng.randint(0, 2))) or (NO_PORT,)
+        if many_ports:
+            ports = MANY_PORTS
         return EndpointSlice(namespace, f"{service}-{index}", service, ports, endpoints)
 
     # Changes
@@ -531,6 +543,7 @@ class Queries:
             (20, (svc, ns, "svc") + zone, rng.choice((A, A, AAAA, SRV, TXT))),
             (6, (endpoint, svc, ns, "svc") + zone, rng.choice((A, AAAA))),
             (6, (port, proto, svc, ns, "svc") + zone, SRV),
+            (2, ("big", rng.choice(("shop", ns)), "svc") + zone, SRV),  # at times too large
             (3, (pod, ns, "pod") + zone, rng.choice((A, AAAA))),
             (1, ("extra", pod, ns, "pod") + zone, A),
             (5, reverse_name(address), PTR),
@@ -712,6 +725,7 @@ COVERAGE = {
     "BADVERS",
     "no reply",
     "truncated",
+    "cut over TCP",
     "compressed",
     "ECS scope",
     "client-dependent",
@@ -886,6 +900,8 @@ class Run:
             self.seen["records" if reply[6:8] != b"\0\0" else "NODATA"] += 1
         if reply[2] & 0x02:
             self.seen["truncated"] += 1
+        if tcp[2] & 0x02:  # larger than any message
+            self.seen["cut over TCP"] += 1
         elif len(reply) < len(tcp):  # over the fragment limit, not the buffer
             self.seen["compressed"] += 1
         if rcode or b"\x00\x08" not in query:  # no ECS option: nothing more to count

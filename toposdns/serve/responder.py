@@ -370,7 +370,8 @@ class Responder:
             limit = max(MIN_UDP_SIZE, size)
         if transport.tcp:
             limit = MAX_TCP_SIZE
-        compressed = cached.compressed
+        # A packed reply has one form, compressed already: the body, in its turn's order.
+        compressed = body if cached.packed else cached.compressed
         turns = cached.compressed_rotation
         if turns is not None:  # rotated only when this query gets that form
             size = len(body) - (11 if opt else 0) + len(opt) + 2
@@ -519,6 +520,7 @@ class Responder:
             return None  # another block's, or none's: the decoder's path says which
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
+            # As many records as the largest reply (TCP's) holds: it serves every transport.
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
@@ -528,13 +530,14 @@ class Responder:
                 # A pod of the namespace the name names gets another reply: never cached.
                 return None
             whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
+            body = whole[2:]
             row = None
             if answer.policy is not None:
                 row = self.topology_counts.row(query.qtype, answer.policy, answer.tier, answer.soft)
             carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
             cached = Cached(
-                whole[2:],
-                None if compressed is None else compressed[2:],
+                body,
+                None if compressed is None else body if compressed is whole else compressed[2:],
                 query.question,
                 tuple(answer.depends),
                 self.snapshot.serial if carries_soa else -1,
@@ -634,7 +637,11 @@ class Responder:
                     return self.completed(completion, data, transport, started, qtype)
             subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
             labels, via_ecs = self.placer.place(source, subnet)
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            # Never cached: no more records than this reply can hold.
+            room = self.reply_limit(query, transport)
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+            )
             if answer.fallthrough and self.forwarder is not None:
                 return self.upstreams(data, query, transport, source, started, passed=True)
             # The answer was tailored to the ECS prefix only if it depended on the client.
@@ -694,8 +701,12 @@ class Responder:
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
-        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+        limit = self.reply_limit(query, transport)
         return encode_reply(query, answer, limit, transport.fragment_limit, scope)
+
+    def reply_limit(self, query: Query, transport: Transport) -> int:
+        """The largest reply to a decoded query (its buffer bounded already, `bounded`)."""
+        return MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
 
     def remember_options(self, options: bytes) -> EchoedOptions:
         """Read a query's EDNS options once; ValueError when malformed."""
