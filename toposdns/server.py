@@ -131,13 +131,24 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
     changed = None if words is None else [(w[1], w[2]) for w in words if w[0] == "svc"]
     for (namespace, name), policy in invalid_changes(old.policies, new.policies, changed):
         INVALID_POLICIES.inc()
-        log.warning(
-            "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
-            namespace,
-            name,
-            policy.source,
-            "; ".join(policy.errors),
-        )
+        if policy.errors:
+            log.warning(
+                "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
+                namespace,
+                name,
+                policy.source,
+                "; ".join(policy.errors),
+            )
+        else:
+            log.warning(
+                "Service %s/%s: soft-topology annotation ignored, answering by the %s "
+                "(mode: %s): %s",
+                namespace,
+                name,
+                "hard policy" if policy.active else "service without a policy",
+                policy.mode,
+                "; ".join(policy.soft_errors),
+            )
 
 
 def report_conflicts(old: Snapshot, new: Snapshot) -> None:
