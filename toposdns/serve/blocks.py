@@ -132,11 +132,7 @@ def block_forwarder(
 ) -> Forwarder | None:
     """The block's forwarder, with its cache bounded to `cache_max_bytes` and the sources it
     forwards for (`--forward-allow`, the server's); None without one."""
-    settings = CacheSettings(
-        success=config.cache.success,
-        denial=config.cache.denial,
-        max_bytes=cache_max_bytes,
-    )
+    settings = replace(config.cache, max_bytes=cache_max_bytes)
     return forwarder_for(replace(config.forward, allow=allow), settings)
 
 

@@ -79,7 +79,7 @@ from toposdns.options import (
     sets,
 )
 from toposdns.serve.connections import EXPIRE, Connections, tls_context
-from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
+from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache, Refresher
 from toposdns.serve.loop import LoopGuard
 from toposdns.serve.upstream import (
     HEADER_SIZE,
@@ -472,6 +472,8 @@ class Forwarder:
         self.max_concurrent = max_concurrent
         self.clock = clock
         self.cache = ForwardCache(cache or CacheSettings(), clock)
+        #: prefetch, serve_stale, keepttl: what a cache hit does beyond its reply.
+        self.refresher = Refresher(self.cache, self) if self.cache.settings.refreshing else None
         self.loops = LoopGuard()
         #: Forwarded queries in flight, and those on their way upstream by cache key.
         self.outstanding = 0
@@ -535,8 +537,11 @@ class Forwarder:
         if cached is not None:
             if hits is not None:
                 hits[1 if cached.kind == "success" else 2] += 1
+            now, hit = self.clock(), True
+            if self.refresher is not None:
+                cached, now, hit = await self.refresher.serve(cached, key, data, end, tcp, now)
             return truncate(
-                cached.render(data[:2], self.clock(), opt, ad, True, data[HEADER_SIZE:end]), limit
+                cached.render(data[:2], now, opt, ad, hit, data[HEADER_SIZE:end]), limit
             )
         if self.outstanding >= self.max_concurrent:
             FORWARD_MAX_CONCURRENT_REJECTS.inc()
@@ -548,11 +553,6 @@ class Forwarder:
                 )
             return REFUSED
         self.outstanding += 1
-        # The transport to the upstreams: the client's, unless force_tcp or prefer_udp.
-        if self.force_tcp:
-            tcp = True
-        elif self.prefer_udp:
-            tcp = False
         try:
             outcome = await self._once(key, data, end, tcp)
         finally:
@@ -566,8 +566,25 @@ class Forwarder:
             outcome.render(data[:2], self.clock(), opt, ad, False, data[HEADER_SIZE:end]), limit
         )
 
+    async def refetch(
+        self, key: bytes, data: bytes, end: int, tcp: bool, background: bool
+    ) -> Entry | int | None:
+        """The upstreams' answer to refresh a cached reply (forward_cache.py `Refresher`),
+        counted in the queries in flight as a client's; None when `max_concurrent` are, or
+        half of it for a refresh in the `background`, so that clients keep the rest."""
+        limit = max(1, self.max_concurrent // 2) if background else self.max_concurrent
+        if self.outstanding >= limit:
+            return None
+        self.outstanding += 1
+        try:
+            return await self._once(key, data, end, tcp)
+        finally:
+            self.outstanding -= 1
+
     async def close(self) -> None:
-        """Stop health probes; close the connections waiting for reuse."""
+        """Stop health probes and cache refreshes; close the connections waiting for reuse."""
+        if self.refresher is not None:
+            await self.refresher.close()
         tasks = [task for upstream in self.upstreams for task in upstream.stop_probes()]
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(connections.close() for connections in self.connections))
@@ -575,6 +592,11 @@ class Forwarder:
     async def _once(self, key: bytes, data: bytes, end: int, tcp: bool) -> Entry | int:
         """Ask the upstreams, unless the same question is on its way already over the same
         transport (a TCP client must not get what UDP left truncated): then its answer."""
+        # The transport to the upstreams: the client's, unless force_tcp or prefer_udp.
+        if self.force_tcp:
+            tcp = True
+        elif self.prefer_udp:
+            tcp = False
         flight = key + (b"t" if tcp else b"u")
         pending = self.inflight.get(flight)
         if pending is not None:
