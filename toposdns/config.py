@@ -48,6 +48,7 @@ from toposdns.serve.http import (
 from toposdns.serve.listen import BIND, ListenOptions
 from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
+from toposdns.serve.rewrite import REWRITE, RewriteOptions
 from toposdns.serve.tcp import TCP, TcpOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
@@ -199,9 +200,10 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     ACL,
     LOG,
     HOSTS,
+    REWRITE,
 )
 #: The plugins a server block without kubernetes may hold (serve/blocks.py).
-BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS)
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, REWRITE)
 #: The plugins `toposdns explain` takes: those that change answers (of toposdns's own
 #: settings, which PodLocators are believed).
 LOCATOR_TRUST: Plugin[ToposdnsOptions] = Plugin(
@@ -236,6 +238,7 @@ class ServeConfig:
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
     hosts: HostsOptions = field(default_factory=HostsOptions)
+    rewrite: RewriteOptions = field(default_factory=RewriteOptions)
     #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
     block_zones: tuple[Name, ...] = ((),)
     #: The server blocks beside it on its port (stub domains).

@@ -55,7 +55,7 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl",)
+REPEATABLE = ("acl", "rewrite")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -164,6 +164,7 @@ def read_block(
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
         options["cache"] if "cache" in seen else _cache_off(options["cache"]),
         options["hosts"],
+        options["rewrite"],
     )
 
 

@@ -49,6 +49,7 @@ from toposdns.serve.listen import bind_pair
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import Responder
+from toposdns.serve.rewrite import make_rewrite
 from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
 from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
 from toposdns.serve.udp import UdpProtocol
@@ -98,6 +99,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("log")
     if config.hosts.enabled:
         names.append("hosts")
+    if config.rewrite.enabled:
+        names.append("rewrite")
     return names
 
 
@@ -220,9 +223,15 @@ class DnsServer:
 
     def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
         """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (hosts), in its order, and their chain, which ends in the responder's turn; None
-        without any."""
+        (rewrite, hosts), in its order, and their chain, which ends in the responder's turn;
+        None without any."""
         handlers: list[Handler] = []
+        rewrite = make_rewrite(config.rewrite, config.block_zones)
+        if rewrite is not None:
+            # A query it changed, passed on by the rest, gets the kubernetes block's own answer
+            # (whichever responder serves then), never a cached one: serve/rewrite.py says why.
+            rewrite.kubernetes = lambda request: self.responder.answer(request)
+            handlers.append(rewrite)
         hosts = make_hosts(config.hosts, config.block_zones)
         if hosts is not None:
             # What it answers comes before the cached replies of the kubernetes block's names.
@@ -263,7 +272,11 @@ class DnsServer:
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
-        if (old.hosts, old.block_zones) != (config.hosts, config.block_zones):
+        if (old.hosts, old.rewrite, old.block_zones) != (
+            config.hosts,
+            config.rewrite,
+            config.block_zones,
+        ):
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:

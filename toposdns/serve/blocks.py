@@ -22,6 +22,7 @@ from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.rewrite import RewriteOptions, make_rewrite
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -40,6 +41,7 @@ class BlockConfig:
     #: CoreDNS's `cache` as the block sets it (off when it has none).
     cache: CacheSettings = field(default_factory=CacheSettings)
     hosts: HostsOptions = field(default_factory=HostsOptions)
+    rewrite: RewriteOptions = field(default_factory=RewriteOptions)
 
 
 class Blocks:
@@ -131,6 +133,9 @@ def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> tuple[Next,
     """The block's plugins linked in CoreDNS's order (`chain.ORDER`), and their handlers (the
     server runs the `watch` of those that have one)."""
     handlers: list[Handler] = []
+    rewrite = make_rewrite(config.rewrite, config.zones)
+    if rewrite is not None:
+        handlers.append(rewrite)
     hosts = make_hosts(config.hosts, config.zones)
     if hosts is not None:
         handlers.append(hosts)

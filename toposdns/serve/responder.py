@@ -650,6 +650,56 @@ class Responder:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
 
+    def answer(self, request: Request) -> Reply:
+        """The kubernetes block's own answer to a request that a plugin before it changed
+        (rewrite's new question or options), as `decoded` gives one after those plugins: from
+        the zones (with autopath), or from the upstreams. It stays in this block, as CoreDNS
+        keeps a query in its server block, whatever its new name. Never cached, nor looked up
+        in the caches (its question is not the one asked); not counted either: the query as
+        asked is, with the reply it gets in the end."""
+        query = request.query
+        data, transport, source = request.data, request.transport, request.source
+        where = route(query, self.config.zones, self.forwarder is not None)
+        if where is BADVERS:
+            return encode_badvers(query)
+        if where is REFUSE:
+            return encode_bare(query, REFUSED)
+        if where is UPSTREAMS:
+            return self.relayed(data, query, transport, source)
+        try:
+            if self.autopath is not None:
+                completion = self.autopath.complete(data, query, transport, source)
+                if completion is not None:
+                    if isinstance(completion, bytes):
+                        return self.balanced(completion)
+                    return completion
+            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
+            labels, via_ecs = self.placer.place(source, subnet)
+            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            if answer.fallthrough and self.forwarder is not None:
+                return self.relayed(data, query, transport, source)
+            scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+            if answer.chase is not None and self.admits(source):
+                return self.chased(query, answer, transport, scope)
+            reply = self.balanced(self.encoded(query, answer, transport, scope))
+            if answer.policy is not None:
+                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
+            return reply
+        except Exception:
+            return self.failed(query)
+
+    def relayed(self, data: bytes, query: Query, transport: Transport, source: str) -> Reply:
+        """A changed request's name for the upstreams, as `upstreams` sends a query's but not
+        counted: REFUSED outside `--forward-allow`, RFC 8482's minimal answer to ANY (unless
+        `--forward-any`), else the upstream's reply."""
+        assert self.forwarder is not None
+        if not self.forwarder.admits(source):
+            return encode_bare(query, REFUSED)
+        if query.qtype == ANY and not self.forward_any:
+            return encode_minimal_any(query)
+        return self.forwarded(data, query, transport)
+
     def chained(
         self, reply: Reply, data: bytes, transport: Transport, started: float, qtype: int
     ) -> Reply:
