@@ -97,7 +97,7 @@ from toposdns.wire.codes import (
     SRV,
     Name,
 )
-from toposdns.wire.decode import HEADER_SIZE, Query, decode_query
+from toposdns.wire.decode import HEADER_SIZE, Query, decode_query, read_name, record_spans
 from toposdns.wire.encode import encode_bare, encode_opt, name_wire, truncate
 from toposdns.wire.records import name_text, type_code
 
@@ -145,7 +145,7 @@ EXAMPLES = {
     "ttl": "rewrite ttl suffix .svc.cluster.local 30-300",
     "type": "rewrite type ANY HINFO",
     "class": "rewrite class CH IN",
-    "edns0": "rewrite edns0 subnet set 24 56",
+    "edns0": "rewrite edns0 subnet set 32 128",
 }
 
 #: A label in presentation form that needs no escape (miekg/dns escapes the others).
@@ -1082,7 +1082,15 @@ def reverted(reply: bytes, request: Request, restore: bool, answers: Sequence[Re
     message = dnslib.DNSRecord.parse(reply)
     query = request.query
     opt_rr = next((rr for rr in message.ar if rr.rtype == OPT), None)
-    records = [rr for rr in (*message.rr, *message.auth, *message.ar) if rr.rtype != OPT]
+    every = [*message.rr, *message.auth, *message.ar]
+    if any(rr.rtype == DNAME for rr in every):
+        # dnslib reads a DNAME's target as bytes, which may point into the message: read it
+        # here, for `answer value` to rewrite.
+        for rr, (_, at, _, _, _) in zip(every, record_spans(reply), strict=True):
+            if rr.rtype == DNAME:
+                target = read_name(reply, at + 6)[0]
+                rr.rdata = dnslib.DNAME(tuple(label.encode("latin-1") for label in target))
+    records = [rr for rr in every if rr.rtype != OPT]
     for rr in records:
         for rule in reversed(answers):
             _apply(rule, rr)
@@ -1153,7 +1161,9 @@ def _apply(rule: ReplyRule, rr: Any) -> None:
         rr.rname = _renamed(rule.rewriter, rr.rname)
         return
     attribute = VALUE_FIELDS.get(rr.rtype)
-    if attribute is not None:
+    if attribute is None:
+        return
+    if hasattr(rr.rdata, attribute):
         setattr(rr.rdata, attribute, _renamed(rule.rewriter, getattr(rr.rdata, attribute)))
 
 
