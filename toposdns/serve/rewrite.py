@@ -584,8 +584,8 @@ def _client_address(source: str) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
 
 def client_subnet(source: str, v4: int, v6: int) -> bytes | None:
     """The Client Subnet option CoreDNS's `edns0 subnet` rule writes for a query from `source`,
-    with its V4 and V6 lengths: its family, the address cut to V4 or V6 bits, those lengths, SCOPE 0, the
-    address bytes the prefix covers (RFC 7871). None when `source` is no address."""
+    with its V4 and V6 lengths: its family, the address cut to V4 or V6 bits, that length, SCOPE
+    0, the address bytes the prefix covers (RFC 7871). None when `source` is no address."""
     address = _client_address(source)
     if address is None:
         return None
