@@ -50,6 +50,7 @@ from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.rewrite import REWRITE, RewriteOptions
 from toposdns.serve.tcp import TCP, TcpOptions
+from toposdns.serve.template import TEMPLATE, TemplateOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
 from toposdns.store.placement import EVERY_NAMESPACE
@@ -200,10 +201,12 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     ACL,
     LOG,
     HOSTS,
+    TEMPLATE,
     REWRITE,
 )
-#: The plugins a server block without kubernetes may hold (serve/blocks.py).
-BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, REWRITE)
+#: The plugins a server block without kubernetes may hold (serve/blocks.py); `bind` only on a
+#: port of its own.
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, TEMPLATE, REWRITE, BIND)
 #: The plugins `toposdns explain` takes: those that change answers (of toposdns's own
 #: settings, which PodLocators are believed).
 LOCATOR_TRUST: Plugin[ToposdnsOptions] = Plugin(
@@ -238,16 +241,40 @@ class ServeConfig:
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
     hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
     rewrite: RewriteOptions = field(default_factory=RewriteOptions)
     #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
     block_zones: tuple[Name, ...] = ((),)
-    #: The server blocks beside it on its port (stub domains).
+    #: The other server blocks: beside it on its port (stub domains), or on ports of their own.
     blocks: tuple[BlockConfig, ...] = ()
 
     @property
     def upstreams(self) -> tuple[Upstream, ...]:
         """Where names outside the zones go (none: refused)."""
         return self.forward.upstreams or ()
+
+    def block_address(self, block: BlockConfig) -> ListenOptions:
+        """Where a server block beside the kubernetes one listens: its port and `bind`, or
+        the kubernetes block's where it has none."""
+        port = self.bind.port if block.port is None else block.port
+        return ListenOptions(block.bind or self.bind.host, port)
+
+    @property
+    def port_blocks(self) -> tuple[BlockConfig, ...]:
+        """The server blocks on the kubernetes block's address (stub domains), which its
+        responder routes."""
+        return tuple(block for block in self.blocks if self.block_address(block) == self.bind)
+
+    def servers(self) -> dict[ListenOptions, tuple[BlockConfig, ...]]:
+        """The servers beside the kubernetes block's, as CoreDNS's (one per address): each
+        address server blocks listen on other than its, with those blocks, in the order the
+        configuration first names them."""
+        found: dict[ListenOptions, tuple[BlockConfig, ...]] = {}
+        for block in self.blocks:
+            address = self.block_address(block)
+            if address != self.bind:
+                found[address] = (*found.get(address, ()), block)
+        return found
 
     @property
     def workers(self) -> int:

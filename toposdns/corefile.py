@@ -26,8 +26,9 @@ from typing import Any
 from toposdns.config import BLOCK_PLUGINS, PLUGINS, Reading
 from toposdns.options import ConfigError, Origin, Plugin, domain
 from toposdns.serve.blocks import BlockConfig
+from toposdns.serve.chain import ORDER
 from toposdns.serve.forward import ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import cache_off
 from toposdns.serve.http import PROMETHEUS
 from toposdns.wire.codes import Name
 
@@ -55,7 +56,7 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl", "rewrite")
+REPEATABLE = ("acl", "template", "rewrite")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -105,35 +106,32 @@ def read_corefile(path: Path, reading: Reading | None = None) -> Reading:
         )
     keys, lines = main[0]
     apply_block(reading, keys, lines)
-    taken = {zone: keys[0] for zone in reading.block_zones}
+    taken: dict[tuple[Where, Name], Token] = {(MAIN, zone): keys[0] for zone in reading.block_zones}
     for block in blocks:
         if block is not main[0]:
             reading.blocks.append(read_block(reading, *block, taken))
     return reading
 
 
+#: Where a server block listens: its port and its own `bind` address; MAIN for the kubernetes
+#: block's port and address.
+Where = tuple[int | None, str | None]
+MAIN: Where = (None, None)
+
+
 def read_block(
     reading: Reading,
     key_tokens: list[Token],
     directives: list[tuple[Line, list[Line]]],
-    taken: dict[Name, Token],
+    taken: dict[tuple[Where, Name], Token],
 ) -> BlockConfig:
-    """A server block beside the kubernetes one (a stub domain): its zones and plugins."""
+    """A server block beside the kubernetes one (a stub domain, on its port or another): its
+    zones, port and plugins. `taken` holds the zones of each address read so far."""
     keys = [(key, token) for token in key_tokens for key in parse_key(token)]
-    port = reading.options["bind"].port
-    for key, token in keys:
-        if key.port != port:
-            raise token.error(
-                f"a server block on port {key.port}, beside the kubernetes block's {port}: "
-                "toposdns serves one port; put the block on the same port, or run one toposdns "
-                "per port"
-            )
-        if key.zone in taken:
-            raise token.error(
-                f"the zone {key.text} on port {port} is another server block's already "
-                f"(line {taken[key.zone].line}), as CoreDNS refuses"
-            )
-        taken[key.zone] = token
+    if len({key.port for key, _ in keys}) > 1:
+        raise key_tokens[0].error("every key of the server block must have the same port")
+    main = reading.options["bind"]
+    port = keys[0][0].port
     block = Reading(BLOCK_PLUGINS)
     seen: dict[str, Token] = {}
     for line, body in directives:
@@ -158,19 +156,41 @@ def read_block(
                 f"{', '.join(supported)}"
             )
     options = block.finished()
+    bind = options["bind"].host if "bind" in seen else None
+    if bind == main.host:
+        bind = None
+    if port == main.port and bind is not None:
+        raise seen["bind"].error(
+            f"a bind address of its own in a server block on the kubernetes block's port "
+            f"{port}: toposdns serves that port's blocks on the kubernetes block's address "
+            f"({main.host}); give the bind there, or put this block on a port of its own"
+        )
+    where: Where = MAIN if port == main.port else (port, bind)
+    for key, token in keys:
+        if (where, key.zone) in taken:
+            at = f" on {bind}" if bind is not None else ""
+            raise token.error(
+                f"the zone {key.text} on port {port}{at} is another server block's already "
+                f"(line {taken[where, key.zone].line}), as CoreDNS refuses"
+            )
+        taken[where, key.zone] = token
     return BlockConfig(
         tuple(key.zone for key, _ in keys),
         key_tokens[0].place,
         options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
-        options["cache"] if "cache" in seen else _cache_off(options["cache"]),
-        options["hosts"],
-        options["rewrite"],
+        options["cache"] if "cache" in seen else cache_off(options["cache"]),
+        hosts=options["hosts"],
+        template=options["template"],
+        rewrite=options["rewrite"],
+        port=None if where == MAIN else port,
+        bind=bind,
+        plugins=tuple(sorted((word for word in seen if word != "bind"), key=ORDER.index)),
     )
 
 
 def _alongside(reading: Reading, line: Line, body: list[Line]) -> None:
-    """`prometheus` and `log` in a block beside the kubernetes one: toposdns counts and logs
-    per port, so they must say what the kubernetes block says."""
+    """`prometheus` and `log` in a block beside the kubernetes one: toposdns serves one
+    /metrics and logs in one form, so they must say what the kubernetes block says."""
     word = line[0]
     if word.text == "prometheus":
         block = Reading((PROMETHEUS,))
@@ -180,12 +200,13 @@ def _alongside(reading: Reading, line: Line, body: list[Line]) -> None:
         if given != served:
             raise word.error(
                 "a prometheus address other than the kubernetes block's: toposdns serves one "
-                "/metrics for the port; give the same address in both"
+                "/metrics for every port; give the same address in both"
             )
     elif len(line) > 1 or body or not reading.options["log"].enabled:
         raise word.error(
-            "log in a server block without kubernetes: toposdns logs every query of the port "
-            "when the kubernetes block has a plain `log`; put `log` there"
+            "log in a server block without kubernetes: toposdns logs as the kubernetes block's "
+            "plain `log` says, every query of its port and of the ports whose blocks have "
+            "`log`; put `log` there"
         )
 
 
@@ -495,14 +516,4 @@ def _absent(reading: Reading, seen: dict[str, Token]) -> None:
     if "forward" not in seen:
         options["forward"] = replace(options["forward"], upstreams=())
     if "cache" not in seen:
-        options["cache"] = _cache_off(options["cache"])
-
-
-def _cache_off(cache: CacheSettings) -> CacheSettings:
-    """The `cache` settings of a block without one: nothing kept, for any zone."""
-    off = ((),)
-    return replace(
-        cache,
-        success=replace(cache.success, disabled=off),
-        denial=replace(cache.denial, disabled=off),
-    )
+        options["cache"] = cache_off(options["cache"])

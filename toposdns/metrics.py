@@ -165,6 +165,25 @@ HOSTS_RELOAD_TIMESTAMP = Gauge(
 #: Gauges each worker sets alike, from the same file: /metrics shows their largest value rather
 #: than their sum (workers/exposition.py).
 UNSUMMED = frozenset({"coredns_hosts_entries", "coredns_hosts_reload_timestamp_seconds"})
+# CoreDNS's `template` (serve/template.py), as its metrics.go defines them.
+TEMPLATE_MATCHES = Counter(
+    "coredns_template_matches",
+    "Counter of template regex matches.",
+    ["server", "zone", "view", "class", "type"],
+    registry=ANSWERING,
+)
+TEMPLATE_FAILURES = Counter(
+    "coredns_template_template_failures",
+    "Counter of go template failures.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
+TEMPLATE_RR_FAILURES = Counter(
+    "coredns_template_rr_failures",
+    "Counter of mis-templated RRs.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
 REGISTRY.register(ANSWERING)
 
 # `--workers N`: the supervisor's view of its workers.

@@ -39,19 +39,20 @@ from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
-from toposdns.serve.chain import ORDER, Handler, Next, chain, pass_on
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder
-from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
-from toposdns.serve.listen import bind_pair
+from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
-from toposdns.serve.query_metrics import QueryMetrics
+from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
 from toposdns.serve.rewrite import make_rewrite
-from toposdns.serve.tcp import TcpLimits, TcpOptions, TcpProtocol
-from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6
+from toposdns.serve.tcp import TcpLimits, TcpProtocol
+from toposdns.serve.template import make_template
+from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
@@ -99,18 +100,31 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("log")
     if config.hosts.enabled:
         names.append("hosts")
+    if config.template.enabled:
+        names.append("template")
     if config.rewrite.enabled:
         names.append("rewrite")
     return names
 
 
-def report_server(config: ServeConfig, port: int) -> None:
-    """coredns_build_info, and coredns_plugin_enabled for the server block `.:PORT`, as
-    CoreDNS's prometheus plugin sets them at startup."""
+def report_server(config: ServeConfig, port: int, ports: dict[ListenOptions, int]) -> None:
+    """coredns_build_info, and coredns_plugin_enabled for each server block that has
+    `prometheus` (the kubernetes block on `port`, the others on their port: `port`, or what
+    `ports` says their address is bound to), per zone, as CoreDNS's prometheus plugin sets
+    them at startup."""
     BUILD_INFO.labels(__version__, build_revision(), f"python{platform.python_version()}").set(1)
     PLUGIN_ENABLED.clear()
-    for name in plugins(config):
-        PLUGIN_ENABLED.labels(f"dns://:{port}", ".", "", name).set(1)
+    for zone in config.block_zones:
+        for name in plugins(config):
+            PLUGIN_ENABLED.labels(f"dns://:{port}", name_text(zone), "", name).set(1)
+    for block in config.blocks:
+        if "prometheus" not in block.plugins:
+            continue
+        address = config.block_address(block)
+        server = f"dns://:{port if address == config.bind else ports.get(address, address.port)}"
+        for zone in block.zones:
+            for name in block.plugins:
+                PLUGIN_ENABLED.labels(server, name_text(zone), "", name).set(1)
 
 
 def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
@@ -179,14 +193,85 @@ def report_ignored(old: Snapshot, new: Snapshot) -> None:
         )
 
 
+class PortServer:
+    """A server on an address without the kubernetes block (another port, or a `bind` of its
+    own), as CoreDNS runs one per address: its server blocks by zone, each query down its
+    block's chain, REFUSED where no block's zone holds the name. It answers through a
+    responder whose `Blocks` hold no zones of its own, so that its caches and templates never
+    answer (serve/blocks.py); its queries are counted with `prometheus` in one of its blocks
+    and logged with `log`, as CoreDNS's."""
+
+    def __init__(
+        self, config: ServeConfig, address: ListenOptions, resolver: ResolverConfig
+    ) -> None:
+        self.address = address
+        #: The port it is bound to, once it is (port 0 picks one).
+        self.port = address.port
+        self.resolver = resolver
+        blocks = config.servers()[address]
+        counted = config.serves_metrics and any("prometheus" in b.plugins for b in blocks)
+        self.metrics = QueryMetrics(f"dns://:{address.port}") if counted else None
+        self.logged = config.log.enabled and any("log" in b.plugins for b in blocks)
+        #: Where its first block is written, for messages.
+        self.place = blocks[0].place
+        self.forwarders, self.handlers, self.responder = self.build(config)
+        self.screen: Screen | None = None  # `acl` is the kubernetes block's
+        self.udp: list[UdpProtocol] = []
+
+    def build(self, config: ServeConfig) -> tuple[list[Forwarder | None], list[Handler], Responder]:
+        """Its blocks' forwarders, their plugins' handlers, and the responder that routes to
+        their chains."""
+        forwarders, blocks, handlers = make_blocks(config, self.label, self.lookup, self.address)
+        responder = Responder(
+            self.resolver,
+            Snapshot(),
+            metrics=self.metrics,
+            cache_max_bytes=0,  # nothing is cached: no answer is the responder's own
+            max_udp_size=config.bufsize.size,
+            blocks=blocks,
+        )
+        return forwarders, handlers, responder
+
+    def label(self) -> str:
+        """The `server` label of its metrics."""
+        return f"dns://:{self.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks the server
+        that received the query."""
+        return self.responder.respond(data, transport, source)
+
+    def reconfigure(self, config: ServeConfig) -> tuple[list[Forwarder | None], list[Handler]]:
+        """Answer by the blocks `config` has for this address from the next query on; the
+        forwarders and handlers it replaced."""
+        replaced = self.forwarders, self.handlers
+        self.forwarders, self.handlers, self.responder = self.build(config)
+        for protocol in self.udp:
+            protocol.use(self.responder)
+        return replaced
+
+    def started(self, port: int) -> None:
+        """Bound to `port`: its metrics say so."""
+        self.port = port
+        if self.metrics is not None:
+            self.metrics.server = f"dns://:{port}"
+
+
 class DnsServer:
     """One process's DNS server, as the single process and each worker of `--workers N` run
-    it: the responder over the data, the forwarder, the query metrics, UDP and TCP."""
+    it: the responder over the data, the forwarder, the query metrics, UDP and TCP on the
+    kubernetes block's port; and a `PortServer` for each other address server blocks are on."""
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
+        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        self.server = ""
         self.forwarder = make_forwarder(config)
-        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+        self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+            config, self.label, self.lookup
+        )
+        #: The servers of the other addresses, in the configuration's order.
+        self.others = [PortServer(config, address, resolver) for address in config.servers()]
         #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
         self.front_handlers, self.front = self.make_front(config)
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
@@ -197,7 +282,6 @@ class DnsServer:
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
-        self.server = ""
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -221,10 +305,19 @@ class DnsServer:
             self.front,
         )
 
+    def label(self) -> str:
+        """The `server` label of this server's metrics."""
+        return self.server or f"dns://:{self.config.bind.port}"
+
+    def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
+        """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
+        plugin follows a CNAME it answered with."""
+        return self.responder.respond(data, transport, source)
+
     def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
         """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (rewrite, hosts), in its order, and their chain, which ends in the responder's turn;
-        None without any."""
+        (rewrite, template, hosts), in its order, and their chain, which ends in the
+        responder's turn; None without any."""
         handlers: list[Handler] = []
         rewrite = make_rewrite(config.rewrite, config.block_zones)
         if rewrite is not None:
@@ -232,11 +325,16 @@ class DnsServer:
             # (whichever responder serves then), never a cached one: serve/rewrite.py says why.
             rewrite.kubernetes = lambda request: self.responder.answer(request)
             handlers.append(rewrite)
+        template = make_template(config.template, config.block_zones, self.label, self.lookup)
+        if template is not None:
+            handlers.append(template)
         hosts = make_hosts(config.hosts, config.block_zones)
         if hosts is not None:
             # What it answers comes before the cached replies of the kubernetes block's names.
             hosts.on_change = self.front_changed
             handlers.append(hosts)
+        if handlers and (cache := capping(config.cache)) is not None:
+            handlers.append(cache)  # the first replies of those plugins, as its cache caps them
         handlers.sort(key=lambda handler: ORDER.index(handler.name))
         return handlers, chain(handlers, pass_on) if handlers else None
 
@@ -251,8 +349,16 @@ class DnsServer:
             task.cancel()
         self.watching = [
             asyncio.create_task(watched(handler), name=f"{handler.name} watch")
-            for handler in [*self.front_handlers, *self.block_handlers]
+            for handler in self.handlers()
             if hasattr(handler, "watch")
+        ]
+
+    def handlers(self) -> list[Handler]:
+        """The plugin handlers of every server block, on every port."""
+        return [
+            *self.front_handlers,
+            *self.block_handlers,
+            *(handler for other in self.others for handler in other.handlers),
         ]
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -266,17 +372,21 @@ class DnsServer:
             retired = [self.forwarder, *self.block_forwarders]
             replaced += self.block_handlers
             self.forwarder = make_forwarder(config)
-            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(config)
+            self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
+                config, self.label, self.lookup
+            )
+            for other in self.others:  # the same addresses: a change of them waits
+                forwarders, handlers = other.reconfigure(config)
+                retired += forwarders
+                replaced += handlers
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
-        if (old.hosts, old.rewrite, old.block_zones) != (
-            config.hosts,
-            config.rewrite,
-            config.block_zones,
-        ):
+        # The front's plugins, and the cache that caps their replies' TTLs.
+        front = (config.hosts, config.template, config.rewrite, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.rewrite, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:
@@ -298,7 +408,7 @@ class DnsServer:
         for handler in handlers:
             if isinstance(handler, Hosts):
                 handler.forget()
-        for handler in [*self.front_handlers, *self.block_handlers]:
+        for handler in self.handlers():
             if isinstance(handler, Hosts):
                 handler.report()
         if self.server:  # serving: the new handlers' watches replace the old ones'
@@ -317,7 +427,8 @@ class DnsServer:
         for task in [*self.retiring, *self.watching]:
             task.cancel()
         await asyncio.gather(*self.retiring, *self.watching, return_exceptions=True)
-        for forwarder in [self.forwarder, *self.block_forwarders]:
+        others = [forwarder for other in self.others for forwarder in other.forwarders]
+        for forwarder in [self.forwarder, *self.block_forwarders, *others]:
             if forwarder is not None:
                 await forwarder.close()
 
@@ -326,7 +437,9 @@ class DnsServer:
         /metrics serves, or a worker sends whole), until the stack closes."""
         if self.metrics is None:
             return
-        for collector in (self.metrics, self.responder.topology_counts):
+        # One collector for every port's: a registry takes each metric name from one only.
+        others = [other.metrics for other in self.others if other.metrics is not None]
+        for collector in (AllServers([self.metrics, *others]), self.responder.topology_counts):
             ANSWERING.register(collector)
             stack.callback(ANSWERING.unregister, collector)
 
@@ -335,15 +448,33 @@ class DnsServer:
         return self.responder.snapshot, self.responder.config, self.config.autopath
 
     async def start(
-        self, stack: contextlib.AsyncExitStack, port: int, reuse_port: bool = False
+        self,
+        stack: contextlib.AsyncExitStack,
+        port: int,
+        reuse_port: bool = False,
+        ports: dict[ListenOptions, int] | None = None,
     ) -> int:
-        """Bind the DNS port (with `reuse_port`, shared with other workers) and answer on it
-        until the stack closes; returns the port."""
+        """Bind the DNS port, and each other address's (to the port `ports` gives it, else
+        its own), with `reuse_port` shared with other workers, and answer on them until the
+        stack closes; returns the DNS port. OSError names the other address that failed."""
         stack.push_async_callback(self.close)
         config = self.config
-        family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
-        udp_sock, tcp_sock = bind_pair(family, config.bind.host, port, reuse_port=reuse_port)
-        port = await serve_dns(config.tcp, self, udp_sock, tcp_sock, stack)
+        tcp = config.tcp
+        # One cap on TCP connections for every port, as open files are shared out for one.
+        limits = TcpLimits(tcp.max_connections, tcp.idle_timeout, tcp.read_timeout)
+        bound = [bind_pair(family_of(config.bind.host), config.bind.host, port, reuse_port)]
+        try:
+            for other in self.others:
+                given = (ports or {}).get(other.address)
+                bound.append(bind_address(other.address, given, other.place, reuse_port))
+        except OSError:
+            for pair in bound:
+                for sock in pair:
+                    sock.close()
+            raise
+        port = await serve_dns(self, limits, *bound[0], stack, config, config.log.enabled)
+        for other, pair in zip(self.others, bound[1:], strict=True):
+            other.started(await serve_dns(other, limits, *pair, stack, config, other.logged))
         server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
         self.screen = screen_of(config, server)
         for protocol in self.udp:
@@ -352,6 +483,10 @@ class DnsServer:
             self.metrics.server = server
         self.watch_plugins()
         return port
+
+    def ports(self) -> dict[ListenOptions, int]:
+        """The port each other address is bound to, by the address configured."""
+        return {other.address: other.port for other in self.others}
 
 
 class Answering(Protocol):
@@ -388,7 +523,13 @@ class Answering(Protocol):
         ...
 
     async def start(self, source: KubeSource | None) -> int:
-        """Answer on the DNS port; the port."""
+        """Answer on the DNS port, and on every other address server blocks are on; the DNS
+        port."""
+        ...
+
+    def ports(self) -> dict[ListenOptions, int]:
+        """The port each other address of server blocks is bound to, by the address
+        configured."""
         ...
 
     def check_loops(self, server: str) -> None:
@@ -435,7 +576,7 @@ async def run_server(
 
         def reconfigure(new: ServeConfig) -> None:
             report_restart(dns.reconfigure(new))
-            report_server(dns.config, port)
+            report_server(dns.config, port, dns.ports())
 
         synced = lambda: dns.current().synced  # noqa: E731
         source = await start_source(config, life, publish, synced, dns.builder)
@@ -451,7 +592,18 @@ async def run_server(
             zones(config),
             dns.described(),
         )
-        report_server(config, port)
+        # Then each other address, as CoreDNS starts a server per address.
+        for address, bound in dns.ports().items():
+            blocks = config.servers()[address]
+            served = ", ".join(name_text(zone) for block in blocks for zone in block.zones)
+            log.info(
+                "serving DNS on %s:%d (udp, tcp) for %s%s",
+                address.host,
+                bound,
+                served,
+                dns.described(),
+            )
+        report_server(config, port, dns.ports())
         dns.check_loops(f"{config.bind.host}:{port}")
         if corefile is not None and config.reload.enabled:
             path, read = corefile
@@ -500,6 +652,9 @@ class InProcess:
     async def start(self, source: KubeSource | None) -> int:
         return await self.dns.start(self.life.stack, self.config.bind.port)
 
+    def ports(self) -> dict[ListenOptions, int]:
+        return self.dns.ports()
+
     def check_loops(self, server: str) -> None:
         forwarder = self.dns.forwarder
         if forwarder is not None:
@@ -521,7 +676,9 @@ class InProcess:
 
 #: The settings that say where and from what the server serves, by the name a reload's
 #: warning gives them: (plugin, field; "" for all its options). A reload keeps them as they
-#: are until a restart; the rest applies at once.
+#: are until a restart; the rest applies at once. The addresses server blocks listen on beside
+#: the kubernetes block's (`BLOCK_ADDRESSES`, `ServeConfig.servers`) are one of them: when
+#: they change, every block is kept as it runs, each a part of the server it is on.
 RESTART_ONLY: dict[str, tuple[str, str]] = {
     "snapshot": ("snapshot", ""),
     "kubeconfig and startup_timeout": ("cluster", ""),
@@ -537,7 +694,10 @@ RESTART_ONLY: dict[str, tuple[str, str]] = {
     "log": ("log", ""),  # the frontends are chosen at startup
     # The store believes the locators of these namespaces from the first it holds.
     "locator_namespaces": ("toposdns", "locator_namespaces"),
+    # Last: the blocks' addresses follow the kubernetes block's, as kept above.
+    "server block ports": ("blocks", "addresses"),
 }
+BLOCK_ADDRESSES = RESTART_ONLY["server block ports"]
 
 
 def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig, list[str]]:
@@ -546,7 +706,10 @@ def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig
     waiting = []
     for name, (plugin, attribute) in RESTART_ONLY.items():
         options, kept = getattr(config, plugin), getattr(running, plugin)
-        if attribute:
+        if (plugin, attribute) == BLOCK_ADDRESSES:
+            if config.servers().keys() == running.servers().keys():
+                continue
+        elif attribute:
             if getattr(options, attribute) == getattr(kept, attribute):
                 continue
             kept = replace(options, **{attribute: getattr(kept, attribute)})
@@ -593,22 +756,30 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
 
 def make_blocks(
     config: ServeConfig,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+    address: ListenOptions | None = None,
 ) -> tuple[list[Forwarder | None], Blocks | None, list[Handler]]:
-    """The forwarders of the server blocks beside the kubernetes one, the blocks of the port
-    (None when the kubernetes block is the port's only one, for `.`), and their plugins'
-    handlers."""
-    if not config.blocks and config.block_zones == ((),):
-        return [], None, []
+    """The forwarders of the server blocks beside the kubernetes one on its address (or on
+    another `address`), the blocks of that address (None when the kubernetes block is its
+    only one, for `.`), and their plugins' handlers (`server` and `lookup`: what they label
+    their metrics with and ask the server by)."""
+    if address is None:
+        blocks, main = config.port_blocks, config.block_zones
+        if not blocks and main == ((),):
+            return [], None, []
+    else:
+        blocks, main = config.servers()[address], ()
     bound = cache_bounds(config)[1]
     allow = config.forward.allow
-    forwarders = [block_forwarder(block, bound, allow) for block in config.blocks]
+    forwarders = [block_forwarder(block, bound, allow) for block in blocks]
     links: list[tuple[BlockConfig, Next]] = []
     handlers: list[Handler] = []
-    for block, forwarder in zip(config.blocks, forwarders, strict=True):
-        link, chained = block_chain(block, forwarder)
+    for block, forwarder in zip(blocks, forwarders, strict=True):
+        link, chained = block_chain(block, forwarder, server, lookup)
         links.append((block, link))
         handlers += chained
-    return forwarders, Blocks(config.block_zones, links), handlers
+    return forwarders, Blocks(main, links), handlers
 
 
 async def watched(handler: Handler) -> None:
@@ -714,21 +885,47 @@ async def _wait_for_sync(
         log.warning("starting with unsynced Kubernetes data: names not found get SERVFAIL")
 
 
+def family_of(host: str) -> socket.AddressFamily:
+    """The address family of a host to listen on."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def bind_address(
+    address: ListenOptions,
+    port: int | None = None,
+    place: str = "",
+    reuse_port: bool = False,
+    listen: bool = True,
+) -> tuple[socket.socket, socket.socket]:
+    """UDP and TCP bound to an address of server blocks beside the kubernetes block's (to
+    `port`, else its own); OSError names the address, and `place`, where its blocks are."""
+    host = address.host
+    try:
+        return bind_pair(
+            family_of(host), host, address.port if port is None else port, reuse_port, listen
+        )
+    except OSError as exc:
+        where = f"{address} (the server block at {place})" if place else str(address)
+        raise OSError(exc.errno, exc.strerror, where) from None
+
+
 async def serve_dns(
-    options: TcpOptions,
-    dns: DnsServer,
+    dns: DnsServer | PortServer,
+    limits: TcpLimits,
     udp_sock: socket.socket,
     tcp_sock: socket.socket,
     stack: contextlib.AsyncExitStack,
+    config: ServeConfig,
+    logged: bool,
 ) -> int:
     """Answer on a bound UDP socket and a listening TCP socket, with `dns`'s responder as it
-    is at each datagram and connection, until the stack closes; returns their port."""
+    is at each datagram and connection, until the stack closes (`logged`: with `log`'s
+    frontends); returns their port."""
     loop = asyncio.get_running_loop()
     kind, stream = (UDP6, TCP6) if udp_sock.family == socket.AF_INET6 else (UDP4, TCP4)
-    limits = TcpLimits(options.max_connections, options.idle_timeout, options.read_timeout)
     connection: Callable[[], TcpProtocol]
-    if dns.config.log.enabled:  # the logging frontends; without `log`, the plain ones
-        query_log = QueryLog(dns.config.log)
+    if logged:  # the logging frontends; without `log`, the plain ones
+        query_log = QueryLog(config.log)
         protocol: UdpProtocol = LoggedUdpProtocol(dns.responder, kind, query_log)
         connection = lambda: LoggedTcpProtocol(  # noqa: E731
             dns.responder, limits, stream, query_log, dns.screen
@@ -737,7 +934,7 @@ async def serve_dns(
         protocol = UdpProtocol(dns.responder, kind)
         connection = lambda: TcpProtocol(dns.responder, limits, stream, dns.screen)  # noqa: E731
     protocol.screen = dns.screen
-    if udp_batch.wanted(dns.config.toposdns.udp_batch):
+    if udp_batch.wanted(config.toposdns.udp_batch):
         batched = udp_batch.BatchedUdp(protocol, udp_sock)
         batched.start(loop)
         stack.callback(batched.close, loop)

@@ -82,11 +82,13 @@ class Server(ServerProcess):
 
 
 class CorefileServer(Server):
-    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it."""
+    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it; `wrapper` is a command
+    that runs it, as for Server."""
 
-    def __init__(self, corefile: Path, *flags: str) -> None:
+    def __init__(self, corefile: Path, *flags: str, wrapper: tuple[str, ...] = ()) -> None:
         self.snapshot, self.args, self.host, self.port = None, flags, "", 0
-        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile), *flags))
+        command = toposdns_command("-conf", str(corefile), *flags)
+        ServerProcess.__init__(self, [*wrapper, *command])
 
 
 def free_ports(*names: str) -> dict[str, int]:

@@ -10,9 +10,11 @@ from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB
 from toposdns.resolve.answer import Answer
 from toposdns.serve.blocks import BlockConfig, Blocks
-from toposdns.serve.chain import ORDER, Next, Reply, Request, chain, pass_on
+from toposdns.serve.chain import ORDER, PASSED, Next, Reply, Request, chain, pass_on
+from toposdns.serve.query_metrics import QueryMetrics
 from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.wire.codes import DS, A
+from toposdns.wire.decode import decode_query
 from toposdns.wire.encode import encode_reply
 from toposdns.wire.records import RR
 
@@ -115,3 +117,30 @@ def test_the_plugins_before_kubernetes_answer_first_and_pass_the_rest(edns: bool
     assert "nothere.shop.svc.cluster.local" in hosts.asked
     # Every plugin is asked once per query.
     assert hosts.asked.count("nothere.shop.svc.cluster.local") == 1
+
+
+def test_a_chains_reply_is_counted_under_the_plugin_that_wrote_it() -> None:
+    metrics = QueryMetrics("dns://:53")
+    responder = Responder(
+        config_of(), snapshot_of(SHOP_WEB), metrics=metrics, front=chain([Hosts()], pass_on)
+    )
+    ask(responder, "node1")
+    ask(responder, "web.shop.svc.cluster.local")
+    plugins = {labels[4] for labels in metrics.totals}
+    assert plugins == {"hosts", "kubernetes"}
+
+
+def test_a_plugin_that_passes_a_request_on_is_not_the_writer() -> None:
+    class Passing:
+        name = "rewrite"
+
+        def serve(self, request: Request, next: Next) -> Reply:
+            return next(request)
+
+    link = chain([Passing(), Hosts()])
+    query = dnslib.DNSRecord.question("node1", "A")
+    data = bytes(query.pack())
+    request = Request(decode_query(data), data, UDP4, "127.0.0.1")
+    assert isinstance(link(request), bytes) and request.written_by == "hosts"
+    passed = Request(decode_query(data), data, UDP4, "127.0.0.1")
+    assert chain([Passing()], pass_on)(passed) is PASSED and passed.written_by == ""

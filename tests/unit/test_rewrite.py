@@ -1549,3 +1549,23 @@ def test_forward_options_are_kept_beside_rewrite(tmp_path: Path) -> None:
     assert block.forward == replace(block.forward, upstreams=(Upstream("127.0.0.1", 5300),))
     assert isinstance(block.forward, ForwardOptions) and block.rewrite.enabled
     assert block.zones == (("example", "org"),)
+
+
+def test_a_reply_is_counted_under_the_plugin_that_wrote_it(tmp_path: Path) -> None:
+    # rewrite changes replies back; the `plugin` label is the one that wrote them.
+    rewrite = handler(tmp_path, "rewrite name exact a.example b.example")
+    data = query_of("a.example.")
+    request = Request(decode_query(data), data, UDP4, V4_CLIENT)
+
+    def hosts(changed: Request) -> Reply:
+        changed.written_by = "hosts"
+        return Printer()(changed)
+
+    rewrite.serve(request, hosts)
+    assert request.written_by == "hosts"
+    server = server_of(tmp_path, "rewrite name exact a.example web.shop.svc.cluster.local")
+    (front,) = server.front_handlers
+    assert isinstance(front, Rewrite) and front.kubernetes is not None
+    request = Request(decode_query(data), data, UDP4, V4_CLIENT)
+    front.serve(request, lambda _: PASSED)
+    assert request.written_by == "kubernetes"

@@ -1,28 +1,33 @@
 """The server blocks of one port, and the chains of the blocks beside the kubernetes one.
 
 A Corefile may hold several server blocks on a port, each for its zones (its keys:
-`consul.local:53 { forward . 10.0.0.10 }` is a stub domain). CoreDNS's dnsserver gives a
-query to the block whose zone is the longest suffix of its name (`.` last), and REFUSED when
-no block's zone holds it; a DS question goes to the parent's block when its name is a block's
+`consul.local:53 { forward . 10.0.0.10 }` is a stub domain), and blocks on other ports. As
+CoreDNS's dnsserver, each port (with its address) is a server of its own, which gives a query
+to the block whose zone is the longest suffix of its name (`.` last), and REFUSED when no
+block's zone holds it; a DS question goes to the parent's block when its name is a block's
 zone itself, as the delegation's parent answers DS (RFC 4035 section 3.1.4.1).
 
 The kubernetes server block is the responder's (serve/responder.py), with its caches and fast
 paths; `Blocks.find` tells it which queries are its own (None) and hands the others to their
 block's chain (serve/chain.py), built here from the block's options in CoreDNS's plugin order.
+On a port without the kubernetes block, the `Blocks` have no zones of the responder's own:
+every query goes down a block's chain, or is REFUSED.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
-from toposdns.serve.forward_cache import CacheSettings
+from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
 from toposdns.serve.rewrite import RewriteOptions, make_rewrite
+from toposdns.serve.template import TemplateOptions, make_template
+from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
 
@@ -39,9 +44,18 @@ class BlockConfig:
     place: str = ""
     forward: ForwardOptions = field(default_factory=lambda: ForwardOptions(upstreams=()))
     #: CoreDNS's `cache` as the block sets it (off when it has none).
-    cache: CacheSettings = field(default_factory=CacheSettings)
+    cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
     rewrite: RewriteOptions = field(default_factory=RewriteOptions)
+    #: The port of its keys; None: the kubernetes block's (a stub domain beside it).
+    port: int | None = None
+    #: Its own `bind` address; None: the kubernetes block's.
+    bind: str | None = None
+    #: Its plugins that CoreDNS's chain holds (`bind` is not one), in CoreDNS's order: what
+    #: `coredns_plugin_enabled` reports, and on a port of its own whether that port's queries
+    #: are counted (`prometheus`) and logged (`log`).
+    plugins: tuple[str, ...] = ()
 
 
 class Blocks:
@@ -49,6 +63,8 @@ class Blocks:
     responder answers), every other block's to its chain."""
 
     def __init__(self, main: Sequence[Name], others: Sequence[tuple[BlockConfig, Next]]) -> None:
+        #: The kubernetes block's zones (none on a port without it).
+        self.main = tuple(main)
         self.by_zone: dict[Name, Next | None] = {zone: None for zone in main}
         for config, link in others:
             for zone in config.zones:
@@ -79,6 +95,8 @@ class Blocks:
         """True if the kubernetes block answers every name of these zones: each is its, and
         no other block's zone lies inside one (the responder's templates may then answer
         for the zones without asking which block a name is)."""
+        if not self.main:  # a port without the kubernetes block: every name is a chain's
+            return False
         others = [zone for zone, link in self.by_zone.items() if link is not None]
         return all(self.mine(zone, 0) for zone in zones) and not any(
             other[len(other) - len(zone) :] == zone for zone in zones for other in others
@@ -129,16 +147,27 @@ def block_forwarder(
     )
 
 
-def block_chain(config: BlockConfig, forwarder: Forwarder | None) -> tuple[Next, list[Handler]]:
+def block_chain(
+    config: BlockConfig,
+    forwarder: Forwarder | None,
+    server: Callable[[], str] = lambda: "dns://:53",
+    lookup: Callable[[bytes, Transport, str], Reply] | None = None,
+) -> tuple[Next, list[Handler]]:
     """The block's plugins linked in CoreDNS's order (`chain.ORDER`), and their handlers (the
-    server runs the `watch` of those that have one)."""
+    server runs the `watch` of those that have one). `server` is the metrics' server label,
+    `lookup` how a plugin asks the whole server a query."""
     handlers: list[Handler] = []
     rewrite = make_rewrite(config.rewrite, config.zones)
     if rewrite is not None:
         handlers.append(rewrite)
+    template = make_template(config.template, config.zones, server, lookup)
+    if template is not None:
+        handlers.append(template)
     hosts = make_hosts(config.hosts, config.zones)
     if hosts is not None:
         handlers.append(hosts)
+    if handlers and (cache := capping(config.cache)) is not None:
+        handlers.append(cache)
     if forwarder is not None:
         handlers.append(Forwarding(forwarder))
     handlers.sort(key=lambda handler: ORDER.index(handler.name))

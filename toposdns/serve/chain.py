@@ -38,9 +38,10 @@ ORDER = (
 Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
-    """One query as the plugins of a chain see it."""
+    """One query as the plugins of a chain see it; `written_by` is set as the reply comes
+    back: the plugin that wrote it (CoreDNS's `plugin` metrics label)."""
 
     #: The query decoded (its buffer size already bounded by `bufsize`).
     query: Query
@@ -51,6 +52,8 @@ class Request:
     source: str
     #: The server block's zone the query was routed by (CoreDNS's `zone` metrics label).
     zone: str = "."
+    #: The plugin whose handler wrote the reply, once one has ("" until then).
+    written_by: str = ""
 
     @property
     def limit(self) -> int:
@@ -98,5 +101,13 @@ def chain(handlers: Sequence[Handler], end: Next = end_of_chain) -> Next:
 
 
 def _linked(handler: Handler, rest: Next) -> Next:
-    serve = handler.serve
-    return lambda request: serve(request, rest)
+    serve, name = handler.serve, handler.name
+
+    def link(request: Request) -> Reply:
+        reply = serve(request, rest)
+        # A plugin after this one that wrote the reply has said so already.
+        if not request.written_by and reply is not PASSED:
+            request.written_by = name
+        return reply
+
+    return link

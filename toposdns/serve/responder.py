@@ -370,7 +370,8 @@ class Responder:
             limit = max(MIN_UDP_SIZE, size)
         if transport.tcp:
             limit = MAX_TCP_SIZE
-        compressed = cached.compressed
+        # A packed reply has one form, compressed already: the body, in its turn's order.
+        compressed = body if cached.packed else cached.compressed
         turns = cached.compressed_rotation
         if turns is not None:  # rotated only when this query gets that form
             size = len(body) - (11 if opt else 0) + len(opt) + 2
@@ -519,6 +520,7 @@ class Responder:
             return None  # another block's, or none's: the decoder's path says which
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
+            # As many records as the largest reply (TCP's) holds: it serves every transport.
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
@@ -528,13 +530,14 @@ class Responder:
                 # A pod of the namespace the name names gets another reply: never cached.
                 return None
             whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
+            body = whole[2:]
             row = None
             if answer.policy is not None:
                 row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
             carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
             cached = Cached(
-                whole[2:],
-                None if compressed is None else compressed[2:],
+                body,
+                None if compressed is None else body if compressed is whole else compressed[2:],
                 query.question,
                 tuple(answer.depends),
                 self.snapshot.serial if carries_soa else -1,
@@ -586,10 +589,11 @@ class Responder:
             return False
         if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
             return False
-        reply = self.front(Request(query, data, transport, source))
+        request = Request(query, data, transport, source)
+        reply = self.front(request)
         if reply is PASSED:
             return False
-        return self.chained(reply, data, transport, started, query.qtype)
+        return self.chained(request, reply, started)
 
     def decoded(
         self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
@@ -615,13 +619,14 @@ class Responder:
             zone, link = block
             if link is not None:
                 request = Request(query, data, transport, source, name_text(zone))
-                return self.chained(link(request), data, transport, started, qtype)
+                return self.chained(request, link(request), started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         if self.front is not None and not fronted:
-            reply = self.front(Request(query, data, transport, source))
+            request = Request(query, data, transport, source)
+            reply = self.front(request)
             if reply is not PASSED:
-                return self.chained(reply, data, transport, started, qtype)
+                return self.chained(request, reply, started)
         if where is UPSTREAMS:
             return self.upstreams(data, query, transport, source, started)
         self.passed()
@@ -632,7 +637,11 @@ class Responder:
                     return self.completed(completion, data, transport, started, qtype)
             subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
             labels, via_ecs = self.placer.place(source, subnet)
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            # Never cached: no more records than this reply can hold.
+            room = self.reply_limit(query, transport)
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+            )
             if answer.fallthrough and self.forwarder is not None:
                 return self.upstreams(data, query, transport, source, started, passed=True)
             # The answer was tailored to the ECS prefix only if it depended on the client.
@@ -665,20 +674,25 @@ class Responder:
         if where is REFUSE:
             return encode_bare(query, REFUSED)
         if where is UPSTREAMS:
-            return self.relayed(data, query, transport, source)
+            return self.relayed(request)
         try:
             if self.autopath is not None:
                 completion = self.autopath.complete(data, query, transport, source)
                 if completion is not None:
+                    request.written_by = "autopath"
                     if isinstance(completion, bytes):
                         return self.balanced(completion)
                     return completion
             subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
             labels, via_ecs = self.placer.place(source, subnet)
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            room = self.reply_limit(query, transport)
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+            )
             if answer.fallthrough and self.forwarder is not None:
-                return self.relayed(data, query, transport, source)
+                return self.relayed(request)
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+            request.written_by = "kubernetes"
             if answer.chase is not None and self.admits(source):
                 return self.chased(query, answer, transport, scope)
             reply = self.balanced(self.encoded(query, answer, transport, scope))
@@ -689,24 +703,30 @@ class Responder:
         except Exception:
             return self.failed(query)
 
-    def relayed(self, data: bytes, query: Query, transport: Transport, source: str) -> Reply:
+    def relayed(self, request: Request) -> Reply:
         """A changed request's name for the upstreams, as `upstreams` sends a query's but not
         counted: REFUSED outside `--forward-allow`, RFC 8482's minimal answer to ANY (unless
         `--forward-any`), else the upstream's reply."""
         assert self.forwarder is not None
-        if not self.forwarder.admits(source):
+        query = request.query
+        if not self.forwarder.admits(request.source):
             return encode_bare(query, REFUSED)
         if query.qtype == ANY and not self.forward_any:
+            request.written_by = "any"
             return encode_minimal_any(query)
-        return self.forwarded(data, query, transport)
+        request.written_by = "forward"
+        return self.forwarded(request.data, query, request.transport)
 
-    def chained(
-        self, reply: Reply, data: bytes, transport: Transport, started: float, qtype: int
-    ) -> Reply:
-        """A reply from another server block's chain, counted when it is there."""
+    def chained(self, request: Request, reply: Reply, started: float) -> Reply:
+        """A chain's reply to `request`, counted (under the plugin that wrote it) when it is
+        there."""
+        data, transport, qtype = request.data, request.transport, request.query.qtype
+        plugin = request.written_by
         if reply is None or isinstance(reply, bytes):
-            return reply if reply is None else self.counted(data, reply, transport, started, qtype)
-        return self.counted_later(reply, data, transport, started, qtype, "")
+            if reply is None:
+                return None
+            return self.counted(data, reply, transport, started, qtype, plugin)
+        return self.counted_later(reply, data, transport, started, qtype, plugin)
 
     def upstreams(
         self,
@@ -739,8 +759,12 @@ class Responder:
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
-        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+        limit = self.reply_limit(query, transport)
         return encode_reply(query, answer, limit, transport.fragment_limit, scope)
+
+    def reply_limit(self, query: Query, transport: Transport) -> int:
+        """The largest reply to a decoded query (its buffer bounded already, `bounded`)."""
+        return MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
 
     def remember_options(self, options: bytes) -> EchoedOptions:
         """Read a query's EDNS options once; ValueError when malformed."""

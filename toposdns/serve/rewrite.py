@@ -1017,6 +1017,8 @@ class Rewrite:
         reply = next(changed)
         if reply is PASSED:  # the kubernetes block's: its answer to this query, never cached
             reply = (self.kubernetes or end_of_chain)(changed)
+        if changed.written_by:  # the plugin that wrote the reply it changes back
+            request.written_by = changed.written_by
         if reply is None or isinstance(reply, bytes):
             return None if reply is None else self.reverted(reply, request, restore, answers)
         return self.later(reply, request, restore, answers)

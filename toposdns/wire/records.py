@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+from dnslib import CLASS as CLASSES
 from dnslib import QTYPE
 
-from toposdns.wire.codes import TXT, Name
+from toposdns.wire.codes import CLASS_IN, TXT, Name
 
 
 def type_name(rtype: int) -> str:
@@ -29,6 +30,12 @@ def type_code(text: str) -> int:
     if upper.startswith("TYPE") and upper[4:].isdigit() and int(upper[4:]) < 65536:
         return int(upper[4:])
     raise ValueError(f"unknown record type {text!r}")
+
+
+def class_name(rclass: int) -> str:
+    """Mnemonic of a class, or RFC 3597's CLASSnnn."""
+    name: str = CLASSES.forward.get(rclass, f"CLASS{rclass}")
+    return name
 
 
 def name_text(name: Name) -> str:
@@ -71,12 +78,28 @@ class Soa(NamedTuple):
     minimum: int
 
 
+class Mx(NamedTuple):
+    """MX rdata (RFC 1035 section 3.3.9)."""
+
+    preference: int
+    exchange: Name
+
+
+class Raw(NamedTuple):
+    """Rdata written as it is given, uncompressed, in its class (RFC 3597): the records a
+    `template` renders of types without a form here, of a class other than IN, or of strings
+    (TXT, HINFO) given as bytes."""
+
+    data: bytes
+    rclass: int = CLASS_IN
+
+
 #: A/AAAA rdata is the address text; PTR/CNAME/NS a Name; TXT a tuple of strings.
-Rdata = str | Name | Srv | Soa
+Rdata = str | Name | Srv | Soa | Mx | Raw
 
 
 class RR(NamedTuple):
-    """One resource record of class IN."""
+    """One resource record, of class IN unless its rdata is `Raw` in another."""
 
     name: Name
     rtype: int
@@ -84,8 +107,11 @@ class RR(NamedTuple):
     rdata: Rdata
 
     def __str__(self) -> str:
+        data = self.rdata
+        rclass = class_name(data.rclass) if isinstance(data, Raw) else "IN"
         return (
-            f"{name_text(self.name)}\t{self.ttl}\tIN\t{type_name(self.rtype)}\t{self.rdata_text()}"
+            f"{name_text(self.name)}\t{self.ttl}\t{rclass}\t{type_name(self.rtype)}\t"
+            f"{self.rdata_text()}"
         )
 
     def rdata_text(self) -> str:
@@ -98,6 +124,10 @@ class RR(NamedTuple):
                 f"{name_text(data.mname)} {name_text(data.rname)} {data.serial} "
                 f"{data.refresh} {data.retry} {data.expire} {data.minimum}"
             )
+        if isinstance(data, Mx):
+            return f"{data.preference} {name_text(data.exchange)}"
+        if isinstance(data, Raw):
+            return f"\\# {len(data.data)} {data.data.hex().upper()}".rstrip()
         if isinstance(data, str):
             return data
         if self.rtype == TXT:

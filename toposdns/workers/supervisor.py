@@ -1,8 +1,10 @@
 """The supervisor of `toposdns serve --workers N`: one source, N workers, one --http port.
 
 - **startup**: the source starts (the snapshot file loaded, or the cluster listed, waiting up
-  to --startup-timeout as one process does); --http is served; the DNS port is reserved (bound
-  with SO_REUSEPORT and not listening, so that port 0 becomes a port every worker binds); then
+  to --startup-timeout as one process does); --http is served; the DNS port is reserved, and
+  the port of every other address server blocks are on (bound with SO_REUSEPORT and not
+  listening, so that port 0 becomes a port every worker binds, and a port that cannot be bound
+  stops startup before any worker is forked); then
   the workers are forked, after the data is loaded, so that they start with it in copy-on-write
   memory. Once each says it serves, the reservation is closed and the port announced.
 - **main loop**: each change the source publishes goes to every worker, in order: the store
@@ -35,10 +37,17 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
 from toposdns.serve import http, udp_batch
-from toposdns.serve.listen import bind_pair
+from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
-from toposdns.server import Corefile, answering, restart_only, run_server
+from toposdns.server import (
+    Corefile,
+    answering,
+    bind_address,
+    family_of,
+    restart_only,
+    run_server,
+)
 from toposdns.source.kube import KubeSource
 from toposdns.store.journal import JournaledBuilder
 from toposdns.store.snapshot import Snapshot
@@ -138,6 +147,8 @@ class Supervisor:
         self.source: KubeSource | None = None
         self.batch = 0
         self.port = config.bind.port
+        #: The ports reserved for the other addresses of server blocks, by address.
+        self.other_ports: dict[ListenOptions, int] = {}
         self.workers: dict[int, Worker] = {}
         #: Slots waiting to be forked again after a crash: (delay, monotonic time of the fork).
         self.backoff: dict[int, tuple[float, float]] = {}
@@ -163,18 +174,22 @@ class Supervisor:
         return f" ({self.config.workers} workers)"
 
     async def start(self, source: KubeSource | None) -> int:
-        """Fork the workers on a port reserved for them all, once each serves; the port."""
+        """Fork the workers on ports reserved for them all (the DNS port, and each other
+        address's), once each serves; the DNS port."""
         config = self.config
         self.source = source
-        family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
-        reserved = bind_pair(
-            family, config.bind.host, config.bind.port, reuse_port=True, listen=False
-        )
-        self.port = int(reserved[0].getsockname()[1])
-        udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
-        self.life.stack.push_async_callback(self.end_workers)
-        self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
+        reserved: list[socket.socket] = []
         try:
+            host = config.bind.host
+            reserved += bind_pair(family_of(host), host, config.bind.port, True, listen=False)
+            self.port = int(reserved[0].getsockname()[1])
+            for address, blocks in config.servers().items():
+                pair = bind_address(address, None, blocks[0].place, True, listen=False)
+                reserved += pair
+                self.other_ports[address] = int(pair[0].getsockname()[1])
+            udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
+            self.life.stack.push_async_callback(self.end_workers)
+            self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
             for slot in range(1, config.workers + 1):
                 await self.spawn(slot)
             await self.until_serving()
@@ -183,6 +198,9 @@ class Supervisor:
                 sock.close()
         self.started = True
         return self.port
+
+    def ports(self) -> dict[ListenOptions, int]:
+        return dict(self.other_ports)
 
     def check_loops(self, server: str) -> None:
         if self.probes:
@@ -239,7 +257,14 @@ class Supervisor:
             self.builder.start_journal()
         config, resolver, probes = self.config, self.resolver, self.probes
         start = Start(
-            slot, config, resolver, self.port, self.current_snapshot, self.builder, probes
+            slot,
+            config,
+            resolver,
+            self.port,
+            self.other_ports,
+            self.current_snapshot,
+            self.builder,
+            probes,
         )
         try:
             pid = fork_worker(start, theirs)

@@ -2,7 +2,8 @@
 port the workers share and applies the changes the supervisor sends.
 
 A worker starts with the supervisor's data as it was at the fork (copy-on-write memory, never
-sent), binds the DNS port with SO_REUSEPORT, and says `Serving`. After that it reads the
+sent), binds the DNS port (and each other port of server blocks) with SO_REUSEPORT, and says
+`Serving`. After that it reads the
 supervisor's messages in order: changes to replay on its copy of the store builder (so its
 caches drop only what a change touched, as in one process), whole snapshots, metric scrapes,
 and `Stop`. It takes no signals: SIGTERM and SIGINT go to the supervisor, which tells the
@@ -28,6 +29,7 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import ANSWERING
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.listen import ListenOptions
 from toposdns.serve.upstream import Upstream
 from toposdns.server import DnsServer, run
 from toposdns.store.builder import StoreBuilder
@@ -62,6 +64,9 @@ class Start:
     config: ServeConfig
     resolver: ResolverConfig
     port: int
+    #: The ports of the other addresses of server blocks, by address (the supervisor's
+    #: reservations, which every worker binds).
+    ports: dict[ListenOptions, int]
     snapshot: Snapshot
     #: The cluster's store builder (its copy of the supervisor's); None for a snapshot file.
     builder: StoreBuilder | None
@@ -162,7 +167,7 @@ async def work(start: Start, channel: socket.socket) -> None:
             dns.forwarder.loops.probes.update(start.probes)
             dns.forwarder.loops.on_probe = lambda question: send(Looped(question))
         dns.register(life.stack)
-        await dns.start(life.stack, start.port, reuse_port=True)
+        await dns.start(life.stack, start.port, reuse_port=True, ports=start.ports)
         send(Serving())
         follow = _follow(reader, send, dns, start.builder, life)
         following = life.start(follow, "supervisor")
