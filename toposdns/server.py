@@ -134,13 +134,24 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
     changed = None if words is None else [(w[1], w[2]) for w in words if w[0] == "svc"]
     for (namespace, name), policy in invalid_changes(old.policies, new.policies, changed):
         INVALID_POLICIES.inc()
-        log.warning(
-            "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
-            namespace,
-            name,
-            policy.source,
-            "; ".join(policy.errors),
-        )
+        if policy.errors:
+            log.warning(
+                "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
+                namespace,
+                name,
+                policy.source,
+                "; ".join(policy.errors),
+            )
+        else:
+            log.warning(
+                "Service %s/%s: soft-topology annotation ignored, answering by the %s "
+                "(mode: %s): %s",
+                namespace,
+                name,
+                "hard policy" if policy.active else "service without a policy",
+                policy.mode,
+                "; ".join(policy.soft_errors),
+            )
 
 
 def report_conflicts(old: Snapshot, new: Snapshot) -> None:
@@ -222,6 +233,10 @@ class PortServer:
         """Its blocks' forwarders, their plugins' handlers, and the responder that routes to
         their chains."""
         forwarders, blocks, handlers = make_blocks(config, self.label, self.lookup, self.address)
+        if self.metrics is not None:  # what its forward caches do counts in its metrics
+            for forwarder in forwarders:
+                if forwarder is not None:
+                    forwarder.cache.counts = self.metrics.forward_counts
         responder = Responder(
             self.resolver,
             Snapshot(),
@@ -277,6 +292,7 @@ class DnsServer:
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.count_forward_caches()
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
@@ -379,6 +395,7 @@ class DnsServer:
                 forwarders, handlers = other.reconfigure(config)
                 retired += forwarders
                 replaced += handlers
+            self.count_forward_caches()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -401,6 +418,15 @@ class DnsServer:
             protocol.screen = self.screen
         self.config = config
         return restart
+
+    def count_forward_caches(self) -> None:
+        """Count what the forward caches do (prefetches, stale replies, evictions) in this
+        server's metrics, which go on across reloads."""
+        if self.metrics is None:
+            return
+        for forwarder in (self.forwarder, *self.block_forwarders):
+            if forwarder is not None:
+                forwarder.cache.counts = self.metrics.forward_counts
 
     def replaced(self, handlers: list[Handler]) -> None:
         """Handlers a reload replaced: their watches stopped, their series dropped (those of

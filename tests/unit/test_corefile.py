@@ -352,7 +352,7 @@ REFUSED = [
     ("tls://.:853 {\n  kubernetes\n}\n", "Corefile:1: tls://.:853: tls:// servers are not"),
     (".:53 {\n  kubernetes\n  forward example.org 1.1.1.1\n}\n", "only is not supported"),
     (".:53 {\n  kubernetes\n  reload 1s\n}\n", "Corefile:3: reload 1s: the interval must be"),
-    (".:53 {\n  kubernetes\n  cache 30 example.org\n}\n", "caching only some zones"),
+    (".:53 {\n  kubernetes\n  cache 30 example..org\n}\n", "Corefile:3: cache 30 example..org"),
     (".:53 {\n  kubernetes\n  health :8080 :8081\n}\n", "expected at most one address"),
     (".:53 {\n  kubernetes {\n    kubeconfig /k ctx\n  }\n}\n", "Corefile:3: kubeconfig /k ctx"),
     (".:53 {\n  kubernetes\n  loop 1\n}\n", "Corefile:3: loop: takes no arguments"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
@@ -134,11 +134,7 @@ def block_forwarder(
     options = config.forward
     if not options.upstreams:
         return None
-    settings = CacheSettings(
-        success=config.cache.success,
-        denial=config.cache.denial,
-        max_bytes=cache_max_bytes,
-    )
+    settings = replace(config.cache, max_bytes=cache_max_bytes)
     return Forwarder(
         list(options.upstreams),
         max_concurrent=options.max_concurrent,

@@ -533,7 +533,7 @@ class Responder:
             body = whole[2:]
             row = None
             if answer.policy is not None:
-                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier, answer.soft)
             carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
             cached = Cached(
                 body,
@@ -653,7 +653,7 @@ class Responder:
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
             reply = self.balanced(self.encoded(query, answer, transport, scope))
             if answer.policy is not None:
-                row = self.topology_counts.row(qtype, answer.policy, answer.tier)
+                row = self.topology_counts.row(qtype, answer.policy, answer.tier, answer.soft)
                 count_topology(row, labels is NO_LABELS)
         except Exception:
             reply = self.failed(query)
