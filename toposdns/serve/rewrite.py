@@ -51,8 +51,8 @@ own plugins write), and a client that sent no OPT record gets none. A reply is w
 as the server writes its own: uncompressed when it fits the client's buffer, else compressed
 and cut, with TC.
 
-**Caching.** In the kubernetes server block the rules run first among the plugins before
-`kubernetes` (the responder's `front`), on a reply-cache miss. A query that a rule applies to,
+**Caching.** In the kubernetes server block the rules run among the plugins before `kubernetes`
+(the responder's `front`: after `cache`, before `template` and `hosts`), on a reply-cache miss. A query that a rule applies to,
 or that reaches an `edns0` rule, is answered by the chain after it each time: what the rest of
 the chain passes on is the kubernetes block's own answer to the changed query
 (`Responder.answer`), which is neither cached nor looked up in the caches (its question is not
