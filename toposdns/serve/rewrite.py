@@ -52,15 +52,16 @@ as the server writes its own: uncompressed when it fits the client's buffer, els
 and cut, with TC.
 
 **Caching.** In the kubernetes server block the rules run among the plugins before `kubernetes`
-(the responder's `front`: after `cache`, before `template` and `hosts`), on a reply-cache miss. A query that a rule applies to,
-or that reaches an `edns0` rule, is answered by the chain after it each time: what the rest of
-the chain passes on is the kubernetes block's own answer to the changed query
-(`Responder.answer`), which is neither cached nor looked up in the caches (its question is not
-the one asked). A query that no rule touches is passed on unchanged, and the responder answers
-and caches it as before. The cache is consulted before the rules (a hit answers before any
-plugin runs), and that is sound: whether a rule touches a query depends only on what the cache
-key holds (its name in lower case, its type and class; every `edns0` rule is reached from the
-same rules before it), so the key of a query a rule touches never has a reply stored.
+(the responder's `front`: after `cache`, before `template` and `hosts`), on a reply-cache miss.
+A query that a rule applies to, or that reaches an `edns0` rule, is answered by the chain after
+it each time: what the rest of the chain passes on is the kubernetes block's own answer to the
+changed query (`Responder.answer`), which is neither cached nor looked up in the caches (its
+question is not the one asked). A query that no rule touches is passed on unchanged, and the
+responder answers and caches it as before. The cache is consulted before the rules (a hit
+answers before any plugin runs), and that is sound: whether a rule touches a query depends only
+on what the cache key holds (its name in lower case, its type and class; every `edns0` rule is
+reached from the same rules before it), so the key of a query a rule touches never has a reply
+stored.
 
 **Cost.** A query no rule touches costs the match: its name in presentation form once (only
 with `name` or `ttl` rules), a comparison or a regex search per rule. A query a rule touches is
