@@ -49,6 +49,7 @@ from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
+from toposdns.serve.rewrite import make_rewrite
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.template import make_template
 from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
@@ -101,6 +102,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("hosts")
     if config.template.enabled:
         names.append("template")
+    if config.rewrite.enabled:
+        names.append("rewrite")
     return names
 
 
@@ -329,9 +332,15 @@ class DnsServer:
 
     def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
         """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (template, hosts), in its order, and their chain, which ends in the responder's turn;
-        None without any."""
+        (rewrite, template, hosts), in its order, and their chain, which ends in the
+        responder's turn; None without any."""
         handlers: list[Handler] = []
+        rewrite = make_rewrite(config.rewrite, config.block_zones)
+        if rewrite is not None:
+            # A query it changed, passed on by the rest, gets the kubernetes block's own answer
+            # (whichever responder serves then), never a cached one: serve/rewrite.py says why.
+            rewrite.kubernetes = lambda request: self.responder.answer(request)
+            handlers.append(rewrite)
         template = make_template(config.template, config.block_zones, self.label, self.lookup)
         if template is not None:
             handlers.append(template)
@@ -393,8 +402,8 @@ class DnsServer:
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
         # The front's plugins, and the cache that caps their replies' TTLs.
-        front = (config.hosts, config.template, config.cache, config.block_zones)
-        if (old.hosts, old.template, old.cache, old.block_zones) != front:
+        front = (config.hosts, config.template, config.rewrite, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.rewrite, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:

@@ -25,6 +25,7 @@ from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions, forwarder_for
 from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.rewrite import RewriteOptions, make_rewrite
 from toposdns.serve.template import TemplateOptions, make_template
 from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
@@ -46,6 +47,7 @@ class BlockConfig:
     cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
     template: TemplateOptions = field(default_factory=TemplateOptions)
+    rewrite: RewriteOptions = field(default_factory=RewriteOptions)
     #: The port of its keys; None: the kubernetes block's (a stub domain beside it).
     port: int | None = None
     #: Its own `bind` address; None: the kubernetes block's.
@@ -146,6 +148,9 @@ def block_chain(
     server runs the `watch` of those that have one). `server` is the metrics' server label,
     `lookup` how a plugin asks the whole server a query."""
     handlers: list[Handler] = []
+    rewrite = make_rewrite(config.rewrite, config.zones)
+    if rewrite is not None:
+        handlers.append(rewrite)
     template = make_template(config.template, config.zones, server, lookup)
     if template is not None:
         handlers.append(template)
