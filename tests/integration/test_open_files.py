@@ -41,8 +41,12 @@ def test_in_zone_answers_survive_a_forwarding_flood_at_1024_open_files(tmp_path:
                 contextlib.ExitStack() as held,
                 socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flood,
             ):
-                for _ in range(HELD):  # TCP clients: a descriptor each
-                    held.enter_context(socket.create_connection(server.address, timeout=2))
+                for i in range(HELD):  # TCP clients: a descriptor each, from 5 addresses
+                    # (each within its share of the connections; the client asking is another)
+                    source = (f"127.0.1.{10 + i % 5}", 0)
+                    held.enter_context(
+                        socket.create_connection(server.address, timeout=2, source_address=source)
+                    )
                 for i in range(FLOOD):  # each one a socket upstream until the bound
                     query = dns.message.make_query(f"n{i}.flood.test", "A")
                     flood.sendto(query.to_wire(), server.address)
