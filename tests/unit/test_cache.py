@@ -7,6 +7,7 @@ import gc
 import random
 import tracemalloc
 from collections.abc import Callable
+from struct import pack
 from typing import Any
 
 import dnslib
@@ -17,6 +18,7 @@ from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB, headless
 from toposdns.serve.cache import (
     LABELS_OVERHEAD,
+    REMEMBERED_OPTIONS_BYTES,
     Cached,
     ReplyCache,
     TopologyReplies,
@@ -148,6 +150,75 @@ def test_the_labels_a_topology_reply_remembers_are_counted_and_bounded() -> None
     assert 0.8 <= traced_bytes / (cache.bytes_held - held) <= 1.2, traced_bytes
     cache.clear()
     assert cache.bytes_held == 0
+
+
+def with_options(name: str, options: bytes, size: int = 1232, qid: int = 7) -> bytes:
+    """An A query whose OPT record carries the raw `options`."""
+    head = query(name, qid=qid)
+    opt = b"\0" + pack("!HHIH", 41, size, 0, len(options)) + options
+    return head[:11] + b"\x01" + head[12:] + opt
+
+
+def client_options(rng: random.Random, kind: str) -> bytes:
+    """Raw EDNS options a client might send: a cookie, a Client Subnet, or both."""
+    cookie = pack("!HH", 10, 8) + rng.randbytes(8)
+    subnet = pack("!HHHB", 8, 8, 1, 32) + b"\0" + bytes((10, *rng.randbytes(3)))
+    return {"cookie": cookie, "subnet": subnet, "both": subnet + cookie}[kind]
+
+
+@pytest.mark.parametrize("kind", ["cookie", "subnet", "both"])
+def test_the_options_remembered_are_counted_as_held(kind: str) -> None:
+    responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=256 << 20)
+    rng = random.Random(5)
+    queries = [
+        with_options("web.shop.svc.cluster.local", client_options(rng, kind)) for _ in range(5000)
+    ]
+    responder.respond(queries[0], TCP4, "127.0.0.1")
+    cache = responder.cache
+
+    def fill() -> None:
+        for data in queries[1:]:
+            responder.respond(data, TCP4, "127.0.0.1")
+
+    before = cache.bytes_held
+    held = traced(fill)
+    assert len(cache.options) == len(queries) + 1  # and the empty set
+    assert 0.8 <= held / (cache.bytes_held - before) <= 1.2, (held, cache.bytes_held - before)
+    assert cache.options_bytes < cache.bytes_held
+
+
+@pytest.mark.parametrize(
+    ("flood", "count", "length"),
+    [
+        ("large options, each once", 2000, 8000),  # never remembered, nor their replies
+        ("small options, each once", 16_000, 12),  # remembered within a sixteenth of the bound
+        ("options just over the memo's size", 8000, REMEMBERED_OPTIONS_BYTES - 3),
+    ],
+)
+def test_distinct_options_hold_no_more_than_the_bound(flood: str, count: int, length: int) -> None:
+    bound = 1 << 20
+    responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=bound)
+    rng = random.Random(6)
+    queries = [
+        with_options(
+            "web.shop.svc.cluster.local", pack("!HH", 65001, length) + rng.randbytes(length)
+        )
+        for _ in range(count)
+    ]
+    for data in queries[:2]:  # the reply and the encoder's memory, filled before
+        reply(responder, data)
+
+    def fill() -> None:
+        for data in queries:
+            responder.respond(data, UDP4, "127.0.0.1")
+
+    held = traced(fill)
+    assert held <= bound, (flood, held)
+    cache = responder.cache
+    assert cache.bytes_held <= bound and cache.options_bytes <= bound // 16, flood
+    assert cache.hits >= count  # every query was still a hit: only the memo is bounded
+    for data in queries[-3:]:
+        reply(responder, data)
 
 
 # Eviction: a flood never takes more than the bound.

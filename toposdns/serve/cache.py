@@ -45,6 +45,7 @@ from toposdns.serve.transport import TRANSPORTS
 from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.decode import serial_offset
+from toposdns.wire.edns import NO_OPTIONS, EchoedOptions
 from toposdns.wire.shuffle import Rotation
 
 #: What Python spends on an entry beyond the bytes of its key, replies and question: the
@@ -61,6 +62,17 @@ LABELS_OVERHEAD = 92
 #: A `Rendered` reply beyond the bytes of its query and reply: the object, the bytes objects'
 #: headers and the table's slot.
 RENDERED_OVERHEAD = 250
+#: Queries longer than this (after the ID) get their reply rendered each time, never kept: a
+#: plain query with the options a client needs (a cookie, a Client Subnet) is under 420 bytes.
+RENDERED_QUERY_BYTES = 512
+#: EDNS options longer than this are read for each query, never remembered (a cookie and a
+#: Client Subnet take under 80 bytes).
+REMEMBERED_OPTIONS_BYTES = 128
+#: A remembered option set beyond its bytes and those it echoes: the `EchoedOptions`, the bytes
+#: objects' headers and the table's slot; and a Client Subnet's (address, prefix) beyond the
+#: address's characters.
+OPTIONS_OVERHEAD = 110
+SUBNET_OVERHEAD = 135
 
 #: The bound when the container sets none (and the floor of any derived one).
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
@@ -283,6 +295,10 @@ class ReplyCache:
         self.renders: tuple[dict[bytes, Rendered], ...] = tuple({} for _ in TRANSPORTS)
         #: The bytes they take, counted in `bytes_held` too.
         self.rendered_bytes = 0
+        #: Raw EDNS options -> what a reply echoes of them (most clients repeat theirs), at
+        #: most a sixteenth of the bound; the bytes they take, counted in `bytes_held` too.
+        self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
+        self.options_bytes = 0
 
     @property
     def entries(self) -> int:
@@ -352,7 +368,10 @@ class ReplyCache:
         return found
 
     def remember(self, slot: int, query: bytes, rendered: Rendered) -> None:
-        """Keep a reply as rendered for a query (its bytes after the ID) on one transport."""
+        """Keep a reply as rendered for a query (its bytes after the ID) on one transport,
+        unless the query is longer than a client needs (`RENDERED_QUERY_BYTES`)."""
+        if len(query) > RENDERED_QUERY_BYTES:
+            return
         size = len(query) + len(rendered.reply) + RENDERED_OVERHEAD
         if self.rendered_bytes + size > self.max_bytes // 8:
             self.forget_rendered()
@@ -368,6 +387,29 @@ class ReplyCache:
             renders.clear()
         self.bytes_held -= self.rendered_bytes
         self.rendered_bytes = 0
+
+    def remember_options(self, options: bytes, echo: EchoedOptions) -> None:
+        """Remember what a reply echoes of a query's raw EDNS options, unless they are longer
+        than a client needs (`REMEMBERED_OPTIONS_BYTES`)."""
+        if len(options) > REMEMBERED_OPTIONS_BYTES:
+            return
+        size = len(options) + len(echo.plain) + OPTIONS_OVERHEAD
+        if echo.subnet is not None:
+            size += len(echo.scoped) + len(echo.subnet[0]) + SUBNET_OVERHEAD
+        if self.options_bytes + size > self.max_bytes // 16:
+            self.forget_options()
+        self.options[options] = echo
+        self.options_bytes += size
+        self.bytes_held += size
+        if self.bytes_held > self.max_bytes:
+            self.evict()
+
+    def forget_options(self) -> None:
+        """Forget every remembered option set but the empty one."""
+        self.options.clear()
+        self.options[b""] = NO_OPTIONS
+        self.bytes_held -= self.options_bytes
+        self.options_bytes = 0
 
     def index(self, key: bytes, words: Iterable[Dependency]) -> None:
         """List a key under the words its answer read."""
@@ -426,6 +468,7 @@ class ReplyCache:
         self.table.clear()
         self.dependents.clear()
         self.forget_rendered()
+        self.forget_options()
         self.bytes_held = 0
 
 

@@ -119,8 +119,6 @@ from toposdns.wire.shuffle import shuffle_reply
 
 log = logging.getLogger("toposdns")
 
-#: Distinct EDNS option sets remembered (a forwarder's clients each send their own subnet).
-REMEMBERED_OPTIONS = 16_384
 #: Keys of first-time template replies remembered, to keep their reply when asked again
 #: (~60 bytes each).
 FIRST_SEEN = 65_536
@@ -237,8 +235,6 @@ class Responder:
         self.topology_counts = TopologyCounts()
         #: Hashes of the keys of template replies not kept yet (`again`).
         self.first_seen: set[int] = set()
-        #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
-        self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
@@ -267,12 +263,13 @@ class Responder:
         if split is None:  # not a plain query: decoded in full, never cached
             return self.decoded(data, transport, source, started)
         key, options = split
-        echo = self.options.get(options)
+        echo = self.cache.options.get(options)
         if echo is None:
             try:
-                echo = self.remember_options(options)
+                echo = read_options(options)
             except ValueError:  # malformed options: the decoder's FORMERR
                 return self.decoded(data, transport, source, started)
+            self.cache.remember_options(options, echo)
         reply = self.found(data, key, echo, transport, source, started)
         if reply is None:
             self.cache.misses += 1
@@ -623,14 +620,6 @@ class Responder:
         """The reply to a decoded query."""
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         return encode_reply(query, answer, limit, transport.fragment_limit, scope)
-
-    def remember_options(self, options: bytes) -> EchoedOptions:
-        """Read a query's EDNS options once; ValueError when malformed."""
-        echo = read_options(options)
-        if len(self.options) >= REMEMBERED_OPTIONS:
-            self.options = {b"": NO_OPTIONS}
-        self.options[options] = echo
-        return echo
 
     def counted(
         self,
