@@ -5,8 +5,10 @@ options (wire/edns.py `split_query`). A value is one of:
 
 - `Cached`: one reply (after its ID), whole, in the letter case of the query that built it,
   the same for every client: the frontends cut it to each query's size limit and give it the
-  query's ID and OPT record. It may carry the zone's SOA serial, rewritten in place when the
-  snapshot's serial moves on, and with `--loadbalance` a `Rotation` of its address records.
+  query's ID and OPT record, and the letters of a query in another case where it copies the
+  name asked (its `case`, wire/case.py). It may carry the zone's SOA serial, rewritten in
+  place when the snapshot's serial moves on, and with `--loadbalance` a `Rotation` of its
+  address records.
   It holds the counters of its hits (serve/query_metrics.py `Hits`), set and dropped with it;
 - `TopologyReplies`: one `Cached` per client signature, for names whose answer depends on the
   client (a headless service with a topology policy).
@@ -44,6 +46,7 @@ from toposdns.serve.query_metrics import Hits
 from toposdns.serve.transport import TRANSPORTS
 from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Labels, Policy
+from toposdns.wire.case import Recasing, recase, rotated
 from toposdns.wire.decode import serial_offset
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions
 from toposdns.wire.shuffle import Rotation
@@ -141,6 +144,7 @@ class Cached:
         "words",
         "size",
         "small",
+        "case",
     )
 
     def __init__(
@@ -186,6 +190,9 @@ class Cached:
         #: finds it by the query's raw bytes: only a reply to a lower-case name qualifies).
         name = question[:-4]
         self.small = serial < 0 and len(reply) <= 510 and name == name.lower()
+        #: Where the reply copies the name asked, to write it for another letter case (found
+        #: when first asked so; `NOT_RECASED` when it cannot be), or None.
+        self.case: Recasing | None = None
 
     def current(self, serial: int) -> bytes:
         """The reply with this serial (rewritten once per serial, not per hit) and, with
@@ -194,6 +201,19 @@ class Cached:
             self.rewrite(serial)
         rotation = self.rotation
         return self.reply if rotation is None else rotation.next()
+
+    def recased(self, serial: int, name: bytes) -> bytes:
+        """The reply as `current` gives it, written for a query whose name, in wire form, is
+        `name` (its `case` found, not `NOT_RECASED`)."""
+        case = self.case
+        assert case is not None
+        if self.serial >= 0 and serial != self.serial:
+            self.rewrite(serial)
+        rotation = self.rotation
+        if rotation is None:
+            return recase(self.reply, case.runs, name)
+        turn = rotation.turn = rotation.turn + 1
+        return rotated(rotation, case.parts, name, turn)
 
     def rewrite(self, serial: int) -> None:
         """Give the reply (both forms) the new serial in place."""
@@ -366,6 +386,16 @@ class ReplyCache:
             if self.bytes_held > self.max_bytes:
                 self.evict()
         return found
+
+    def grow(self, entry: Entry, cached: Cached, size: int) -> None:
+        """Count `size` more bytes held by `cached`, a reply of `entry` (itself, or one of a
+        `TopologyReplies`)."""
+        cached.size += size
+        if entry is not cached:
+            entry.size += size
+        self.bytes_held += size
+        if self.bytes_held > self.max_bytes:
+            self.evict()
 
     def remember(self, slot: int, query: bytes, rendered: Rendered) -> None:
         """Keep a reply as rendered for a query (its bytes after the ID) on one transport,

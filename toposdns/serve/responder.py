@@ -15,8 +15,10 @@
    the key with what its answer read;
 4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
    it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
-   limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
-   anew (its names are in its own case), not cached again.
+   limit (wire/encode.py `fit`). A query in another letter case than the cached reply's gets
+   it with its own letters wherever the reply copies the name asked (`recasing`: wire/case.py,
+   found once, from the reply to the name in the other case), compressed as its names compress;
+   a name whose answer depends on its case (a zone's apex, `ns.dns`) is built anew.
 
 Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
 plain queries, BADVERS, other classes, failures, and names for an upstream, which branch off
@@ -36,7 +38,7 @@ from toposdns.options import Plugin, Setting, none, sets
 from toposdns.resolve.answer import Answer, name_text, type_name
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
-from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
+from toposdns.resolve.resolver import ResolverConfig, case_insensitive, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
@@ -68,6 +70,7 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
+from toposdns.wire.case import NOT_RECASED, Recasing, case_runs, compress, rotation_runs
 from toposdns.wire.codes import (
     AA,
     ANY,
@@ -115,7 +118,7 @@ from toposdns.wire.encode import (
     fit,
     udp_limit,
 )
-from toposdns.wire.shuffle import shuffle_reply
+from toposdns.wire.shuffle import Rotation, shuffle_reply
 
 log = logging.getLogger("toposdns")
 
@@ -301,9 +304,17 @@ class Responder:
             cached, row = found, found.row
         else:
             cached = entry  # type: ignore[assignment]
-        if cached.question != data[12 : plain_question_end(data, key)]:
-            return None  # asked in another letter case: its names are written anew
-        reply = self.rendered(data, key, cached, echo.scoped if via_ecs else echo.plain, transport)
+        question_end = plain_question_end(data, key)
+        name = None
+        if cached.question != data[12:question_end]:
+            # Asked in another letter case: the reply is written with the query's letters.
+            if cached.case is None:
+                self.recasing(data, key, echo, source, entry, cached)
+            if cached.case is NOT_RECASED:
+                return None  # its names are written anew
+            name = data[12 : question_end - 4]
+        options = echo.scoped if via_ecs else echo.plain
+        reply = self.rendered(data, key, cached, options, transport, name)
         if reply is None:
             return None
         hits = None if cached.hits is None else cached.hits[transport.slot]
@@ -311,7 +322,8 @@ class Responder:
         replay = Rendered(
             reply[2:], None if row is None else source, hits, whole, row, labels is NO_LABELS
         )
-        if cached.rotation is None and cached.compressed_rotation is None:  # the same each time
+        if name is None and cached.rotation is None and cached.compressed_rotation is None:
+            # The same each time (a query in random case is seldom asked again).
             self.cache.remember(transport.slot, data[2:], replay)
         self.count(replay, data, reply, started)
         return reply
@@ -336,12 +348,80 @@ class Responder:
                 metrics.observe(hits.labels, started, len(data), len(reply))
                 metrics.cache_hits[hits.kind] += 1
 
+    def recasing(
+        self,
+        data: bytes,
+        key: bytes,
+        echo: EchoedOptions,
+        source: str,
+        entry: Entry,
+        cached: Cached,
+    ) -> None:
+        """Find where a cached reply copies the name asked (wire/case.py), from the reply to its
+        name with each letter in the other case, built now (`twin`): `cached.case`, counted in
+        the cache's bound; NOT_RECASED when it cannot be written for another case so."""
+        serial = self.snapshot.serial
+        if cached.serial >= 0 and serial != cached.serial:
+            cached.rewrite(serial)  # as the reply to the other case has it
+        name = cached.question[:-4]
+        found = NOT_RECASED
+        twin = self.twin(data[:12] + name.swapcase() + data[12 + len(name) :], key, echo, source)
+        if twin is not None:
+            ours, theirs = cached.reply, twin[2:]
+            if data[11]:  # the OPT records: the buffer size may differ
+                theirs = theirs[:-11] + ours[-11:]
+            runs = case_runs(ours, theirs, name)
+            if runs is not None and cached.rotation is None:
+                found = Recasing(runs)
+            elif runs is not None and cached.rotation is not None:
+                rotation = Rotation.of(theirs)
+                parts = None if rotation is None else rotation_runs(cached.rotation, rotation, name)
+                if parts is not None:
+                    found = Recasing(runs, parts)
+        cached.case = found
+        if found is not NOT_RECASED:
+            self.cache.grow(entry, cached, found.size)
+
+    def twin(self, data: bytes, key: bytes, echo: EchoedOptions, source: str) -> bytes | None:
+        """The whole reply (uncompressed, with its ID) to a plain query, from templates or the
+        resolver as `built` makes it, nothing cached or counted; None when its answer depends
+        on its letter case (resolver `case_insensitive`) or is not the zones' alone."""
+        try:
+            query = self.bounded(decode_plain(data))
+            lower = tuple(label.lower() for label in query.name)
+            if not case_insensitive(lower, self.config.zones):
+                return None
+            if self.negatives is not None:
+                templated = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
+                if templated is not None:
+                    return templated[0]
+            if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
+                return None
+            labels, _ = self.placer.place(source, echo.subnet)
+            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            if self.forwarder is not None and (answer.chase or not answer.authoritative):
+                return None
+            if self.autopath is not None and not self.autopath.shared(query, answer):
+                return None
+            return encode_forms(query, answer, MAX_TCP_SIZE)[0]
+        except Exception:
+            return None  # built anew, where the decoder's path says what failed
+
     def rendered(
-        self, data: bytes, key: bytes, cached: Cached, options: bytes, transport: Transport
+        self,
+        data: bytes,
+        key: bytes,
+        cached: Cached,
+        options: bytes,
+        transport: Transport,
+        name: bytes | None = None,
     ) -> bytes | None:
         """A cached reply as one query gets it: its ID, its OPT record (buffer size, options),
-        cut to its size limit (wire/encode.py `fit`); None when only a new encoding fits."""
-        body = cached.current(self.snapshot.serial)
+        cut to its size limit (wire/encode.py `fit`); written with the letters of `name`, the
+        query's name in wire form, when it is asked in another case than the reply's; None when
+        only a new encoding fits."""
+        serial = self.snapshot.serial
+        body = cached.current(serial) if name is None else cached.recased(serial, name)
         opt = b""
         limit = MIN_UDP_SIZE
         if data[11]:  # an OPT record: the buffer size, as CoreDNS's `bufsize` bounds it
@@ -350,13 +430,15 @@ class Responder:
             limit = max(MIN_UDP_SIZE, size)
         if transport.tcp:
             limit = MAX_TCP_SIZE
-        compressed = cached.compressed
-        turns = cached.compressed_rotation
+        compressed = cached.compressed if name is None else None
+        turns = cached.compressed_rotation if name is None else None
         if turns is not None:  # rotated only when this query gets that form
             size = len(body) - (11 if opt else 0) + len(opt) + 2
             if size > limit or transport.fragment_limit and size > transport.fragment_limit:
                 compressed = turns.next()
         reply = fit(body, compressed, opt, limit, transport.fragment_limit)
+        if reply is None and name is not None:  # compressed as this query's names compress
+            reply = compress(body, opt, limit)
         return None if reply is None else data[:2] + reply
 
     def built(
@@ -374,7 +456,8 @@ class Responder:
         key, whatever their case, buffer size and options), then served as a hit is. Anything
         but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
         decoder's path."""
-        # A reply kept in another letter case stays: this one is made for this query only.
+        # A reply kept in another letter case (one that cannot be written in this query's)
+        # stays: this one is made for this query only.
         kept = self.cache.table.get(key)
         keep = not isinstance(kept, Cached)
         if self.negatives is not None and templates:
