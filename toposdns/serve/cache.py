@@ -26,10 +26,13 @@ any other snapshot empties the cache.
 
 The cache holds at most `max_bytes`, counted as the bytes of keys, replies and names plus what
 Python spends on each entry and each dependency word (`ENTRY_OVERHEAD`, `WORD_OVERHEAD`,
-measured with tracemalloc: tests/unit/test_cache.py holds them to it). Past that, the oldest
-entries go first, an eighth of the bound at a time so that eviction costs little per insert;
-a reply larger than `max_reply_bytes` is never kept. A flood of names that are each asked once
-therefore costs CPU, never memory, and cannot push out more than the cache's bound.
+measured with tracemalloc: tests/unit/test_cache.py holds them to it), with the memos above
+(rendered replies, EDNS options, case maps). From the bound it first sets aside the bitmap
+that marks the names asked once (`again`) and the templates' share (serve/negative.py's
+endpoint names): the rest is its `room`. Past that, the oldest entries go first, an eighth of
+the room at a time so that eviction costs little per insert; a reply larger than
+`max_reply_bytes` is never kept. A flood of names that are each asked once therefore costs
+CPU, never memory, and cannot push out more than the cache's bound.
 """
 
 from __future__ import annotations
@@ -76,6 +79,11 @@ REMEMBERED_OPTIONS_BYTES = 128
 #: address's characters.
 OPTIONS_OVERHEAD = 110
 SUBNET_OVERHEAD = 135
+
+#: Of the bound, the share of the bitmap of keys asked once (`ReplyCache.again`), and of the
+#: templates' memory of endpoint names (serve/negative.py), each set aside whole.
+SEEN_SHARE = 64
+NAMES_SHARE = 16
 
 #: The bound when the container sets none (and the floor of any derived one).
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
@@ -297,8 +305,14 @@ class ReplyCache:
     `entries` and `bytes_held` are read off when needed, for metrics.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, set_aside: int = 0) -> None:
         self.max_bytes = max_bytes
+        #: The keys of template replies not kept yet (`again`): a bitmap of their hashes.
+        self.seen = bytearray(max(4096, max_bytes // SEEN_SHARE))
+        self.seen_count = 0
+        #: What the bound leaves to the entries and the memos below (`bytes_held`): the rest
+        #: after the bitmap and `set_aside` bytes that others count (the templates' memory).
+        self.room = max_bytes - len(self.seen) - set_aside
         #: Replies larger than this are not kept: a few must not take the room of many.
         self.max_reply_bytes = max(4096, min(65536, max_bytes // 256))
         #: Query key -> entry. Frontends hold a reference: it is only ever emptied in place.
@@ -366,7 +380,7 @@ class ReplyCache:
             new = tuple(word for word in cached.words if word not in entry.words)
             entry.words += new
             self.index(key, new)
-        if self.bytes_held > self.max_bytes:
+        if self.bytes_held > self.room:
             self.evict()
         return True
 
@@ -394,7 +408,7 @@ class ReplyCache:
         if entry is not cached:
             entry.size += size
         self.bytes_held += size
-        if self.bytes_held > self.max_bytes:
+        if self.bytes_held > self.room:
             self.evict()
 
     def remember(self, slot: int, query: bytes, rendered: Rendered) -> None:
@@ -408,7 +422,7 @@ class ReplyCache:
         self.renders[slot][query] = rendered
         self.rendered_bytes += size
         self.bytes_held += size
-        if self.bytes_held > self.max_bytes:
+        if self.bytes_held > self.room:
             self.evict()
 
     def forget_rendered(self) -> None:
@@ -431,7 +445,7 @@ class ReplyCache:
         self.options[options] = echo
         self.options_bytes += size
         self.bytes_held += size
-        if self.bytes_held > self.max_bytes:
+        if self.bytes_held > self.room:
             self.evict()
 
     def forget_options(self) -> None:
@@ -471,9 +485,9 @@ class ReplyCache:
 
     def evict(self) -> None:
         """Forget the rendered replies, then drop the oldest entries until an eighth of the
-        bound is free."""
+        room is free."""
         self.forget_rendered()
-        target = self.max_bytes - self.max_bytes // 8
+        target = self.room - self.room // 8
         table = self.table
         while self.bytes_held > target and table:
             for key in list(islice(table, 256)):
@@ -493,13 +507,36 @@ class ReplyCache:
                 for key in list(keys):
                     self.drop(key)
 
+    def again(self, key: bytes) -> bool:
+        """Whether a key whose reply came from templates was asked before (since the bitmap
+        was last emptied, when a sixteenth of its bits were set: a key asked once is taken
+        for one asked again at most one time in sixteen). Most such names are asked once
+        (search-path expansions of names outside the cluster): keeping each would cost more
+        than its template (the insert, its dependencies, the eviction it causes) and push out
+        replies that are asked again. A name asked a second time is kept, and its next
+        queries are hits."""
+        seen = self.seen
+        bits = len(seen) << 3
+        at = hash(key) % bits  # cached in the key: its table lookup computed it
+        bit = 1 << (at & 7)
+        if seen[at >> 3] & bit:
+            return True
+        if self.seen_count >= bits >> 4:
+            seen = self.seen = bytearray(len(seen))
+            self.seen_count = 0
+        seen[at >> 3] |= bit
+        self.seen_count += 1
+        return False
+
     def clear(self) -> None:
-        """Drop everything."""
+        """Drop everything (a key asked after this counts as asked first)."""
         self.table.clear()
         self.dependents.clear()
         self.forget_rendered()
         self.forget_options()
         self.bytes_held = 0
+        self.seen = bytearray(len(self.seen))
+        self.seen_count = 0
 
 
 def container_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:

@@ -42,6 +42,7 @@ from toposdns.resolve.resolver import ResolverConfig, case_insensitive, match_zo
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
+    NAMES_SHARE,
     Cached,
     Entry,
     Rendered,
@@ -70,7 +71,15 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
-from toposdns.wire.case import NOT_RECASED, Recasing, case_runs, compress, rotation_runs
+from toposdns.wire.case import (
+    NOT_RECASED,
+    Recasing,
+    Runs,
+    case_runs,
+    compress,
+    recase,
+    rotation_runs,
+)
 from toposdns.wire.codes import (
     AA,
     ANY,
@@ -122,9 +131,6 @@ from toposdns.wire.shuffle import Rotation, shuffle_reply
 
 log = logging.getLogger("toposdns")
 
-#: Keys of first-time template replies remembered, to keep their reply when asked again
-#: (~60 bytes each).
-FIRST_SEEN = 65_536
 #: Replies larger than this are cached compressed too, for the queries they do not fit whole
 #: (the smallest limit, 512 bytes, less room for a query's EDNS options).
 COMPRESS_OVER = MIN_UDP_SIZE - 100
@@ -231,13 +237,13 @@ class Responder:
             else None
         )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
-        self.negatives = None if autopath.enabled else Negatives(config)
+        #: Their memory of endpoint names takes a share of the cache's bound.
+        names = cache_max_bytes // NAMES_SHARE
+        self.negatives = None if autopath.enabled else Negatives(config, names)
         #: The reply cache, one for every transport: replies are cut per query.
-        self.cache = ReplyCache(cache_max_bytes)
+        self.cache = ReplyCache(cache_max_bytes, 0 if self.negatives is None else names)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
-        #: Hashes of the keys of template replies not kept yet (`again`).
-        self.first_seen: set[int] = set()
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
@@ -250,7 +256,6 @@ class Responder:
             self.cache.forget_rendered()
         else:
             self.cache.clear()
-            self.first_seen.clear()  # asked again after this counts as asked first
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
@@ -421,7 +426,13 @@ class Responder:
         query's name in wire form, when it is asked in another case than the reply's; None when
         only a new encoding fits."""
         serial = self.snapshot.serial
-        body = cached.current(serial) if name is None else cached.recased(serial, name)
+        runs: Runs = ()
+        if name is None or cached.rotation is None:
+            body = cached.current(serial)
+            if name is not None:  # recased below, as far as it is sent
+                runs = cached.case.runs  # type: ignore[union-attr]
+        else:
+            body = cached.recased(serial, name)
         opt = b""
         limit = MIN_UDP_SIZE
         if data[11]:  # an OPT record: the buffer size, as CoreDNS's `bufsize` bounds it
@@ -437,8 +448,11 @@ class Responder:
             if size > limit or transport.fragment_limit and size > transport.fragment_limit:
                 compressed = turns.next()
         reply = fit(body, compressed, opt, limit, transport.fragment_limit)
-        if reply is None and name is not None:  # compressed as this query's names compress
-            reply = compress(body, opt, limit)
+        if name is not None:
+            if reply is not None:
+                reply = recase(reply, runs, name)
+            else:  # compressed as this query's names compress
+                reply = compress(body, opt, limit, runs, name)
         return None if reply is None else data[:2] + reply
 
     def built(
@@ -491,14 +505,14 @@ class Responder:
         """(reply, qtype, the entry cached now) from templates (serve/negative.py): NXDOMAIN
         for a name that certainly does not exist, a pod name's address or NODATA; None when
         only the resolver can tell. Cached (if `keep`) the second time its key is asked
-        (`again`)."""
+        (`ReplyCache.again`)."""
         assert self.negatives is not None
         found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
         cached = stored = None
-        if keep and self.again(key):
+        if keep and self.cache.again(key):
             cached = stored = self.template_entry(data, key, reply, qtype, depends)
             self.cache.store(key, cached)
         if data[11] or len(reply) > MIN_UDP_SIZE and not transport.tcp:
@@ -532,7 +546,7 @@ class Responder:
             return False  # to cut to its limit
         self.cache.misses += 1
         stored = None
-        if self.again(key):
+        if self.cache.again(key):
             stored = self.template_entry(data, key, reply, qtype, depends)
             self.cache.store(key, stored)
         self.count_miss(stored)
@@ -547,21 +561,6 @@ class Responder:
         # NXDOMAIN and NODATA carry the SOA (an authority record); a pod's address does not.
         serial = self.snapshot.serial if reply[9] else -1
         return Cached(reply[2:], None, question, tuple(depends), serial, False, hits)
-
-    def again(self, key: bytes) -> bool:
-        """Whether a key was asked before, among the last `FIRST_SEEN` keys whose reply came
-        from templates. Most of those names are asked once (search-path expansions of names
-        outside the cluster): keeping each would cost more than its template (the insert, its
-        dependencies, the eviction it causes) and push out replies that are asked again. A
-        name asked a second time is kept, and its next queries are hits."""
-        seen = self.first_seen
-        digest = hash(key)  # cached in the key: its table lookup computed it
-        if digest in seen:
-            return True
-        if len(seen) >= FIRST_SEEN:
-            seen.clear()
-        seen.add(digest)
-        return False
 
     def made(
         self, data: bytes, key: bytes, echo: EchoedOptions, source: str, keep: bool

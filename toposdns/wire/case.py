@@ -18,7 +18,7 @@ from __future__ import annotations
 from struct import pack
 
 from toposdns.wire.codes import AAAA, CNAME, HINFO, NS, OPT, POINTER, PTR, SOA, SRV, TC, TXT, A
-from toposdns.wire.decode import HEADER_SIZE, question_end, record_spans
+from toposdns.wire.decode import HEADER_SIZE, question_end
 from toposdns.wire.shuffle import Rotation
 
 #: The case map of a reply: (offset, offset in the name's wire form, length) for each run of
@@ -28,6 +28,7 @@ Runs = tuple[int, ...]
 PartRuns = list[Runs | list[Runs]]
 
 _RAW_DATA = (A, AAAA, TXT, HINFO)
+_ROOT_OPT = b"\x00" + pack("!H", OPT)  # an OPT record's owner (the root) and type
 _ONE_NAME = (NS, CNAME, PTR)
 #: What Python spends on a `Recasing` (with its tuple and list headers), and on each number
 #: of its runs (a tuple slot and, past 256, an int), measured with tracemalloc.
@@ -148,46 +149,60 @@ def rotated(rotation: Rotation, parts: PartRuns | None, name: bytes, turn: int) 
     return b"".join(out)
 
 
-def compress(whole: bytes, opt: bytes, limit: int) -> bytes | None:
+def compress(
+    whole: bytes, opt: bytes, limit: int, runs: Runs = (), name: bytes = b""
+) -> bytes | None:
     """An uncompressed reply (after its ID) compressed and cut to `limit` bytes as wire/encode.py
     writes it compressed: names point at the first place a suffix was written (its bytes
     alike), SRV targets are written whole and never pointed at, records that do not fit are
     dropped from the first that does not on, with TC set. `opt`, as wire/encode.py `fit` takes
     it, replaces the reply's OPT record (it has one if `opt` is not empty); `limit` counts the
-    ID. None for a record of a type the encoder never writes (the caller builds the reply)."""
+    ID. With `runs`, the reply is compressed as `recase` writes it for `name`, recased only as
+    far as it is read. None for a record of a type the encoder never writes (the caller builds
+    the reply then)."""
     message = b"\x00\x00" + whole
-    spans = record_spans(message)
+    source = _Recased(message, runs, name)
     end = question_end(message)
     out = bytearray(message[:HEADER_SIZE])
     names: dict[bytes, int] = {}
-    _name(out, message, HEADER_SIZE, names)
-    out += message[end - 4 : end]
+    _name(out, source, HEADER_SIZE, names)
+    out += source.read(end - 4, end)
+    answers = (message[6] << 8) | message[7]
+    records = answers + ((message[8] << 8) | message[9])
+    records_and_additional = records + ((message[10] << 8) | message[11])
     budget = limit - len(opt)
     counts = [0, 0, 0]
     truncated = False
-    for start, ttl_at, stop, rtype, section in spans:
-        if rtype == OPT and section == 2:
+    at = end
+    for index in range(records_and_additional):
+        section = 0 if index < answers else 1 if index < records else 2
+        if section == 2 and message[at : at + 3] == _ROOT_OPT:
+            at += 11 + ((message[at + 9] << 8) | message[at + 10])
             continue  # `opt` goes in its place, last
         mark = len(out)
-        _name(out, message, start, names)
-        out += message[ttl_at - 4 : ttl_at + 4]  # type, class, TTL
-        length_at = len(out)
-        out += b"\x00\x00"
-        at = ttl_at + 6
-        if rtype in _RAW_DATA:
-            out += message[at:stop]
-        elif rtype == SRV:
-            out += message[at : at + 6]
-            _name(out, message, at + 6, None)
-        elif rtype == SOA:
-            at = _name(out, message, at, names)
-            at = _name(out, message, at, names)
-            out += message[at:stop]
-        elif rtype in _ONE_NAME:
-            _name(out, message, at, names)
+        at = _name(out, source, at, names)
+        rtype = (message[at] << 8) | message[at + 1]
+        stop = at + 10 + ((message[at + 8] << 8) | message[at + 9])
+        if rtype in _RAW_DATA:  # type, class, TTL, data length and data as they are
+            out += source.read(at, stop)
         else:
-            return None
-        out[length_at : length_at + 2] = pack("!H", len(out) - length_at - 2)
+            out += source.read(at, at + 8)  # type, class, TTL
+            length_at = len(out)
+            out += b"\x00\x00"
+            at += 10
+            if rtype == SRV:
+                out += source.read(at, at + 6)
+                _name(out, source, at + 6, None)
+            elif rtype == SOA:
+                at = _name(out, source, at, names)
+                at = _name(out, source, at, names)
+                out += source.read(at, stop)
+            elif rtype in _ONE_NAME:
+                _name(out, source, at, names)
+            else:
+                return None
+            out[length_at : length_at + 2] = pack("!H", len(out) - length_at - 2)
+        at = stop
         if len(out) > budget:
             del out[mark:]
             truncated = True
@@ -201,23 +216,68 @@ def compress(whole: bytes, opt: bytes, limit: int) -> bytes | None:
     return bytes(out[2:])
 
 
-def _name(out: bytearray, message: bytes, at: int, names: dict[bytes, int] | None) -> int:
-    """Write the uncompressed name at `at` in `message` to `out`, pointing at a suffix already
-    written (and noting the suffixes it writes) unless `names` is None; the offset after it."""
-    end = at
-    while message[end]:
-        end += message[end] + 1
-    while at < end:
-        suffix = message[at : end + 1]
+class _Recased:
+    """A message as `recase` writes it, read front to back, recased only where read."""
+
+    __slots__ = ("message", "runs", "name", "next")
+
+    def __init__(self, message: bytes, runs: Runs, name: bytes) -> None:
+        self.message = message
+        self.runs = runs  # their offsets count from after the ID: 2 less than the message's
+        self.name = name
+        self.next = 0  # the first run not wholly read yet
+
+    def read(self, start: int, stop: int) -> bytes:
+        """The bytes from `start` to `stop`, recased (no earlier than the last read)."""
+        runs, i = self.runs, self.next
+        while i < len(runs) and runs[i] + 2 + runs[i + 2] <= start:
+            i += 3
+        self.next = i
+        if i >= len(runs) or runs[i] + 2 >= stop:
+            return self.message[start:stop]
+        parts = []
+        at = start
+        while i < len(runs) and runs[i] + 2 < stop:
+            begin, offset, length = runs[i] + 2, runs[i + 1], runs[i + 2]
+            if begin < at:  # begun in an earlier read
+                offset, length, begin = offset + at - begin, length - (at - begin), at
+            cut = min(length, stop - begin)
+            parts.append(self.message[at:begin])
+            parts.append(self.name[offset : offset + cut])
+            at = begin + cut
+            if cut < length:
+                break  # the rest of this run is read next
+            i += 3
+        parts.append(self.message[at:stop])
+        return b"".join(parts)
+
+
+def _past_name(message: bytes, at: int) -> int:
+    """The offset after the uncompressed name at `at`."""
+    while message[at]:
+        at += message[at] + 1
+    return at + 1
+
+
+def _name(out: bytearray, source: _Recased, at: int, names: dict[bytes, int] | None) -> int:
+    """Write the uncompressed name at `at` in the message `source` reads to `out`, pointing at
+    a suffix already written (and noting the suffixes it writes) unless `names` is None; the
+    offset after it."""
+    end = _past_name(source.message, at)
+    written = source.read(at, end)
+    i = 0
+    last = len(written) - 1
+    while i < last:
+        suffix = written[i:]
         if names is not None:
             pointer = names.get(suffix)
             if pointer is not None:
                 out += pack("!H", (POINTER << 8) | pointer)
-                return end + 1
+                return end
             if len(out) < 0x4000:
                 names[suffix] = len(out)
-        length = message[at] + 1
-        out += message[at : at + length]
-        at += length
+        length = written[i] + 1
+        out += written[i : i + length]
+        i += length
     out.append(0)
-    return end + 1
+    return end
