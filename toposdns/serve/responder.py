@@ -263,10 +263,16 @@ class Responder:
         rendered = self.cache.renders[transport.slot].get(data[2:])
         if rendered is not None and (rendered.source is None or rendered.source == source):
             return self.replayed(rendered, data, started)
-        if len(data) > 16 and not data[11] and self.negatives is not None:
-            first = self.first_time(data, transport, source, started)
-            if first is not False:
-                return first
+        if len(data) > 16 and not data[11]:
+            # Without OPT record: its key, if it is a plain query (wire/edns.py `plain_key`;
+            # only a plain query lowers to a plain query's key), is cached in another case.
+            key = data[2:-4].lower() + data[-4:]
+            if key in self.cache.table:
+                return self.answered(data, key, NO_OPTIONS, transport, source, started)
+            if self.negatives is not None:
+                first = self.first_time(data, transport, source, started)
+                if first is not False:
+                    return first
         split = split_query(data)
         if split is None:  # not a plain query: decoded in full, never cached
             return self.decoded(data, transport, source, started)
@@ -278,6 +284,18 @@ class Responder:
             except ValueError:  # malformed options: the decoder's FORMERR
                 return self.decoded(data, transport, source, started)
             self.cache.remember_options(options, echo)
+        return self.answered(data, key, echo, transport, source, started)
+
+    def answered(
+        self,
+        data: bytes,
+        key: bytes,
+        echo: EchoedOptions,
+        transport: Transport,
+        source: str,
+        started: float,
+    ) -> Reply:
+        """The reply to a plain query: found in the cache, else built."""
         reply = self.found(data, key, echo, transport, source, started)
         if reply is None:
             self.cache.misses += 1
