@@ -139,9 +139,7 @@ def snapshot_objects(
         items.extend(
             locator_object(ep.pod, svc.namespace, ep.ip, ep.node, "pod") for ep in svc.endpoints
         )
-    items.extend(
-        locator_object(node.name, "kube-system", node.ip, node, "node") for node in cluster.nodes
-    )
+    items.extend(locator_object(node.name, "", node.ip, node, "node") for node in cluster.nodes)
     for i, (address, node) in enumerate((clients or {}).items()):
         items.append(locator_object(f"bench-client-{i}", cluster.namespaces[0], address, node))
     return {"apiVersion": "v1", "kind": "List", "items": items}
@@ -173,14 +171,18 @@ def slice_object(svc: Service) -> JSON:
 
 
 def locator_object(name: str, namespace: str, ip: str, node: Node, kind: str = "") -> JSON:
-    """A PodLocator placing `ip` on `node` (`kind` is its toposdns.io/locator label, if any)."""
+    """A PodLocator placing `ip` on `node` (`kind` is its toposdns.io/locator label, if any),
+    as the controller writes them, in its namespace: a node's named after it, the pod
+    `namespace/name`'s named NAMESPACE.NAME."""
+    pod = kind != "node"
     return pod_locator(
-        name,
-        namespace,
+        f"{namespace}.{name}" if pod else name,
+        "toposdns",
         addresses=[ip],
         node_name=node.name,
         node_labels=node.labels,
         role=kind or None,
+        labels={"toposdns.io/pod-namespace": namespace} if pod else None,
     )
 
 

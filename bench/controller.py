@@ -541,7 +541,7 @@ def rollout(
     server.add(marker)
     events_s = time.perf_counter() - start
     deadline = time.monotonic() + args.event_timeout
-    while server.get("podlocators", "bench", marker["metadata"]["name"]) is None:
+    while server.get("podlocators", NAMESPACE, f"bench.{marker['metadata']['name']}") is None:
         proc.check_alive()
         if time.monotonic() > deadline:
             raise TimeoutError(f"the rollout's marker has no locator:\n{proc.tail()}")

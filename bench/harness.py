@@ -1,6 +1,6 @@
 """What every benchmark shares: logging, percentiles, free ports, a description of the machine,
 and the test suite's stand-in API server, server-process wrapper, Kubernetes object builders,
-stub upstream and glibc client.
+stub upstream, glibc client and CoreDNS forwarder.
 
 The benchmarks run as modules from the repository root (`python -m bench.run`), so `toposdns`,
 `bench` and `tests` import from there with no path set-up.
@@ -17,10 +17,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-# The stand-in API server, the process wrapper, the objects, the upstream and the clients are
-# the test suite's own: the benchmarks measure against the same fakes the tests check the server
-# with. Imported here only.
+# The stand-in API server, the process wrapper, the objects, the upstream, the clients and the
+# CoreDNS forwarder are the test suite's own: the benchmarks measure against the same fakes the
+# tests check the server with. Imported here only.
 from tests import glibc
+from tests.coredns_forwarder import CorefileForwarder, Directive, corefile_block, shown_corefile
 from tests.integration.support import metric_total
 from tests.kubeapi import FakeApiServer
 from tests.objects import endpoint, endpoint_slice, headless, namespace, pod_locator, service
@@ -30,9 +31,12 @@ from tests.upstream import StubUpstream, stub_upstream
 __all__ = [
     "HOST",
     "REPO",
+    "CorefileForwarder",
+    "Directive",
     "FakeApiServer",
     "ServerProcess",
     "StubUpstream",
+    "corefile_block",
     "cpu_model",
     "endpoint",
     "endpoint_slice",
@@ -46,6 +50,7 @@ __all__ = [
     "percentile",
     "pod_locator",
     "service",
+    "shown_corefile",
     "stub_upstream",
     "toposdns_command",
 ]

@@ -270,15 +270,16 @@ def slice_object(
 
 
 def pod_locator(name: str, ns: str, ip: str, node: NodeInfo, rng: random.Random) -> JSON:
+    """The locator of pod `ns/name`, as the controller writes it: in its own namespace."""
     return {
         "apiVersion": "toposdns.io/v1alpha1",
         "kind": "PodLocator",
         "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {"toposdns.io/locator": "pod"},
+            "name": f"{ns}.{name}",
+            "namespace": LOCATOR_NAMESPACE,
+            "labels": {"toposdns.io/locator": "pod", "toposdns.io/pod-namespace": ns},
             "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": _uid(rng)}
+                {"apiVersion": "v1", "kind": "Node", "name": node[0], "uid": _uid(rng)}
             ],
         },
         "addresses": [ip],

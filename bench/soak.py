@@ -120,9 +120,10 @@ def service_object(name: str, cluster_ip: str | None, topology: bool = False) ->
 
 def locator_object(client: str, node: str) -> JSON:
     zone = dict(NODES)[node]
-    return pod_locator(
-        "client-" + client.replace(".", "-"),
-        NS,
+    return pod_locator(  # as the controller writes it, in its own namespace
+        f"{NS}.client-" + client.replace(".", "-"),
+        "toposdns",
+        labels={"toposdns.io/pod-namespace": NS},
         addresses=[client],
         node_name=node,
         node_labels={"kubernetes.io/hostname": node, "topology.kubernetes.io/zone": zone},

@@ -23,6 +23,8 @@ import dnslib
 from toposdns.resolve.answer import Answer
 from toposdns.resolve.client import Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
+from toposdns.serve.blocks import Blocks
+from toposdns.serve.chain import Next, Reply, Request
 from toposdns.serve.placement import Placer
 from toposdns.serve.responder import (
     BADVERS,
@@ -40,7 +42,7 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
-from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, Name
+from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, A, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (
     FRAGMENT_LIMIT_V4,
@@ -55,6 +57,7 @@ from toposdns.wire.encode import (
     encode_reply,
     udp_limit,
 )
+from toposdns.wire.records import RR
 
 #: Per transport: is it TCP, and the UDP fragmentation limit (0: none). The oracle's own table,
 #: so that it does not depend on how the Transport objects carry these.
@@ -74,15 +77,27 @@ def reference_reply(
     config: ResolverConfig,
     ecs_trust: Sequence[Network] = (),
     max_udp_size: int = MAX_UDP_SIZE,
+    blocks: Blocks | None = None,
 ) -> bytes | None:
-    """The reply a server without a forwarder owes to `data` from `source`, or None for none.
+    """The reply a server without a forwarder owes to `data` from `source`, or None for none;
+    with `blocks`, a name of another server block's zone gets that block's reply, and one of
+    no block's REFUSED.
 
     Where the server answers an internal error with SERVFAIL, this raises: that is a bug to see.
     """
-    routed = first_step(data, config, max_udp_size, forwarding=False)
+    routed = first_step(data, config, max_udp_size, forwarding=False, blocks=blocks)
     if not isinstance(routed, tuple):
         return routed
-    query, _ = routed
+    query, where = routed
+    if where is OTHER_BLOCK:
+        assert blocks is not None
+        found = blocks.find(query.name, query.qtype)
+        if found is None:
+            return encode_bare(query, REFUSED)
+        assert found[1] is not None
+        reply = found[1](Request(query, data, transport, source))
+        assert isinstance(reply, bytes), "the test's blocks answer at once"
+        return reply
     # The server's one placement rule, with nothing remembered: a new Placer per query.
     subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
     labels, via_ecs = Placer(tuple(ecs_trust), snapshot).place(source, subnet)
@@ -94,11 +109,20 @@ def reference_reply(
     return encode_reply(query, answer, limit, fragment_limit, scope)
 
 
+#: Where `first_step` sends a query of another server block's zone, or of none's.
+OTHER_BLOCK = "another block"
+
+
 def first_step(
-    data: bytes, config: ResolverConfig, max_udp_size: int, forwarding: bool
+    data: bytes,
+    config: ResolverConfig,
+    max_udp_size: int,
+    forwarding: bool,
+    blocks: Blocks | None = None,
 ) -> tuple[Query, str] | bytes | None:
     """The query decoded (its buffer bounded as CoreDNS's `bufsize` bounds it) and where `route`
-    sends it, or the reply it gets before any zone or upstream sees it (None: no reply)."""
+    sends it (with `blocks`, `OTHER_BLOCK` for a name the kubernetes block does not hold), or
+    the reply it gets before any zone or upstream sees it (None: no reply)."""
     try:
         query = bound_buffer(decode_query(data), max_udp_size)
     except Dropped:
@@ -108,9 +132,30 @@ def first_step(
     where = route(query, config.zones, forwarding)
     if where is BADVERS:
         return encode_badvers(query)
+    if blocks is not None and not blocks.mine(query.name, query.qtype):
+        return query, OTHER_BLOCK
     if where is REFUSE:
         return encode_bare(query, REFUSED)
     return query, where
+
+
+class FixedZone:
+    """A server block beside the kubernetes one that answers from the names alone: A
+    192.0.2.N (N the name's length in labels) for a name, NXDOMAIN for one that begins with
+    `nope`, NODATA for other types."""
+
+    name = "fixed"
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        query = request.query
+        if query.name and query.name[0].lower() == "nope":
+            answer = Answer(NXDOMAIN)
+        elif query.qtype == A:
+            answer = Answer(0, (RR(query.name, A, 60, f"192.0.2.{len(query.name)}"),))
+        else:
+            answer = Answer(0)
+        limit, fragment_limit = request.limit, request.transport.fragment_limit
+        return encode_reply(query, answer, limit, fragment_limit, 0)
 
 
 #: A fake upstream's table (tests/upstream.py): (name in lower case, type) -> zone lines.
@@ -345,6 +390,9 @@ class _StreamTransport:
 
     def is_closing(self) -> bool:
         return self.closing
+
+    def get_write_buffer_size(self) -> int:
+        return 0
 
     def abort(self) -> None:
         self.closing = True

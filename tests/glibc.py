@@ -74,10 +74,14 @@ def getent_ahosts(conf: Path, name: str) -> subprocess.CompletedProcess[str]:
 
 
 def pod_locator(namespace: str, name: str = "glibc") -> str:
-    """A snapshot item: a PodLocator placing 127.0.0.1, where getent's queries come from, in
-    `namespace`."""
+    """A snapshot item: a PodLocator placing 127.0.0.1, where getent's queries come from, as a
+    pod of `namespace` (in the controller's namespace, as the controller writes it)."""
     locator = objects.pod_locator(
-        name, namespace, addresses=["127.0.0.1"], node_labels={"kubernetes.io/hostname": "node-a"}
+        f"{namespace}.{name}",
+        "toposdns",
+        addresses=["127.0.0.1"],
+        node_labels={"kubernetes.io/hostname": "node-a"},
+        labels={"toposdns.io/pod-namespace": namespace},
     )
     return yaml.safe_dump([locator], sort_keys=False)
 

@@ -213,13 +213,13 @@ def _explain(args: argparse.Namespace) -> int:
     from toposdns.source.snapshot_file import load_snapshot
 
     try:
-        config, autopath = answer_options(given_flags(args, ANSWER_PLUGINS))
+        config, autopath, believed = answer_options(given_flags(args, ANSWER_PLUGINS))
         address, name, qtype = parse_question(args.client, args.name, args.type)
     except (ConfigError, ValueError) as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 2
     try:
-        snapshot = load_snapshot(args.snapshot)
+        snapshot = load_snapshot(args.snapshot, locator_namespaces=believed)
     except SnapshotError as exc:
         print(f"toposdns explain: {exc}", file=sys.stderr)
         return 1

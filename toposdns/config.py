@@ -32,9 +32,11 @@ from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
 from toposdns.serve.acl import ACL, AclOptions
+from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.cache import CACHE_BOUNDS, CacheBoundOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
 from toposdns.serve.forward_cache import CACHE, CacheSettings
+from toposdns.serve.hosts import HOSTS, HostsOptions
 from toposdns.serve.http import (
     HEALTH,
     PROMETHEUS,
@@ -47,8 +49,11 @@ from toposdns.serve.listen import BIND, ListenOptions
 from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.tcp import TCP, TcpOptions
+from toposdns.serve.template import TEMPLATE, TemplateOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
 from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
+from toposdns.store.placement import EVERY_NAMESPACE
+from toposdns.wire.codes import Name
 from toposdns.wire.encode import BUFSIZE, BufsizeOptions
 from toposdns.wire.shuffle import LOADBALANCE, LoadbalanceOptions
 from toposdns.workers.cpus import usable_cpus
@@ -57,6 +62,8 @@ __all__ = ["ConfigError", "PLUGINS", "Reading", "ServeConfig", "ToposdnsOptions"
 
 #: The most worker processes `--workers` takes.
 MAX_WORKERS = 1024
+#: Where the manifests run the controller, which writes every PodLocator there.
+CONTROLLER_NAMESPACE = "toposdns"
 
 
 def services(words: Sequence[str], origin: Origin) -> tuple[TrustedService, ...]:
@@ -70,6 +77,19 @@ def services(words: Sequence[str], origin: Origin) -> tuple[TrustedService, ...]
     return tuple(found)
 
 
+def locator_namespaces(words: Sequence[str], origin: Origin) -> frozenset[str]:
+    """Namespaces whose PodLocators are believed, or `*` for every one."""
+    if not words:
+        raise origin.error(f"expected a namespace, e.g. {CONTROLLER_NAMESPACE}")
+    for word in words:
+        if word != EVERY_NAMESPACE and not is_dns_label(word):
+            raise origin.error(
+                f"{word!r} is not a namespace name (or {EVERY_NAMESPACE}: every namespace), "
+                f"e.g. {CONTROLLER_NAMESPACE}, the controller's"
+            )
+    return frozenset(words)
+
+
 @dataclass(frozen=True, slots=True)
 class ToposdnsOptions:
     """toposdns's own settings, the Corefile's `toposdns` block."""
@@ -78,6 +98,9 @@ class ToposdnsOptions:
     ecs_trust: tuple[Network, ...] = ()
     #: Services whose ready endpoints are believed too, as they change.
     ecs_trust_services: tuple[TrustedService, ...] = ()
+    #: The namespaces whose PodLocators place clients and endpoints: the controller's, where
+    #: it writes them all and where nobody else may write; "*": every namespace.
+    locator_namespaces: frozenset[str] = frozenset({CONTROLLER_NAMESPACE})
     #: Processes answering DNS; above 1, a supervisor runs the source and forks them.
     #: None: one per CPU this process may use.
     workers: int | None = None
@@ -109,6 +132,17 @@ TOPOSDNS: Plugin[ToposdnsOptions] = Plugin(
             "NS/NAME[,NS/NAME]",
             "also take it from the ready endpoints of these Services, as they change, e.g. "
             "kube-system/coredns: only those pods' addresses are trusted (default: none)",
+        ),
+        Setting(
+            "locator_namespaces",
+            sets("locator_namespaces", locator_namespaces),
+            "--locator-namespaces",
+            "NS[,NS]|*",
+            "believe the PodLocators of these namespaces only, where the controller writes "
+            "them (it writes all of them in its own), and ignore any other's; *: every "
+            "namespace, for clusters where whoever may write one is trusted to place any "
+            "client (default {default})",
+            shows="locator_namespaces",
         ),
         Setting(
             "workers",
@@ -165,9 +199,20 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     RELOAD,
     ACL,
     LOG,
+    HOSTS,
+    TEMPLATE,
 )
-#: The plugins `toposdns explain` takes: those that change answers.
-ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH)
+#: The plugins a server block without kubernetes may hold (serve/blocks.py); `bind` only on a
+#: port of its own.
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, TEMPLATE, BIND)
+#: The plugins `toposdns explain` takes: those that change answers (of toposdns's own
+#: settings, which PodLocators are believed).
+LOCATOR_TRUST: Plugin[ToposdnsOptions] = Plugin(
+    TOPOSDNS.name,
+    ToposdnsOptions,
+    tuple(s for s in TOPOSDNS.settings if s.word == "locator_namespaces"),
+)
+ANSWER_PLUGINS: tuple[Plugin[Any], ...] = (KUBERNETES, AUTOPATH, LOCATOR_TRUST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +238,40 @@ class ServeConfig:
     reload: ReloadOptions = field(default_factory=ReloadOptions)
     acl: AclOptions = field(default_factory=AclOptions)
     log: LogOptions = field(default_factory=LogOptions)
+    hosts: HostsOptions = field(default_factory=HostsOptions)
+    template: TemplateOptions = field(default_factory=TemplateOptions)
+    #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
+    block_zones: tuple[Name, ...] = ((),)
+    #: The other server blocks: beside it on its port (stub domains), or on ports of their own.
+    blocks: tuple[BlockConfig, ...] = ()
 
     @property
     def upstreams(self) -> tuple[Upstream, ...]:
         """Where names outside the zones go (none: refused)."""
         return self.forward.upstreams or ()
+
+    def block_address(self, block: BlockConfig) -> ListenOptions:
+        """Where a server block beside the kubernetes one listens: its port and `bind`, or
+        the kubernetes block's where it has none."""
+        port = self.bind.port if block.port is None else block.port
+        return ListenOptions(block.bind or self.bind.host, port)
+
+    @property
+    def port_blocks(self) -> tuple[BlockConfig, ...]:
+        """The server blocks on the kubernetes block's address (stub domains), which its
+        responder routes."""
+        return tuple(block for block in self.blocks if self.block_address(block) == self.bind)
+
+    def servers(self) -> dict[ListenOptions, tuple[BlockConfig, ...]]:
+        """The servers beside the kubernetes block's, as CoreDNS's (one per address): each
+        address server blocks listen on other than its, with those blocks, in the order the
+        configuration first names them."""
+        found: dict[ListenOptions, tuple[BlockConfig, ...]] = {}
+        for block in self.blocks:
+            address = self.block_address(block)
+            if address != self.bind:
+                found[address] = (*found.get(address, ()), block)
+        return found
 
     @property
     def workers(self) -> int:
@@ -240,6 +314,9 @@ class Reading:
         self.options: dict[str, Any] = {plugin.name: plugin.default() for plugin in plugins}
         #: Where each plugin was last set, for the checks made at the end.
         self.origins: dict[str, Origin] = {}
+        #: The kubernetes server block's zones, and the blocks beside it (a Corefile's).
+        self.block_zones: tuple[Name, ...] = ((),)
+        self.blocks: list[BlockConfig] = []
 
     def apply(
         self, plugin: Plugin[Any], setting: Setting[Any], words: Sequence[str], origin: Origin
@@ -279,7 +356,9 @@ class Reading:
 
     def done(self) -> ServeConfig:
         """The server's configuration, checked; defaults that depend on other plugins filled."""
-        config = ServeConfig(**self.finished())
+        config = ServeConfig(
+            **self.finished(), block_zones=self.block_zones, blocks=tuple(self.blocks)
+        )
         if config.forward.upstreams is None:
             # A snapshot is a closed world: a demo or a test must not reach out.
             found = () if config.snapshot.path is not None else tuple(resolv_conf_upstreams())
@@ -290,7 +369,11 @@ class Reading:
         return config
 
 
-def answer_options(given: Mapping[str, Any]) -> tuple[ResolverConfig, AutopathOptions]:
-    """The answer options (`toposdns explain`'s), from flags as `Reading.read_flags` takes them."""
+def answer_options(
+    given: Mapping[str, Any],
+) -> tuple[ResolverConfig, AutopathOptions, frozenset[str]]:
+    """The answer options (`toposdns explain`'s), from flags as `Reading.read_flags` takes
+    them: the resolver's, autopath's, and the namespaces whose PodLocators are believed."""
     options = Reading(ANSWER_PLUGINS).read_flags(given).finished()
-    return options[KUBERNETES.name], options[AUTOPATH.name]
+    trust: ToposdnsOptions = options[LOCATOR_TRUST.name]
+    return options[KUBERNETES.name], options[AUTOPATH.name], trust.locator_namespaces

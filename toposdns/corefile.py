@@ -23,8 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toposdns.config import PLUGINS, Reading
+from toposdns.config import BLOCK_PLUGINS, PLUGINS, Reading
 from toposdns.options import ConfigError, Origin, Plugin, domain
+from toposdns.serve.blocks import BlockConfig
+from toposdns.serve.chain import ORDER
+from toposdns.serve.forward import ForwardOptions
+from toposdns.serve.forward_cache import cache_off
+from toposdns.serve.http import PROMETHEUS
+from toposdns.wire.codes import Name
 
 #: A Corefile, and each file it imports, is small; more is a mistake in the path.
 MAX_FILE_BYTES = 1 << 20
@@ -50,10 +56,14 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl",)
+REPEATABLE = ("acl", "template")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
+#: The directives a server block without kubernetes may hold (a stub domain's), and those it
+#: may hold when they say what the kubernetes block says (`_alongside`).
+BLOCK_DIRECTIVES = sorted({plugin.directive or plugin.name for plugin in BLOCK_PLUGINS})
+ALONGSIDE = ("log", "prometheus")
 _ENV = re.compile(r"\{\$([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -86,28 +96,117 @@ def read_corefile(path: Path, reading: Reading | None = None) -> Reading:
     blocks = server_blocks(tokens)
     if not blocks:
         raise ConfigError(f"{path}: no server block, e.g. .:53 {{ kubernetes cluster.local }}")
-    if len(blocks) > 1:
-        raise _second_block(blocks[0][0], blocks[1][0])
-    keys, lines = blocks[0]
+    main = [block for block in blocks if any(line[0].is_("kubernetes") for line, _ in block[1])]
+    if not main:
+        raise blocks[0][0][0].error("no kubernetes plugin in any server block: toposdns is one")
+    if len(main) > 1:
+        raise main[1][0][0].error(
+            f"a second server block with kubernetes (the first is at line {main[0][0][0].line}):"
+            " toposdns serves the cluster's zones from one block; list them all in it"
+        )
+    keys, lines = main[0]
     apply_block(reading, keys, lines)
+    taken: dict[tuple[Where, Name], Token] = {(MAIN, zone): keys[0] for zone in reading.block_zones}
+    for block in blocks:
+        if block is not main[0]:
+            reading.blocks.append(read_block(reading, *block, taken))
     return reading
 
 
-def _second_block(first: list[Token], other: list[Token]) -> ConfigError:
-    """Why a second server block is refused, and what to write instead: toposdns is one server
-    (one configuration: one port, one set of zones, one upstream list)."""
-    ports = [{key.port for token in keys for key in parse_key(token)} for keys in (first, other)]
-    at = f"the first is at line {first[0].line}"
-    if ports[0] & ports[1]:
-        return other[0].error(
-            f"a second server block on the same port ({at}): toposdns serves one block; put "
-            "its plugins in one .:PORT block (kubernetes ZONES… answers the zones, forward . "
-            "the other names)"
+#: Where a server block listens: its port and its own `bind` address; MAIN for the kubernetes
+#: block's port and address.
+Where = tuple[int | None, str | None]
+MAIN: Where = (None, None)
+
+
+def read_block(
+    reading: Reading,
+    key_tokens: list[Token],
+    directives: list[tuple[Line, list[Line]]],
+    taken: dict[tuple[Where, Name], Token],
+) -> BlockConfig:
+    """A server block beside the kubernetes one (a stub domain, on its port or another): its
+    zones, port and plugins. `taken` holds the zones of each address read so far."""
+    keys = [(key, token) for token in key_tokens for key in parse_key(token)]
+    if len({key.port for key, _ in keys}) > 1:
+        raise key_tokens[0].error("every key of the server block must have the same port")
+    main = reading.options["bind"]
+    port = keys[0][0].port
+    block = Reading(BLOCK_PLUGINS)
+    seen: dict[str, Token] = {}
+    for line, body in directives:
+        word = line[0]
+        if word.text in seen and word.text not in REPEATABLE:
+            raise word.error(
+                f"given twice in the server block (first at line {seen[word.text].line})"
+            )
+        seen[word.text] = word
+        if word.text in ACCEPTED:
+            _accepted(line, body)
+        elif word.text in ALONGSIDE:
+            _alongside(reading, line, body)
+        elif not word.quoted and word.text in BLOCK_DIRECTIVES:
+            args = [token.text for token in line[1:]]
+            plugins = [plugin for plugin in DIRECTIVES[word.text] if plugin in BLOCK_PLUGINS]
+            _directive(block, plugins, word, args, body)
+        else:
+            supported = sorted([*BLOCK_DIRECTIVES, *ACCEPTED, *ALONGSIDE])
+            raise word.error(
+                f"not supported in a server block without kubernetes; supported there: "
+                f"{', '.join(supported)}"
+            )
+    options = block.finished()
+    bind = options["bind"].host if "bind" in seen else None
+    if bind == main.host:
+        bind = None
+    if port == main.port and bind is not None:
+        raise seen["bind"].error(
+            f"a bind address of its own in a server block on the kubernetes block's port "
+            f"{port}: toposdns serves that port's blocks on the kubernetes block's address "
+            f"({main.host}); give the bind there, or put this block on a port of its own"
         )
-    return other[0].error(
-        f"a server block on a second port ({at}): toposdns serves one port; run one toposdns "
-        "per port"
+    where: Where = MAIN if port == main.port else (port, bind)
+    for key, token in keys:
+        if (where, key.zone) in taken:
+            at = f" on {bind}" if bind is not None else ""
+            raise token.error(
+                f"the zone {key.text} on port {port}{at} is another server block's already "
+                f"(line {taken[where, key.zone].line}), as CoreDNS refuses"
+            )
+        taken[where, key.zone] = token
+    return BlockConfig(
+        tuple(key.zone for key, _ in keys),
+        key_tokens[0].place,
+        options["forward"] if "forward" in seen else ForwardOptions(upstreams=()),
+        options["cache"] if "cache" in seen else cache_off(options["cache"]),
+        hosts=options["hosts"],
+        template=options["template"],
+        port=None if where == MAIN else port,
+        bind=bind,
+        plugins=tuple(sorted((word for word in seen if word != "bind"), key=ORDER.index)),
     )
+
+
+def _alongside(reading: Reading, line: Line, body: list[Line]) -> None:
+    """`prometheus` and `log` in a block beside the kubernetes one: toposdns serves one
+    /metrics and logs in one form, so they must say what the kubernetes block says."""
+    word = line[0]
+    if word.text == "prometheus":
+        block = Reading((PROMETHEUS,))
+        _directive(block, (PROMETHEUS,), word, [token.text for token in line[1:]], body)
+        given = block.finished()["prometheus"].address
+        served = reading.options["prometheus"].address
+        if given != served:
+            raise word.error(
+                "a prometheus address other than the kubernetes block's: toposdns serves one "
+                "/metrics for every port; give the same address in both"
+            )
+    elif len(line) > 1 or body or not reading.options["log"].enabled:
+        raise word.error(
+            "log in a server block without kubernetes: toposdns logs as the kubernetes block's "
+            "plain `log` says, every query of its port and of the ports whose blocks have "
+            "`log`; put `log` there"
+        )
 
 
 def _read(path: Path, at: Token | None) -> str:
@@ -366,12 +465,9 @@ def apply_block(
         _directive(reading, DIRECTIVES[word.text], word, args, body)
     if "kubernetes" not in seen:
         raise start.error("no kubernetes plugin in the server block: toposdns is one")
-    if "forward" in seen and any(key.zone != () for key in keys):
-        raise seen["forward"].error(
-            "forward in a server block for some zones only is not supported; use .:53"
-        )
     _absent(reading, seen)
     reading.options["bind"] = replace(reading.options["bind"], port=keys[0].port)
+    reading.block_zones = tuple(key.zone for key in keys)
 
 
 def _accepted(line: Line, body: list[Line]) -> None:
@@ -399,12 +495,18 @@ def _directive(
         option = line[0]
         words = [token.text for token in line[1:]]
         found = next(((p, s) for p in plugins if (s := p.setting(option.text)) is not None), None)
+        said = option.text
+        if found is None and not option.quoted:
+            # A line of data rather than an option (a `hosts` entry): the plugin's `*` setting
+            # takes it whole, and a message names the directive before it.
+            found = next(((p, s) for p in plugins if (s := p.setting("*")) is not None), None)
+            words, said = [option.text, *words], word.text
         if option.quoted or found is None:
             supported = sorted(w for plugin in plugins for w in plugin.words())
             raise option.error(
                 f"not an option of {word.text}; supported: {', '.join(supported) or 'none'}"
             )
-        reading.apply(*found, words, Origin(option.text, " ".join(words), option.place))
+        reading.apply(*found, words, Origin(said, " ".join(words), option.place))
 
 
 def _absent(reading: Reading, seen: dict[str, Token]) -> None:
@@ -413,10 +515,4 @@ def _absent(reading: Reading, seen: dict[str, Token]) -> None:
     if "forward" not in seen:
         options["forward"] = replace(options["forward"], upstreams=())
     if "cache" not in seen:
-        cache = options["cache"]
-        off = ((),)
-        options["cache"] = replace(
-            cache,
-            success=replace(cache.success, disabled=off),
-            denial=replace(cache.denial, disabled=off),
-        )
+        options["cache"] = cache_off(options["cache"])

@@ -1,9 +1,10 @@
 """`toposdns explain`: why a client gets the records it gets.
 
 It runs the same resolver the server runs, with a trace, and tells which locator placed the
-client, which policy applied (or why it was ignored), which tier matched, the candidates and the
-records returned; with --autopath, the names of the client's search path the server tries, up to
-the first it finds or the first it must ask the upstreams for.
+client and why it is believed (its namespace), the locators of other namespaces that claim the
+client but are ignored, which policy applied (or why it was ignored), which tier matched, the
+candidates and the records returned; with --autopath, the names of the client's search path the
+server tries, up to the first it finds or the first it must ask the upstreams for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposdns.resolve.answer import Answer, name_text, type_code, type_name
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import (
     NO_AUTOPATH,
     AutopathOptions,
@@ -26,14 +27,18 @@ from toposdns.resolve.autopath import (
 from toposdns.resolve.client import Client, identify
 from toposdns.resolve.qname import InvalidName, parse_request
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
-from toposdns.store.model import NODE_NAME
+from toposdns.store.model import NODE_NAME, PodLocator
+from toposdns.store.placement import EVERY_NAMESPACE
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels, Policy
 from toposdns.wire.codes import RCODE_NAMES, Name
+from toposdns.wire.records import name_text, type_code, type_name
 
 # A label as typed: printable ASCII but a backslash (escapes are not read); spaces are not.
 _LABEL = re.compile(r"[!-\[\]-~]{1,63}")
 MAX_NAME_WIRE = 255
+#: Ignored PodLocators claiming a client that are named; the others are counted.
+SHOWN_IGNORED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,12 @@ class Explanation:
     idle_policy: tuple[str, Policy] | None = None
     #: With --autopath, for a pod asking below its first search domain: the names tried.
     autopath: tuple[Step, ...] | None = None
+    #: The namespaces whose PodLocators are believed (`--locator-namespaces`).
+    believed: frozenset[str] = frozenset()
+    #: PodLocators of other namespaces claiming the client, each with what of it they claim
+    #: (the address, or a CIDR holding it), and how many they are in all.
+    ignored: tuple[tuple[PodLocator, str], ...] = ()
+    ignored_count: int = 0
 
 
 def explain(
@@ -79,7 +90,7 @@ def explain(
     locator = client.locator
     names = None
     if autopath.enabled and locator is not None and not locator.is_node:
-        names = candidates(name, locator.namespace, config, autopath.search)
+        names = candidates(name, locator.namespace_of_pod, config, autopath.search)
     if names is not None:
         decisions = []  # the walk's, whose first name is the name asked
         steps = _walk(snapshot, config, client, names, qtype, decisions)
@@ -88,9 +99,47 @@ def explain(
             answer = completed(last, name)
         elif steps[0].answer is not None:
             answer = steps[0].answer  # the reply to the first name, if none exists
+    ignored = ignored_claims(snapshot, host, int(length) if length else None)
     return Explanation(
-        client, name, qtype, answer, decisions, _service_policy(snapshot, config, name), steps
+        client,
+        name,
+        qtype,
+        answer,
+        decisions,
+        _service_policy(snapshot, config, name),
+        steps,
+        snapshot.locator_namespaces,
+        tuple(ignored[:SHOWN_IGNORED]),
+        len(ignored),
     )
+
+
+def ignored_claims(
+    snapshot: Snapshot, address: str, length: int | None = None
+) -> list[tuple[PodLocator, str]]:
+    """The PodLocators that are not believed (their namespace) but claim the address, or the
+    prefix `address/length`: exactly, or by a CIDR holding it whole. Each with what it claims,
+    ordered by namespace and name. A scan of the ignored ones, which only explain needs."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return []
+    key = str(ip)
+    if length is not None and length >= ip.max_prefixlen:
+        length = None
+    found = []
+    for locator in snapshot.ignored.values():
+        if length is None and key in locator.addresses:
+            found.append((locator, key))
+            continue
+        for cidr in locator.cidrs:
+            network = ipaddress.ip_network(cidr)
+            if network.version == ip.version and ip in network:
+                if length is None or network.prefixlen <= length:
+                    found.append((locator, cidr))
+                    break
+    found.sort(key=lambda claim: (claim[0].namespace, claim[0].name))
+    return found
 
 
 def _walk(
@@ -204,6 +253,30 @@ def _placement(client: Client) -> str:
     return f"{found}, through its address {placement.via}"
 
 
+def _believed_text(result: Explanation) -> str:
+    """Why the locator that placed the client is believed."""
+    if EVERY_NAMESPACE in result.believed:
+        return "--locator-namespaces=* believes the PodLocators of every namespace"
+    listed = ",".join(sorted(result.believed))
+    namespace = result.client.locator.namespace if result.client.locator else "?"
+    return f"namespace {namespace} is in --locator-namespaces={listed}"
+
+
+def _ignored_text(result: Explanation) -> list[str]:
+    """A line per ignored PodLocator claiming the client (a few), and the count of the rest."""
+    listed = ",".join(sorted(result.believed))
+    lines = [
+        f"  ignored: {'node locator' if held.is_node else 'PodLocator'} "
+        f"{held.namespace}/{held.name} claims {what}, but only the PodLocators of "
+        f"--locator-namespaces={listed} are believed"
+        for held, what in result.ignored
+    ]
+    if result.ignored_count > len(result.ignored):
+        more = result.ignored_count - len(result.ignored)
+        lines.append(f"  ignored: {more} more PodLocators of other namespaces claim it")
+    return lines
+
+
 def _client_text(client: Client) -> str:
     return client.address if client.length is None else f"{client.address}/{client.length}"
 
@@ -211,8 +284,11 @@ def _client_text(client: Client) -> str:
 def render_text(result: Explanation) -> str:
     """The explanation for a person."""
     client = result.client
-    lines = [
-        f"client {_client_text(client)}: {_placement(client)}",
+    lines = [f"client {_client_text(client)}: {_placement(client)}"]
+    if client.locator is not None:
+        lines.append(f"  believed: {_believed_text(result)}")
+    lines.extend(_ignored_text(result))
+    lines += [
         f"  labels: {_labels_text(client.labels)}",
         f"question: {name_text(result.name)} {type_name(result.qtype)}",
     ]
@@ -255,7 +331,7 @@ def render_text(result: Explanation) -> str:
 
 def _autopath_text(result: Explanation) -> list[str]:
     assert result.autopath is not None and result.client.locator is not None
-    lines = [f"autopath: the client's pod is in namespace {result.client.locator.namespace}"]
+    lines = [f"autopath: the client's pod is in namespace {result.client.locator.namespace_of_pod}"]
     for step in result.autopath:
         if step.answer is None:
             lines.append(
@@ -283,12 +359,19 @@ def render_json(result: Explanation) -> dict[str, Any]:
             else {
                 "namespace": locator.namespace,
                 "name": locator.name,
+                "pod_namespace": None if locator.is_node else locator.namespace_of_pod,
                 "node": locator.node_name,
                 "kind": "node" if locator.is_node else "pod",
                 "via": "address" if client.placement.via == client.address else "cidr",
                 "matched": client.placement.via,
             },
             "conflict": [f"{held.namespace}/{held.name}" for held in client.placement.conflict],
+            "locator_namespaces": sorted(result.believed),
+            "ignored": [
+                {"locator": f"{held.namespace}/{held.name}", "matched": what}
+                for held, what in result.ignored
+            ],
+            "ignored_count": result.ignored_count,
             "labels": _node_labels(client.labels),
         },
         "question": {"name": name_text(result.name), "type": type_name(result.qtype)},

@@ -2,8 +2,9 @@
 shutdown. `toposdns serve` (one process, or the supervisor and each worker of `--workers N`)
 and `toposdns controller` all live it the same way:
 
-- **before**: from the first line of `python -m toposdns`, `exit_on_signals` makes SIGTERM and
-  SIGINT end the process at once (exit 0), until `catch_signals` takes them over. As PID 1 in a
+- **before**: from the first line of `python -m toposdns` and of the `toposdns` console script
+  (both run `toposdns/__main__.py`), `exit_on_signals` makes SIGTERM and SIGINT end the process
+  at once (exit 0), until `catch_signals` takes them over. As PID 1 in a
   container, a process without a handler for a signal never gets it: a SIGTERM during a slow
   first sync would otherwise be lost, and the pod would wait out its grace period.
 - **startup**: inside `async with Lifecycle() as life:`, the owner opens what it needs and says

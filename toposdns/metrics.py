@@ -1,11 +1,19 @@
 """Prometheus metrics, each defined once here; `/metrics` serves them (serve/http.py).
 
-Per-query metrics are counted apart, in serve/query_metrics.py.
+Per-query metrics are counted apart, in serve/query_metrics.py and serve/topology_metrics.py,
+and registered in `ANSWERING` while a server answers.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+#: What a process that answers DNS counts: the metrics below defined with `registry=ANSWERING`,
+#: and each DNS server's per-query counts (registered while it serves). A single process serves
+#: it with the rest (it is part of the default registry); with `--workers N`, each worker sends
+#: it whole and /metrics sums the workers'. The supervisor never answers, so its copies (and
+#: those a worker inherits) stay empty.
+ANSWERING = CollectorRegistry(auto_describe=True)
 
 # The server itself, as CoreDNS's `prometheus` and `reload` plugins export it.
 BUILD_INFO = Gauge(
@@ -22,6 +30,7 @@ PLUGIN_ENABLED = Gauge(
 PANICS = Counter(
     "coredns_panics",
     "Internal errors while answering a query (each answered SERVFAIL, its traceback logged).",
+    registry=ANSWERING,
 )
 RELOAD_FAILED = Counter("coredns_reload_failed", "Counter of the number of failed reload attempts.")
 RELOAD_VERSION = Gauge(
@@ -46,10 +55,16 @@ LOCATOR_CONFLICTS = Counter(
     "Prefixes claimed by two or more PodLocators (nobody inside them is placed), counted once "
     "per change of their claimants.",
 )
+IGNORED_LOCATORS = Counter(
+    "toposdns_ignored_locators",
+    "PodLocators ignored because their namespace is not believed (--locator-namespaces), "
+    "counted once when each appears.",
+)
 UNPLACED_SUBNETS = Counter(
     "toposdns_unplaced_client_subnets",
     "Client Subnet prefix lengths shorter than a host that no PodLocator CIDR held whole, "
     "counted once per forwarder and prefix length.",
+    registry=ANSWERING,
 )
 WATCH_RESTARTS = Counter(
     "toposdns_watch_restarts",
@@ -79,50 +94,97 @@ PROXY_DURATION = Histogram(
     "Time each request to an upstream took, by upstream and rcode.",
     ["proxy_name", "to", "rcode"],
     buckets=[0.00025 * 2**k for k in range(16)],
+    registry=ANSWERING,
 )
 PROXY_HEALTHCHECK_FAILURES = Counter(
     "coredns_proxy_healthcheck_failures",
     "Failed requests or health checks to an upstream.",
     ["proxy_name", "to"],
+    registry=ANSWERING,
 )
 FORWARD_HEALTHCHECK_BROKEN = Counter(
     "coredns_forward_healthcheck_broken",
     "Times every upstream was unhealthy at once.",
+    registry=ANSWERING,
 )
 FORWARD_MAX_CONCURRENT_REJECTS = Counter(
     "coredns_forward_max_concurrent_rejects",
     "Queries refused because --max-concurrent forwarded queries were in flight.",
+    registry=ANSWERING,
 )
 UPSTREAM_ERRORS = Counter(
     "toposdns_forward_upstream_errors",
     "Failed exchanges with an upstream, by upstream, transport and reason (timeout, refused, "
     "closed, network, short, wrong_id, not_response, malformed, wrong_question).",
     ["to", "proto", "reason"],
+    registry=ANSWERING,
 )
 FORWARD_LOOPS = Counter(
     "toposdns_forward_loops",
     "Queries this server sent upstream that came back to it, by upstream.",
     ["to"],
+    registry=ANSWERING,
 )
 AUTOPATH_SUCCESS = Counter(
     "coredns_autopath_success",
     "Queries answered by walking the client's search path (--autopath); unlike CoreDNS's, "
     "names that exist as asked are not counted.",
     ["server"],
+    registry=ANSWERING,
 )
-#: What a process that answers DNS counts itself: with `--workers N`, each worker serves these
-#: (with its per-query metrics) and /metrics sums them. The supervisor never forwards, so its
-#: own copies (and those a worker inherits) stay empty.
-ANSWERING = (
-    PANICS,
-    PROXY_DURATION,
-    PROXY_HEALTHCHECK_FAILURES,
-    FORWARD_HEALTHCHECK_BROKEN,
-    FORWARD_MAX_CONCURRENT_REJECTS,
-    UPSTREAM_ERRORS,
-    FORWARD_LOOPS,
-    AUTOPATH_SUCCESS,
+ACL_BLOCKED = Counter(
+    "coredns_acl_blocked_requests",
+    "Counter of DNS requests being blocked.",
+    ["server", "zone", "view"],
+    registry=ANSWERING,
 )
+ACL_FILTERED = Counter(
+    "coredns_acl_filtered_requests",
+    "Counter of DNS requests being filtered.",
+    ["server", "zone", "view"],
+    registry=ANSWERING,
+)
+ACL_DROPPED = Counter(
+    "coredns_acl_dropped_requests",
+    "Counter of DNS requests being dropped.",
+    ["server", "zone", "view"],
+    registry=ANSWERING,
+)
+# CoreDNS's `hosts` (serve/hosts.py), as its metrics.go defines them.
+HOSTS_ENTRIES = Gauge(
+    "coredns_hosts_entries",
+    "The combined number of entries in hosts and Corefile.",
+    ["hostsfile"],
+    registry=ANSWERING,
+)
+HOSTS_RELOAD_TIMESTAMP = Gauge(
+    "coredns_hosts_reload_timestamp_seconds",
+    "The timestamp of the last reload of hosts file (the file's modification time, as CoreDNS's).",
+    registry=ANSWERING,
+)
+#: Gauges each worker sets alike, from the same file: /metrics shows their largest value rather
+#: than their sum (workers/exposition.py).
+UNSUMMED = frozenset({"coredns_hosts_entries", "coredns_hosts_reload_timestamp_seconds"})
+# CoreDNS's `template` (serve/template.py), as its metrics.go defines them.
+TEMPLATE_MATCHES = Counter(
+    "coredns_template_matches",
+    "Counter of template regex matches.",
+    ["server", "zone", "view", "class", "type"],
+    registry=ANSWERING,
+)
+TEMPLATE_FAILURES = Counter(
+    "coredns_template_template_failures",
+    "Counter of go template failures.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
+TEMPLATE_RR_FAILURES = Counter(
+    "coredns_template_rr_failures",
+    "Counter of mis-templated RRs.",
+    ["server", "zone", "view", "class", "type", "section", "template"],
+    registry=ANSWERING,
+)
+REGISTRY.register(ANSWERING)
 
 # `--workers N`: the supervisor's view of its workers.
 WORKER_RESTARTS = Counter(

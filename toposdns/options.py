@@ -15,6 +15,8 @@ The validators below are the ones plugins share: numbers, durations, sizes, name
 from __future__ import annotations
 
 import ipaddress
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
@@ -62,7 +64,9 @@ class Setting(Generic[T]):
     """One option of a plugin: where it is written and how it changes the options object."""
 
     #: Its word in the plugin's Corefile block; "" for the directive's own arguments
-    #: (`kubernetes ZONES`, `cache TTL`), None when no Corefile spells it (a flag only).
+    #: (`kubernetes ZONES`, `cache TTL`), `*` for the lines of its block that begin with no
+    #: other setting's word (`hosts` entries: the line's first word is then one of its words),
+    #: None when no Corefile spells it (a flag only).
     word: str | None
     #: How its words change the options: `sets(field, parse)` for most.
     apply: Apply[T]
@@ -112,7 +116,7 @@ class Plugin(Generic[T]):
 
     def words(self) -> list[str]:
         """The words its block takes, for error messages."""
-        return [s.word for s in self.settings if s.word]
+        return [s.word for s in self.settings if s.word and s.word != "*"]
 
     def finish(self, options: T, origin: Origin) -> T:
         """The options after the checks between settings."""
@@ -218,7 +222,7 @@ def seconds(low: float = 0.001, high: float = 3600.0) -> Parse:
 
 
 def duration_value(text: str, origin: Origin) -> float:
-    """Seconds from `5`, `5s`, `500ms`, `1m` or `1h` (Go's durations, as CoreDNS reads them)."""
+    """Seconds from `5`, `5s`, `500ms`, `1m`, `2h45m` (Go's durations, as CoreDNS reads them)."""
     value = _duration(text, origin)
     if value < 0:
         raise origin.error("must not be negative")
@@ -226,19 +230,30 @@ def duration_value(text: str, origin: Origin) -> float:
 
 
 def _duration(text: str, origin: Origin) -> float:
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    number, scale = text, 1.0
-    for suffix in ("ms", "s", "m", "h"):
-        if text.endswith(suffix):
-            number, scale = text[: -len(suffix)], units[suffix]
-            break
+    """Seconds from a plain number or a Go duration: numbers each with its unit (`1.5h`,
+    `2h45m`, `300ms`, `10us`), an optional sign before them."""
     try:
-        value = float(number) * scale
+        value: float | None = float(text)  # seconds
     except ValueError:
-        raise origin.error("expected a duration such as 5s or 500ms") from None
-    if value != value:  # nan
+        value = _go_duration(text)
+    if value is None or not math.isfinite(value):
         raise origin.error("expected a duration such as 5s or 500ms")
     return value
+
+
+#: Go's duration units, in seconds.
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def _go_duration(text: str) -> float | None:
+    """Seconds from Go's `time.ParseDuration` form; None when it is not one."""
+    body = text[1:] if text[:1] in "+-" else text
+    parts = _GO_PART.findall(body)
+    if not body or "".join(number + unit for number, unit in parts) != body:
+        return None
+    total = sum(float(number) * _UNITS[unit] for number, unit in parts)
+    return -total if text.startswith("-") else total
 
 
 def size(words: Sequence[str], origin: Origin) -> int:

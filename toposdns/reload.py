@@ -1,10 +1,14 @@
 """CoreDNS's `reload`: the Corefile is read again every interval, and a changed one applied.
 
 The check compares the file's bytes (a ConfigMap update swaps the whole file, through a
-symlink), as CoreDNS compares its Corefile's hash. A changed Corefile is read in full first; if
-it is broken, one line names its file and line, `coredns_reload_failed_total` counts it, and the
-running configuration keeps serving. Otherwise the server applies it without closing its DNS
-sockets (server.py `DnsServer.reconfigure`), so no query is lost.
+symlink), as CoreDNS compares its Corefile's hash. A changed Corefile is applied only once it
+has stayed the same for `SETTLE` seconds, as the snapshot file waits a poll
+(source/snapshot_file.py): a file written in place, in steps, would otherwise be applied half
+written (an `acl` block not yet there lets everyone in until the next check). CoreDNS applies
+what it reads. A settled Corefile is read in full first; if it is broken, one line names its
+file and line, `coredns_reload_failed_total` counts it, and the running configuration keeps
+serving. Otherwise the server applies it without closing its DNS sockets (server.py
+`DnsServer.reconfigure`), so no query is lost.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ log = logging.getLogger("toposdns")
 #: CoreDNS's bounds: the interval at least 2 s, the jitter 0 or at least 1 s.
 MIN_INTERVAL = 2.0
 MIN_JITTER = 1.0
+#: A changed Corefile is applied once it reads the same this many seconds later: longer than a
+#: pause between the steps of a file written in place, short beside the 30 s interval.
+SETTLE = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,26 +73,40 @@ async def watch_corefile(
     apply: Callable[[Any], None],
 ) -> None:
     """Every interval (as the running configuration has it), read the Corefile; when its bytes
-    differ from `last` (those of the running configuration), `read()` it in full and `apply`
-    what it gives, or log and count why not."""
+    differ from `last` (those of the running configuration) and read the same again `SETTLE`
+    seconds later, `read()` it in full and `apply` what it gives, or log and count why not."""
     RELOAD_VERSION.labels("sha512", fingerprint(last or b"")).set(1)
+    settling: bytes | None = None  # a change seen, to be read again after SETTLE
     while True:
-        current = options()
-        spread = random.uniform(-current.jitter / 2, current.jitter / 2) if current.jitter else 0
-        await asyncio.sleep(current.interval + spread)
+        if settling is None:
+            current = options()
+            spread = (
+                random.uniform(-current.jitter / 2, current.jitter / 2) if current.jitter else 0
+            )
+            await asyncio.sleep(current.interval + spread)
+        else:
+            await asyncio.sleep(SETTLE)
         data = corefile_bytes(path)
         if data is None or data == last:
+            settling = None
             continue
+        if data != settling:
+            settling = data  # changed since the last read: it may still be being written
+            continue
+        settling = None
         try:
             config = read()
         except ConfigError as exc:
+            config = exc
+        if corefile_bytes(path) != data:
+            continue  # written again while it was read: what was read may be half of it
+        last = data
+        if isinstance(config, ConfigError):
             RELOAD_FAILED.inc()
-            log.error("reload: the Corefile is not applied, the running one goes on: %s", exc)
-            last = data  # said once: the next change is tried again
-            continue
+            log.error("reload: the Corefile is not applied, the running one goes on: %s", config)
+            continue  # said once: the next change is tried again
         RELOAD_VERSION.clear()
         RELOAD_VERSION.labels("sha512", fingerprint(data)).set(1)
-        last = data
         apply(config)
         log.info("reload: applied the changed Corefile %s", path)
 

@@ -81,6 +81,28 @@ class Server(ServerProcess):
         return (self.host, self.port)
 
 
+class CorefileServer(Server):
+    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it; `wrapper` is a command
+    that runs it, as for Server."""
+
+    def __init__(self, corefile: Path, *flags: str, wrapper: tuple[str, ...] = ()) -> None:
+        self.snapshot, self.args, self.host, self.port = None, flags, "", 0
+        command = toposdns_command("-conf", str(corefile), *flags)
+        ServerProcess.__init__(self, [*wrapper, *command])
+
+
+def free_ports(*names: str) -> dict[str, int]:
+    sockets = []
+    for _ in names:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
 #: The `start_server` fixture: start_server(*args, snapshot=None) -> a running Server.
 StartServer = Callable[..., Server]
 

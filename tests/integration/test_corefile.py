@@ -1,6 +1,7 @@
 """kubeadm's Corefile under `toposdns -conf FILE`, against the stand-in API: the answers CoreDNS
 gives there, health, ready and metrics on their own ports, and `reload` of a ConfigMap update
-(a symlink swap) without losing a query, or refused with its line when broken.
+(a symlink swap) without losing a query, or refused with its line when broken, and of a file
+written in place in steps, applied only once whole.
 
 The Corefile is kubeadm's, changed only where a loopback test must: the ports, `bind
 127.0.0.1`, `kubeconfig`, the upstream address and `reload 2s`."""
@@ -8,7 +9,6 @@ The Corefile is kubeadm's, changed only where a loopback test must: the ports, `
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +21,10 @@ import dns.rcode
 import pytest
 
 from tests.integration.support import (
-    Server,
+    CorefileServer,
     copy_snapshot,
     dig,
+    free_ports,
     http_get,
     metric_total,
     udp,
@@ -31,8 +32,8 @@ from tests.integration.support import (
 )
 from tests.kubeapi import FakeApiServer
 from tests.objects import headless, service
-from tests.server_process import ServerProcess, toposdns_command
 from tests.upstream import stub_upstream
+from toposdns.reload import SETTLE
 
 pytestmark = pytest.mark.integration
 
@@ -78,18 +79,6 @@ def kubeadm_corefile(ports: dict[str, int], kubeconfig: Path, upstream: int, ttl
 """
 
 
-def free_ports(*names: str) -> dict[str, int]:
-    sockets = []
-    for _ in names:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 class ConfigMap:
     """A directory laid out as the kubelet mounts a ConfigMap: `Corefile` -> `..data/Corefile`,
     `..data` -> a versioned directory, swapped whole on an update."""
@@ -111,14 +100,6 @@ class ConfigMap:
         link = self.directory / "..data_tmp"
         link.symlink_to(data.name)
         os.replace(link, self.directory / "..data")
-
-
-class CorefileServer(Server):
-    """`python -m toposdns -conf FILE`, as kubeadm's Deployment runs it."""
-
-    def __init__(self, corefile: Path) -> None:
-        self.snapshot, self.args, self.host, self.port = None, (), "", 0
-        ServerProcess.__init__(self, toposdns_command("-conf", str(corefile)))
 
 
 @pytest.fixture
@@ -182,7 +163,8 @@ def test_a_reload_applies_within_the_interval_without_losing_a_query(
     query = dns.message.make_query("web.shop.svc.cluster.local", "A")
     configmap.write(kubeadm_corefile(ports, kubeconfig, upstream, ttl=10))
     changed_at, sent, lost, ttl = time.monotonic(), 0, 0, 30
-    while ttl != 10 and time.monotonic() < changed_at + 8:  # reload 2s, jitter at most 1s
+    # reload 2s (jitter at most 1s), then read again SETTLE seconds later
+    while ttl != 10 and time.monotonic() < changed_at + 2 + 1 + SETTLE + 4:
         sent += 1
         try:
             ttl = udp(server, query, timeout=1.0).answer[0].ttl
@@ -190,13 +172,13 @@ def test_a_reload_applies_within_the_interval_without_losing_a_query(
             lost += 1
         time.sleep(0.01)
     assert ttl == 10, server.tail()
-    assert time.monotonic() - changed_at < 2 + 1 + 2  # the interval, the jitter, a margin
+    assert time.monotonic() - changed_at < 2 + 1 + SETTLE + 2  # and a margin
     assert lost == 0 and sent > 10
     assert server.find("reload: applied the changed Corefile") is not None
     # A broken Corefile is refused with its line; the running configuration keeps serving.
     broken = kubeadm_corefile(ports, kubeconfig, upstream, ttl=10).replace("ttl 10", "ttl 99999")
     configmap.write(broken)
-    line = server.wait_for_log("reload: the Corefile is not applied", 8).string
+    line = server.wait_for_log("reload: the Corefile is not applied", 2 + 1 + SETTLE + 4).string
     assert f"{configmap.path}:12: ttl 99999: must be between 0 and 3600" in line
     assert metric_total(ports["metrics"], "coredns_reload_failed_total") == 1
     assert udp(server, query).answer[0].ttl == 10
@@ -225,7 +207,7 @@ def test_every_worker_applies_a_reload(tmp_path: Path) -> None:
         def every_worker_has_it() -> bool:  # the kernel spreads the queries over both
             return {udp(server, query).answer[0].ttl for _ in range(16)} == {7}
 
-        assert wait_until(every_worker_has_it, 8), server.tail()
+        assert wait_until(every_worker_has_it, 2 + 1 + SETTLE + 4), server.tail()
     finally:
         assert server.stop(15) == 0, server.log()
 
@@ -250,5 +232,54 @@ def test_acl_screens_udp_and_tcp_by_source(tmp_path: Path) -> None:
             assert [o.code for o in blocked.options] == [dns.edns.EDE]
         with pytest.raises(dns.exception.Timeout):
             dns.query.udp(query, "127.0.0.1", port=port, timeout=1, source="127.0.0.3")
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_a_corefile_written_in_steps_is_applied_only_once_it_stays_the_same(
+    tmp_path: Path,
+) -> None:
+    """A Corefile rewritten in place in two steps, its `acl` block 3 s after the rest (longer
+    than `reload 2s 0s` takes to see the first step, shorter than SETTLE): the first step is
+    never applied, so 127.0.0.2 is refused throughout, and the whole file is."""
+    snapshot = copy_snapshot(tmp_path)
+    port = free_ports("dns")["dns"]
+    corefile = tmp_path / "Corefile"
+
+    def text(ttl: int, acl: bool) -> str:
+        block = "  acl {\n    block net 127.0.0.2\n  }\n" if acl else ""
+        return (
+            f".:{port} {{\n  bind 127.0.0.1\n  kubernetes cluster.local {{\n    ttl {ttl}\n  }}\n"
+            f"  reload 2s 0s\n{block}"
+            f"  toposdns {{\n    snapshot {snapshot}\n    workers 1\n  }}\n}}\n"
+        )
+
+    corefile.write_text(text(30, acl=True))
+    server = CorefileServer(corefile)
+    query = dns.message.make_query("frontend.shop.svc.cluster.local", "A")
+
+    def refused() -> bool:
+        reply = dns.query.udp(query, "127.0.0.1", port=port, timeout=2, source="127.0.0.2")
+        return reply.rcode() == dns.rcode.REFUSED and not reply.answer
+
+    def ttl() -> int:
+        return int(dns.query.udp(query, "127.0.0.1", port=port, timeout=2).answer[0].ttl)
+
+    try:
+        server.wait_ready(30)
+        assert refused() and ttl() == 30
+        corefile.write_text(text(10, acl=False))  # in place: the acl is not there yet
+        first_step = time.monotonic()
+        while time.monotonic() < first_step + 3:
+            assert refused(), f"the file without its acl was applied:\n{server.tail()}"
+            time.sleep(0.05)
+        corefile.write_text(text(10, acl=True))
+        whole = time.monotonic()
+        while ttl() != 10 and time.monotonic() < whole + 2 + SETTLE + 4:
+            assert refused(), f"the file without its acl was applied:\n{server.tail()}"
+            time.sleep(0.05)
+        assert ttl() == 10 and refused(), server.tail()
+        assert server.log().count("reload: applied the changed Corefile") == 1
+        assert server.find("reload: the Corefile is not applied") is None
     finally:
         assert server.stop() == 0, server.log()

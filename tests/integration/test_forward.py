@@ -115,6 +115,37 @@ def test_externalname_target_outside_the_zone_is_chased(start_server: StartServe
         assert ("udp", "api.payments.example.com", "A") in upstream.queries
 
 
+def test_externalname_targets_go_upstream_only_for_sources_in_forward_allow(
+    start_server: StartServer,
+) -> None:
+    """Outside --forward-allow an ExternalName is its CNAME alone, as from CoreDNS with an `acl`
+    block refusing the target to that client: its upstream lookup goes through the plugins
+    again, with the client's address. Not fetched for it, nor taken from the forward cache."""
+    name = "payments.shop.svc.cluster.local"
+    target = "api.payments.example.com"
+    with stub_upstream(EXAMPLE) as upstream:
+        server = start_server(
+            "--upstream", f"127.0.0.1:{upstream.port}", "--forward-allow", "127.0.0.1/32"
+        )
+
+        def cname_alone(*args: str) -> None:
+            out = dig(server, "-b", "127.0.0.2", name, *args)
+            assert out.status == "NOERROR" and "aa" in out.flags, out.text
+            assert [(rr[3], rr[4]) for rr in out.answer] == [("CNAME", f"{target}.")], out.text
+
+        for transport in ("+notcp", "+tcp"):
+            cname_alone(transport)
+        assert target not in upstream.names()
+        assert dig(server, "-b", "127.0.0.2", target).status == "REFUSED"
+        inside = dig(server, name)  # from 127.0.0.1
+        assert [rr[3] for rr in inside.answer] == ["CNAME", "A"]
+        # Cached upstream now: still the CNAME alone outside, and no more upstream queries.
+        for transport in ("+notcp", "+tcp"):
+            cname_alone(transport)
+        assert dig(server, name).rdata("A") == ["192.0.2.20"]
+        assert upstream.names().count(target) == 1
+
+
 def test_metrics_count_queries_by_type_rcode_and_plugin(start_server: StartServer) -> None:
     with stub_upstream(EXAMPLE) as upstream:
         server = start_server("--upstream", f"127.0.0.1:{upstream.port}", "--http", "127.0.0.1:0")

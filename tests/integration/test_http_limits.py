@@ -1,7 +1,8 @@
 """The HTTP listeners, each on its own address as CoreDNS's, and under hostile clients: malformed
 requests are one line each in the server's own log format, slow clients are closed, the
-connection cap holds while probes keep answering (half-sent requests make room for them, and
-one source cannot take every connection), and DNS answers throughout."""
+connection cap holds while probes keep answering (half-sent and kept-alive connections make room
+for them, from one source or from many, and one source cannot take every connection), and DNS
+answers throughout."""
 
 from __future__ import annotations
 
@@ -13,12 +14,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import dns.message
 import pytest
 
-from tests.integration.support import Server, StartServer, addresses, http_get, udp
+from tests.integration.support import (
+    Server,
+    StartServer,
+    addresses,
+    http_get,
+    udp,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -86,9 +94,14 @@ def test_slow_clients_are_closed_and_the_cap_holds(start_server: StartServer) ->
     server = start_server("--http", "127.0.0.1:0")
     port = http_port(server)
     before = server.line_count()
-    # 128 connections fill the port: half trickle a request a header a second (so each byte
-    # restarts nothing), half send nothing at all.
-    slow = [socket.create_connection(("127.0.0.1", port), timeout=2.0) for _ in range(128)]
+    # 128 connections from 4 pods (32 each, their share) fill the port: half trickle a
+    # request a header a second (so each byte restarts nothing), half send nothing at all.
+    slow = [
+        socket.create_connection(
+            ("127.0.0.1", port), timeout=2.0, source_address=(f"127.0.0.{2 + n // 32}", 0)
+        )
+        for n in range(128)
+    ]
     try:
         for sock in slow[:64]:
             sock.send(b"GET /health HTTP/1.1\r\n")
@@ -114,13 +127,25 @@ def test_slow_clients_are_closed_and_the_cap_holds(start_server: StartServer) ->
     assert http_get(port, "/health") == (200, "OK")
     assert_dns_answers(server)
     server.wait_for_log(
-        r"WARNING HTTP: closed a connection from 127\.0\.0\.1 to make room: it had sent no "
-        r"whole request, and 128 were open \(the maximum\)",
+        r"WARNING HTTP: closed a connection to make room: from 127\.0\.0\.2 for a new one from "
+        r"127\.0\.0\.1: 128 open \(the maximum\), 32 of them from 127\.0\.0\.2; it had sent no "
+        r"whole request yet \(\d+\.\ds\)$",
         start=before,
     )
-    # The other 127 closes (past the deadline) are counted into one line 5 s later.
-    server.wait_for_log(r"WARNING HTTP: 127 more errors in the last 5s", timeout=7.0, start=before)
-    assert len(server.log().splitlines()[before:]) == 2, server.log()
+    # The other 127 are closed past the deadline: one line, the rest counted into one 5 s later.
+    server.wait_for_log(
+        r"WARNING HTTP: closed a connection from 127\.0\.0\.\d: it sent no whole request within 5s",
+        start=before,
+    )
+    server.wait_for_log(r"WARNING HTTP: 126 more errors in the last 5s", timeout=7.0, start=before)
+    assert len(server.log().splitlines()[before:]) == 3, server.log()
+
+
+def made_room(server: Server, before: int) -> set[str]:
+    """The sources of the connections the log says were closed to make room (of a tally, the
+    last)."""
+    lines = "\n".join(server.log().splitlines()[before:])
+    return set(re.findall(r"to make room(?::|, the last:) from (\S+) for", lines))
 
 
 def probe(port: int, path: str = "/health", timeout: float = 1.0) -> tuple[int, str]:
@@ -135,34 +160,38 @@ def probe(port: int, path: str = "/health", timeout: float = 1.0) -> tuple[int, 
 
 
 @contextmanager
-def half_open(port: int, count: int, source: str, head: bytes) -> Iterator[list[int]]:
-    """`count` connections from `source` that send `head` and never finish their request,
-    opened again as fast as the server closes them, until the block ends. Yields a one-item
-    list: how many were opened in all."""
+def half_open(port: int, count: int, source: str | list[str], head: bytes) -> Iterator[list[int]]:
+    """`count` connections from `source` (from each, if a list) that send `head` and never
+    finish their request, opened again as fast as the server closes them, until the block ends.
+    Yields a one-item list: how many were opened in all."""
     opened = [0]
     stop = threading.Event()
 
+    sources = [source] if isinstance(source, str) else source
+
     def flood() -> None:
-        held: list[socket.socket] = []
+        held: dict[str, list[socket.socket]] = {source: [] for source in sources}
         try:
             while not stop.is_set():
-                for sock in [sock for sock in held if closed(sock)]:
-                    sock.close()
-                    held.remove(sock)
-                while len(held) < count and not stop.is_set():
-                    try:
-                        sock = socket.create_connection(
-                            ("127.0.0.1", port), timeout=1.0, source_address=(source, 0)
-                        )
-                        sock.send(head)
-                    except OSError:
-                        break
-                    held.append(sock)
-                    opened[0] += 1
+                for source, mine in held.items():
+                    for sock in [sock for sock in mine if closed(sock)]:
+                        sock.close()
+                        mine.remove(sock)
+                    while len(mine) < count and not stop.is_set():
+                        try:
+                            sock = socket.create_connection(
+                                ("127.0.0.1", port), timeout=1.0, source_address=(source, 0)
+                            )
+                            sock.send(head)
+                        except OSError:
+                            break
+                        mine.append(sock)
+                        opened[0] += 1
                 stop.wait(0.05)
         finally:
-            for sock in held:
-                sock.close()
+            for mine in held.values():
+                for sock in mine:
+                    sock.close()
 
     thread = threading.Thread(target=flood, daemon=True)
     thread.start()
@@ -198,8 +227,160 @@ def test_one_source_cannot_starve_the_probes(start_server: StartServer) -> None:
             time.sleep(0.05)
         answers = [probe(port, path) for path in ("/health", "/ready") * 6]
     assert answers == [(200, "OK")] * 12
-    server.wait_for_log(r"closed a connection from 127\.0\.0\.2 to make room", start=before)
-    assert "from 127.0.0.1" not in "\n".join(server.log().splitlines()[before:])
+    server.wait_for_log(r"closed a connection to make room: from 127\.0\.0\.2 for", start=before)
+    assert made_room(server, before) == {"127.0.0.2"}
+
+
+class KeepAlive:
+    """Keep-alive clients: `per_source` connections from each of `sources` to each port, each
+    sending a whole `GET /health` every `every` seconds and reading its answer, reopened
+    (after `reopen` seconds) when the server closes them, until the block ends."""
+
+    def __init__(
+        self,
+        ports: list[int],
+        sources: list[str],
+        per_source: int,
+        every: float = 2.0,
+        reopen: float = 0.5,
+    ) -> None:
+        self.slots = [
+            (port, source) for port in ports for source in sources for _ in range(per_source)
+        ]
+        self.every = every
+        self.reopen = reopen
+        self.opened = 0
+        self.answered = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        socks: list[socket.socket | None] = [None] * len(self.slots)
+        due = [0.0] * len(self.slots)  # when to send the next request, or to reopen
+        request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+        def drop(i: int, sock: socket.socket) -> None:
+            sock.close()
+            socks[i] = None
+            due[i] = time.monotonic() + self.reopen
+
+        try:
+            while not self.stopping.is_set():
+                for i, (port, source) in enumerate(self.slots):
+                    sock = socks[i]
+                    if sock is None:
+                        if time.monotonic() < due[i]:
+                            continue
+                        try:
+                            sock = socket.create_connection(
+                                ("127.0.0.1", port), timeout=1.0, source_address=(source, 0)
+                            )
+                        except OSError:
+                            due[i] = time.monotonic() + self.reopen
+                            continue
+                        sock.setblocking(False)
+                        socks[i] = sock
+                        self.opened += 1
+                    try:
+                        data = sock.recv(65536)
+                        if not data:  # closed by the server
+                            drop(i, sock)
+                            continue
+                        self.answered += data.count(b"HTTP/1.1 200 OK")
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        drop(i, sock)
+                        continue
+                    if time.monotonic() >= due[i]:
+                        try:
+                            sock.send(request)
+                        except BlockingIOError:
+                            pass
+                        except OSError:
+                            drop(i, sock)
+                            continue
+                        due[i] = time.monotonic() + self.every
+                self.stopping.wait(0.02)
+        finally:
+            for sock in socks:
+                if sock is not None:
+                    sock.close()
+
+    def __enter__(self) -> KeepAlive:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(10.0)
+
+
+def probes(ports: dict[str, int], count: int = 20) -> dict[str, int]:
+    """`count` probes of each path on its port, as kubelet sends them: how many answered OK."""
+    answered = dict.fromkeys(ports, 0)
+    for _ in range(count):
+        for path, port in ports.items():
+            answered[path] += probe(port, path) == (200, "OK")
+        time.sleep(0.1)
+    return answered
+
+
+def probe_ports(server: Server) -> dict[str, int]:
+    return {
+        path: int(server.wait_for_log(rf"serving {path} on 127\.0\.0\.1:(\d+)$").group(1))
+        for path in ("/health", "/ready")
+    }
+
+
+def test_a_keep_alive_flood_from_one_source_leaves_the_probes_answering(
+    start_server: StartServer,
+) -> None:
+    server = start_server("--health", "127.0.0.1:0", "--ready", "127.0.0.1:0")
+    ports = probe_ports(server)
+    before = server.line_count()
+    # A pod at 127.0.0.2 keeps 128 connections to each port busy with a request every 2 s
+    # (they hold every slot unless idle ones can be closed), and one at 127.0.0.3 half-opens
+    # more; kubelet probes from 127.0.0.1.
+    with KeepAlive(list(ports.values()), ["127.0.0.2"], 128) as flood:
+        assert wait_until(lambda: flood.answered >= 256, timeout=10.0), flood.answered
+        with ExitStack() as stack:
+            for port in ports.values():
+                stack.enter_context(half_open(port, 64, "127.0.0.3", b"GET /health HTTP/1.1\r\n"))
+            answered = probes(ports)
+    assert all(count >= 19 for count in answered.values()), answered
+    assert flood.opened > 256, "the flood never pressed the cap"
+    assert "127.0.0.2" in made_room(server, before) <= {"127.0.0.2", "127.0.0.3"}
+    assert_dns_answers(server)
+
+
+@pytest.mark.parametrize("layout", ["one listener each", "one port"])
+def test_a_keep_alive_flood_from_many_sources_leaves_the_probes_answering(
+    start_server: StartServer, layout: str
+) -> None:
+    if layout == "one port":  # as the controller's --http serves them
+        server = start_server("--http", "127.0.0.1:0")
+        port = http_port(server)
+        ports = {"/health": port, "/ready": port}
+    else:
+        server = start_server("--health", "127.0.0.1:0", "--ready", "127.0.0.1:0")
+        ports = probe_ports(server)
+    targets = sorted(set(ports.values()))
+    before = server.line_count()
+    # 64 pods with 2 keep-alive connections each to each port, and 32 more half-opening 2
+    # each: no source holds more than the probes' would.
+    pods = [f"127.0.1.{n}" for n in range(1, 65)]
+    with KeepAlive(targets, pods, 2) as flood:
+        assert wait_until(lambda: flood.answered >= 128 * len(targets), timeout=10.0)
+        with ExitStack() as stack:
+            tenants = [f"127.0.2.{n}" for n in range(1, 33)]
+            for port in targets:
+                stack.enter_context(half_open(port, 2, tenants, b"GET /health HTTP/1.1\r\n"))
+            answered = probes(ports)
+    assert all(count >= 19 for count in answered.values()), answered
+    assert made_room(server, before), "the floods never pressed the cap"
+    assert "127.0.0.1" not in made_room(server, before)
+    assert_dns_answers(server)
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -4,16 +4,28 @@ with raw sockets."""
 from __future__ import annotations
 
 import contextlib
+import selectors
 import socket
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple, cast
 
 import dns.message
 import dns.rcode
 import pytest
 
-from tests.integration.support import Server, StartServer, addresses, framed, recv_framed, udp
+from tests.integration.support import (
+    Server,
+    StartServer,
+    addresses,
+    framed,
+    recv_framed,
+    udp,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +123,20 @@ def test_query_split_across_length_prefix_and_body(shared_server: Server) -> Non
     assert [r.id for r in replies] == [first.id, second.id]
     assert addresses(replies[0]) == {"10.96.10.10"}
     assert addresses(replies[1]) == {"10.244.1.10"}
+
+
+def test_half_closed_connection_is_answered_then_closed(shared_server: Server) -> None:
+    # A client that shuts its side after its queries gets every answer, then the server's
+    # close at once (not after the idle timeout).
+    queries = [dns.message.make_query(BIG_SRV, "SRV") for _ in range(20)]
+    with connect(shared_server) as sock:
+        sock.sendall(b"".join(framed(query) for query in queries))
+        sock.shutdown(socket.SHUT_WR)
+        replies = [recv_framed(sock) for _ in queries]
+        waited = closed_by_peer(sock, timeout=3.0)
+    assert [reply.id for reply in replies] == [query.id for query in queries]
+    assert all(len(reply.answer[0]) > 20 for reply in replies)
+    assert waited is not None and waited < 1.0, "the answered connection was kept open"
 
 
 def test_idle_connection_is_closed(start_server: StartServer) -> None:
@@ -232,11 +258,11 @@ def test_slow_clients_do_not_hold_the_connection_cap(start_server: StartServer) 
     refusals meanwhile are logged as two lines rather than one per connection, and TCP and
     UDP answer throughout and after."""
     server = start_server("--tcp-max-connections", "20", "--tcp-read-timeout", "1")
-    # Five sources of four each: the cap is reached before any source's share (five).
+    # Twenty sources of one each: with that many, a source's share is one connection, and
+    # no source is over it to make room.
     slow = [
         socket.create_connection(server.address, timeout=2.0, source_address=(f"127.0.1.{i}", 0))
-        for i in range(1, 6)
-        for _ in range(4)
+        for i in range(1, 21)
     ]
     try:
         for sock in slow:
@@ -265,3 +291,186 @@ def test_slow_clients_do_not_hold_the_connection_cap(start_server: StartServer) 
     assert int(summary.group(1)) == extra - 1
     closed = [line for line in server.log().splitlines() if "closed" in line and "TCP" in line]
     assert 1 <= len(closed) <= 3, closed  # one at once, the rest counted
+
+
+# Clients that hold what the server sends them: replies left unread, connections kept busy.
+
+#: A name whose SRV reply is large (a headless service of many endpoints), so that a few
+#: pipelined queries fill a client's receive buffer and then the server's send queue.
+BIG_SRV = "_http._tcp.big.data.svc.cluster.local."
+#: What one listener may hold unsent for a source alone (a quarter of its 16 MiB).
+UNSENT_SHARE = 4 * 1024 * 1024
+
+
+class ServerSocket(NamedTuple):
+    """The server's end of a TCP connection, as the kernel shows it."""
+
+    state: int
+    #: Bytes in its send queue.
+    queued: int
+    #: Whether a process holds it; when not, the server closed it and the kernel keeps it.
+    owned: bool
+
+
+def server_side(server: Server, client: str) -> list[ServerSocket]:
+    """The server's end of every TCP connection from `client` (from /proc/net/tcp: other
+    tests on this machine may hold sockets on the same port number, on other addresses)."""
+    local = f"{_proc_address(server.host)}:{server.port:04X}"
+    remote = _proc_address(client) + ":"
+    found = []
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if fields[1] == local and fields[2].startswith(remote):
+                queued = int(fields[4].split(":")[0], 16)
+                found.append(ServerSocket(int(fields[3], 16), queued, fields[9] != "0"))
+    return found
+
+
+def _proc_address(ip: str) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (the 32-bit word in host order, in hex)."""
+    return f"{int.from_bytes(socket.inet_aton(ip), sys.byteorder):08X}"
+
+
+def unreading(server: Server, source: str, queries: int) -> socket.socket | None:
+    """A connection that sends `queries` pipelined SRV queries for a large answer and will
+    never read a reply (a small receive buffer, so the server's send queue fills soon);
+    None if the server closed it before all were sent."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(1.0)
+    try:
+        sock.bind((source, 0))
+        sock.connect(server.address)
+        sock.sendall(framed(dns.message.make_query(BIG_SRV, "SRV")) * queries)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def test_unread_replies_are_bounded_and_counted(start_server: StartServer) -> None:
+    """One source opens connections that pipeline queries and never read, as long as the
+    server lets it: what the server then holds unsent is within the source's share, and no
+    socket holding replies escapes the connection cap (an evicted connection is reset, not
+    left to the kernel to flush)."""
+    server = start_server()
+    held: list[socket.socket] = []
+    try:
+        started = time.monotonic()
+        while len(held) < 400 and time.monotonic() - started < 3.0:
+            sock = unreading(server, "127.0.38.2", 40)
+            if sock is not None:
+                held.append(sock)
+        time.sleep(0.5)  # the last replies reach the send queues
+        sockets = server_side(server, "127.0.38.2")
+        holding = [sock.queued for sock in sockets if sock.queued]
+        orphans = [sock.queued for sock in sockets if sock.queued and not sock.owned]
+        assert not orphans, f"{len(orphans)} closed sockets hold {sum(orphans)} B"
+        assert len(holding) <= 256, "more sockets hold replies than the source's share"
+        assert sum(holding) <= UNSENT_SHARE, f"{sum(holding)} B unsent in {len(holding)} sockets"
+        # Everyone else is answered meanwhile.
+        with connect(server, source="127.0.0.3") as sock:
+            assert addresses(ask(sock, "frontend.shop.svc.cluster.local.")) == {"10.96.10.10"}
+    finally:
+        for sock in held:
+            sock.close()
+    server.wait_for_log(
+        r"WARNING reset a TCP connection of 127\.0\.38\.2: \d+ bytes of replies unsent", timeout=2
+    )
+
+
+@pytest.mark.parametrize("stop", ["idle", "half-closed"])
+def test_connection_with_unread_replies_is_reset(start_server: StartServer, stop: str) -> None:
+    """A connection that stops sending (quiet, or shut for writing) and never reads holds its
+    replies in the server's socket, counted, until the idle timeout resets it: a graceful
+    close would leave them to the kernel, for as long as the client does not read."""
+    server = start_server("--tcp-idle-timeout", "1")
+    sock = unreading(server, "127.0.38.2", 40)
+    assert sock is not None
+    try:
+        if stop == "half-closed":
+            sock.shutdown(socket.SHUT_WR)
+        time.sleep(0.3)
+        holding = [found for found in server_side(server, "127.0.38.2") if found.queued]
+        assert holding, "nothing was left unsent"
+        assert all(found.owned for found in holding), "closed with its replies unsent"
+        assert wait_until(
+            lambda: not any(found.queued for found in server_side(server, "127.0.38.2")),
+            timeout=4.0,
+        ), "the replies were still held after 4 s"
+    finally:
+        sock.close()
+
+
+class BusyFlood:
+    """Sources that each keep up to `per_source` connections open with one byte of a query
+    sent and no more (busy, never finished), opening another for every one the server closes;
+    at most `seconds` long."""
+
+    def __init__(self, server: Server, sources: list[str], per_source: int, seconds: float):
+        self.server = server
+        self.sources = sources
+        self.per_source = per_source
+        self.deadline = time.monotonic() + seconds
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self) -> BusyFlood:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+    def run(self) -> None:
+        watch = selectors.DefaultSelector()
+        open_from = dict.fromkeys(self.sources, 0)
+        try:
+            while not self.stop.is_set() and time.monotonic() < self.deadline:
+                for source in self.sources:
+                    for _ in range(min(8, self.per_source - open_from[source])):
+                        try:
+                            sock = socket.create_connection(
+                                self.server.address, timeout=0.5, source_address=(source, 0)
+                            )
+                        except OSError:
+                            break
+                        with contextlib.suppress(OSError):
+                            sock.send(b"\x00")
+                        watch.register(sock, selectors.EVENT_READ, source)
+                        open_from[source] += 1
+                for key, _ in watch.select(timeout=0.01):
+                    sock = cast(socket.socket, key.fileobj)
+                    with contextlib.suppress(OSError):
+                        sock.recv(1)  # the server closed it (EOF or reset)
+                    watch.unregister(sock)
+                    sock.close()
+                    open_from[key.data] -= 1
+        finally:
+            for key in list(watch.get_map().values()):
+                cast(socket.socket, key.fileobj).close()
+            watch.close()
+
+
+@pytest.mark.parametrize("flooders", [4, 32])
+def test_flooding_sources_leave_room_for_another(start_server: StartServer, flooders: int) -> None:
+    """Several sources hold as many busy connections as they can get: a source that is not
+    among them still gets its TCP answers, because each source's share of the cap shrinks as
+    more sources hold connections."""
+    server = start_server("--tcp-max-connections", "128")
+    sources = [f"127.0.2.{i}" for i in range(1, flooders + 1)]
+    answered = 0
+    with BusyFlood(server, sources, per_source=max(64, 256 // flooders), seconds=20):
+        time.sleep(1.5)  # the flood holds what it can get
+        for _ in range(20):
+            try:
+                with connect(server, source="127.0.0.9") as sock:
+                    reply = ask(sock, "frontend.shop.svc.cluster.local.")
+                answered += addresses(reply) == {"10.96.10.10"}
+            except (OSError, ConnectionError):
+                pass
+            time.sleep(0.05)
+    assert answered >= 19, f"{answered} of 20 answered"

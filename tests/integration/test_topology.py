@@ -34,7 +34,7 @@ ALL_WEB = ["10.244.1.10", "10.244.3.10", "10.244.3.11"]
 
 @pytest.fixture(params=["topology.yaml", "topology-cidrs.yaml"])
 def server(start_server: StartServer, tmp_path: Path, request: pytest.FixtureRequest) -> Server:
-    # 127.0.0.100 plays a CoreDNS that forwards with `rewrite edns0 subnet append 32 128`.
+    # 127.0.0.100 plays a CoreDNS that forwards with `rewrite edns0 subnet set 32 128`.
     snapshot = copy_snapshot(tmp_path, EXAMPLES / request.param)
     return start_server("--ecs-trust", "127.0.0.100/32", snapshot=snapshot)
 

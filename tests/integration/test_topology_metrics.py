@@ -250,7 +250,7 @@ def test_explain_follows_a_snapshot_change(start_server: StartServer, tmp_path: 
     assert answered() == near  # from the cache
     # client-b (127.0.0.3) moves to node-c in zone z2.
     data = yaml.safe_load(snapshot.read_text())
-    (client_b,) = [o for o in data["items"] if o["metadata"]["name"] == "client-b"]
+    (client_b,) = [o for o in data["items"] if o["metadata"]["name"] == "shop.client-b"]
     client_b["nodeName"] = "node-c"
     client_b["nodeLabels"].update({HOSTNAME: "node-c", ZONE: "z2"})
     replace_file(snapshot, yaml.safe_dump(data, sort_keys=False))

@@ -291,3 +291,62 @@ def test_workers_forked_before_the_first_sync_start_again_from_it(
         assert "starting it again" not in server.log()  # not counted as workers that died
     finally:
         assert server.stop(STOP_TIMEOUT) == 0, server.log()
+
+
+def series(text: str) -> set[tuple[str, tuple[str, ...]]]:
+    """Each sample's name and label names, for metrics a query can change (the supervisor's
+    own view of its workers aside)."""
+    found = set()
+    for line in text.splitlines():
+        if line.startswith("#") or not line or line.startswith("toposdns_worker_"):
+            continue
+        name, _, rest = line.partition("{")
+        labels = re.findall(r'(\w+)="', rest) if rest else []
+        found.add((name.split(" ")[0], tuple(labels)))
+    return found
+
+
+def test_the_same_series_with_one_worker_and_two(tmp_path: Path) -> None:
+    """Every metric a DNS process counts reaches /metrics however many workers answer: the
+    acl's and the unplaced Client Subnets' among them."""
+    from tests.integration.support import CorefileServer, free_ports
+
+    seen = []
+    for workers in (1, 2):
+        ports = free_ports("dns", "metrics")
+        corefile = tmp_path / f"Corefile{workers}"
+        corefile.write_text(
+            f""".:{ports["dns"]} {{
+    bind 127.0.0.1
+    kubernetes cluster.local
+    prometheus 127.0.0.1:{ports["metrics"]}
+    acl {{
+        block net 127.0.0.9/32
+    }}
+    toposdns {{
+        snapshot {TOPOLOGY}
+        workers {workers}
+        ecs_trust 127.0.0.100/32
+    }}
+}}
+"""
+        )
+        server = CorefileServer(corefile)
+        try:
+            server.wait_ready(30)
+            for _ in range(SPREAD):  # over both workers, whichever the kernel picks
+                udp(server, dns.message.make_query(WEB, "A"))
+                blocked = dns.message.make_query(WEB, "A")
+                reply = dns.query.udp(blocked, "127.0.0.1", port=server.port, source="127.0.0.9")
+                assert reply.rcode() == dns.rcode.REFUSED
+                ask_with_ecs(server, "127.0.0.100", "192.0.2.0/24")  # no locator holds it
+            text = metrics(ports["metrics"])
+            assert metric(text, "coredns_acl_blocked_requests_total")
+            assert sum(metric(text, "coredns_acl_blocked_requests_total").values()) == SPREAD
+            # Once per forwarder and prefix length in each process that met it.
+            assert 1 <= metric(text, "toposdns_unplaced_client_subnets_total")[""] <= workers
+            seen.append(series(text))
+        finally:
+            assert server.stop() == 0, server.log()
+    one, two = seen
+    assert one == two, (one - two, two - one)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import config_of, snapshot_of
 from tests.objects import namespace, pod_locator, service
-from toposdns.resolve.answer import RR, Answer
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import (
     AutopathOptions,
     candidates,
@@ -23,6 +23,7 @@ from toposdns.resolve.autopath import (
 )
 from toposdns.serve.responder import TCP4, UDP4, Responder, Transport
 from toposdns.wire.codes import CNAME, NOERROR, NXDOMAIN, SERVFAIL, A, Name
+from toposdns.wire.records import RR
 
 
 def labels(text: str) -> Name:
@@ -167,12 +168,14 @@ WALK = AutopathOptions(True, search=tuple(labels(d) for d in ("example.org", "ex
 class TableUpstream:
     """An upstream that answers from UPSTREAM, or not at all when `silent`."""
 
-    def __init__(self, silent: bool = False) -> None:
+    def __init__(self, silent: bool = False, outside: frozenset[str] = frozenset()) -> None:
         self.silent = silent
+        #: Sources outside --forward-allow.
+        self.outside = outside
         self.asked: list[str] = []
 
     def admits(self, source: str) -> bool:
-        return True
+        return source not in self.outside
 
     async def forward(
         self, data: bytes, tcp: bool, limit: int, opt: bytes = b"", hits: object = None
@@ -284,6 +287,29 @@ def test_an_external_name_on_the_way_is_chased(
         "b.com. 3600 IN A 127.0.0.53",
     ]
     assert upstream.asked == ["b.com"]
+
+
+@pytest.mark.parametrize("transport", [UDP4, TCP4], ids=["udp", "tcp"])
+def test_a_pod_outside_forward_allow_is_completed_from_the_zones_only(
+    transport: Transport,
+) -> None:
+    upstream = TableUpstream(outside=frozenset({POD}))
+    responder = Responder(WALK_CONFIG, snapshot_of(OBJECTS), forwarder=upstream, autopath=WALK)
+    # Found in the cluster on the way: completed as for any pod.
+    found = ask(responder, "web.other.shop.svc.cluster.local", transport=transport)
+    assert answer_of(found)[-1] == "web.other.svc.cluster.local. 5 IN A 10.96.0.5"
+    # An ExternalName on the way: its CNAME alone, as with no upstream.
+    external = ask(responder, "ext.other.shop.svc.cluster.local", transport=transport)
+    assert external.header.rcode == NOERROR and external.header.aa == 1
+    assert answer_of(external) == [
+        "ext.other.shop.svc.cluster.local. 5 IN CNAME ext.other.svc.cluster.local.",
+        "ext.other.svc.cluster.local. 5 IN CNAME b.com.",
+    ]
+    # A name outside the zones ends the walk: the reply to the name asked.
+    nothing = ask(responder, "b.shop.svc.cluster.local", transport=transport)
+    assert nothing.header.rcode == NXDOMAIN and nothing.header.aa == 1 and not nothing.rr
+    assert str(nothing.q.qname) == "b.shop.svc.cluster.local."
+    assert upstream.asked == []
 
 
 def test_any_type_is_completed(responder: Responder) -> None:

@@ -282,6 +282,35 @@ def test_ecs_trust_service() -> None:
     assert serve({}).toposdns.ecs_trust_services == ()
 
 
+@pytest.mark.parametrize(
+    ("value", "namespaces"),
+    [
+        (None, {"toposdns"}),  # the controller's, where the manifests run it
+        ("infra", {"infra"}),
+        ("toposdns,infra", {"toposdns", "infra"}),
+        ("*", {"*"}),  # every namespace, as before
+    ],
+)
+def test_locator_namespaces(value: str | None, namespaces: set[str]) -> None:
+    config = serve({} if value is None else {"--locator-namespaces": value})
+    assert config.toposdns.locator_namespaces == namespaces
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("Infra", "'Infra' is not a namespace name (or *: every namespace), e.g. toposdns"),
+        ("a/b", "'a/b' is not a namespace name"),
+        (",", "expected a namespace, e.g. toposdns"),
+    ],
+)
+def test_bad_locator_namespaces(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--snapshot=x.yaml", f"--locator-namespaces={value}"]) == 2
+    assert f"toposdns serve: --locator-namespaces {value}: {message}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["coredns", "kube-system/", "/coredns", "a/b/c", "Kube/dns"])
 def test_bad_ecs_trust_service(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--snapshot=x.yaml", f"--ecs-trust-service={value}"]) == 2

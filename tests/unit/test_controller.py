@@ -174,42 +174,49 @@ def test_a_pod_appears_moves_finishes_and_disappears(api: FakeApiServer, kubecon
 
             api.add(pod("web-0", "n1", None))  # scheduled, no IP yet: no locator
             api.add(pod("web-1", "n1", "10.1.0.9"))
-            await until(lambda: get(api, "shop", "web-1"))
-            assert get(api, "shop", "web-0") is None
+            await until(lambda: get(api, NS, "shop.web-1"))
+            assert get(api, NS, "shop.web-0") is None
 
             api.modify(pod("web-0", "n1", "10.1.0.7"))
-            await until(lambda: get(api, "shop", "web-0"))
-            created = get(api, "shop", "web-0")
+            await until(lambda: get(api, NS, "shop.web-0"))
+            created = get(api, NS, "shop.web-0")
             assert created is not None
             assert created["addresses"] == ["10.1.0.7"] and created["nodeName"] == "n1"
             assert created["nodeLabels"] == {"kubernetes.io/hostname": "n1", ZONE: "z1"}
-            assert created["metadata"]["labels"] == MANAGED
+            # In the controller's namespace, the only one DNS believes, saying the pod's.
+            assert created["metadata"]["namespace"] == NS
+            assert created["metadata"]["labels"] == {
+                **MANAGED,
+                "toposdns.io/pod-namespace": "shop",
+            }
+            # Owned by the node: an owner in the pod's namespace would not hold.
             assert created["metadata"]["ownerReferences"] == [
                 {
                     "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": "web-0",
-                    "uid": uid_of(api, "pods", "shop", "web-0"),
+                    "kind": "Node",
+                    "name": "n1",
+                    "uid": uid_of(api, "nodes", None, "n1"),
                     "controller": True,
                     "blockOwnerDeletion": False,
                 }
             ]
+            assert get(api, "shop", "web-0") is None
 
-            # Moves: deleted, recreated with the same name on another node (a new uid).
+            # Moves: deleted, recreated with the same name on another node.
             api.delete("pods", "shop", "web-0")
             api.add(pod("web-0", "n2", "10.2.0.3"))
-            new_uid = uid_of(api, "pods", "shop", "web-0")
-            await until(lambda: owner_uid(api, "shop", "web-0") == new_uid, what="moved")
-            moved = get(api, "shop", "web-0")
+            n2_uid = uid_of(api, "nodes", None, "n2")
+            await until(lambda: owner_uid(api, NS, "shop.web-0") == n2_uid, what="moved")
+            moved = get(api, NS, "shop.web-0")
             assert moved is not None
             assert (moved["addresses"], moved["nodeName"]) == (["10.2.0.3"], "n2")
             assert moved["nodeLabels"][ZONE] == "z2"
 
             api.delete("pods", "shop", "web-0")
-            await until(lambda: get(api, "shop", "web-0") is None, what="deleted")
+            await until(lambda: get(api, NS, "shop.web-0") is None, what="deleted")
 
             api.modify(pod("web-1", "n1", "10.1.0.9", phase="Succeeded"))
-            await until(lambda: get(api, "shop", "web-1") is None, what="finished")
+            await until(lambda: get(api, NS, "shop.web-1") is None, what="finished")
             assert get(api, NS, "n1") is not None
 
     asyncio.run(scenario())
@@ -228,14 +235,14 @@ def test_a_zone_change_rewrites_every_locator_on_the_node(
             await until(lambda: api.count("podlocators") == 6, what="all locators")
             mark = len(api.requests)
             api.modify(node("n1", "z9", "10.0.0.1"))
-            on_n1 = [("shop", "a0"), ("shop", "a1"), ("shop", "a2"), (NS, "n1")]
+            on_n1 = [(NS, "shop.a0"), (NS, "shop.a1"), (NS, "shop.a2"), (NS, "n1")]
             took = await until(lambda: all(zone_of(api, *k) == "z9" for k in on_n1))
             assert took < 2.0
             await asyncio.sleep(0.2)  # nothing else follows
             assert summary(writes(api, mark)) == sorted(
                 ("PUT", f"{ns}/podlocators/{name}") for ns, name in on_n1
             )
-            assert zone_of(api, "other", "b0") == "z2" and zone_of(api, NS, "n2") == "z2"
+            assert zone_of(api, NS, "other.b0") == "z2" and zone_of(api, NS, "n2") == "z2"
 
     asyncio.run(scenario())
 
@@ -258,12 +265,12 @@ def test_node_status_churn_writes_nothing(api: FakeApiServer, kubeconfig: Path) 
             # written, the churn has been seen.
             api.modify(node("n2", "z7", "10.0.0.2"))
             await until(
-                lambda: zone_of(api, NS, "n2") == "z7" and zone_of(api, "shop", "b0") == "z7"
+                lambda: zone_of(api, NS, "n2") == "z7" and zone_of(api, NS, "shop.b0") == "z7"
             )
             await asyncio.sleep(0.1)
             assert summary(writes(api, mark)) == [
-                ("PUT", "shop/podlocators/b0"),
                 ("PUT", f"{NS}/podlocators/n2"),
+                ("PUT", f"{NS}/podlocators/shop.b0"),
             ]
 
     asyncio.run(scenario())
@@ -278,11 +285,11 @@ def test_a_burst_of_changes_costs_one_write_per_key(api: FakeApiServer, kubeconf
             api.add(pod("p", "n1", "10.1.0.1"))
             for i in range(2, 6):
                 api.modify(pod("p", "n1", f"10.1.0.{i}"))
-            await until(lambda: get(api, "shop", "p"))
+            await until(lambda: get(api, NS, "shop.p"))
             await asyncio.sleep(0.3)
-            found = get(api, "shop", "p")
+            found = get(api, NS, "shop.p")
             assert found is not None and found["addresses"] == ["10.1.0.5"]
-            assert summary(writes(api, mark)) == [("POST", "shop/podlocators")]
+            assert summary(writes(api, mark)) == [("POST", f"{NS}/podlocators")]
 
     asyncio.run(scenario())
 
@@ -293,19 +300,22 @@ def test_a_restart_collects_the_strays(api: FakeApiServer, kubeconfig: Path) -> 
     api.add(pod("gone", "n1", "10.1.0.2"))
     api.add(pod("on-n3", "n3", "10.3.0.1"))
     api.add(pod("theirs", "n1", "10.1.0.4"))
+    api.add(pod("older", "n1", "10.1.0.5"))
 
     async def scenario() -> None:
         async with running(kubeconfig) as controller:
             await until(lambda: controller.active)
-            await until(lambda: api.count("podlocators") == 7)
+            await until(lambda: api.count("podlocators") == 8)
         # While no controller runs: a pod and a node go (no garbage collector here), a pod
-        # is recreated, locators are left behind by hand.
+        # is recreated at another address, locators are left behind by hand, and an older
+        # controller's is still in its pod's namespace.
         api.delete("pods", "shop", "gone")
         api.delete("pods", "shop", "on-n3")
         api.delete("nodes", None, "n3")
         api.delete("pods", "shop", "kept")
-        api.add(pod("kept", "n1", "10.1.0.1"))
-        api.add(locator("stray", "shop"))  # never had a pod
+        api.add(pod("kept", "n1", "10.1.0.9"))
+        api.add(locator("shop.stray", NS))  # never had a pod
+        api.add(locator("older", "shop"))  # where an older controller wrote pod locators
         api.add(
             locator(
                 "n9",
@@ -317,32 +327,32 @@ def test_a_restart_collects_the_strays(api: FakeApiServer, kubeconfig: Path) -> 
                 },
             )
         )
-        foreign = locator("theirs", "shop", metadata={"name": "theirs", "namespace": "shop"})
-        api.delete("podlocators", "shop", "theirs")
+        foreign = locator("shop.theirs", NS, metadata={"name": "shop.theirs", "namespace": NS})
+        api.delete("podlocators", NS, "shop.theirs")
         api.add(foreign)  # not managed by toposdns: left alone although its pod exists
         api.add(locator("unowned", "shop", metadata={"name": "unowned", "namespace": "shop"}))
         mark = len(api.requests)
 
         async with running(kubeconfig, identity="c2") as controller:
             await until(lambda: controller.active)
-            await until(lambda: get(api, "shop", "stray") is None and get(api, NS, "n9") is None)
-            await until(
-                lambda: owner_uid(api, "shop", "kept") == uid_of(api, "pods", "shop", "kept")
-            )
-            await until(lambda: get(api, NS, "n3") is None and get(api, "shop", "gone") is None)
+            await until(lambda: get(api, NS, "shop.stray") is None and get(api, NS, "n9") is None)
+            await until(lambda: (get(api, NS, "shop.kept") or {}).get("addresses") == ["10.1.0.9"])
+            await until(lambda: get(api, NS, "n3") is None and get(api, NS, "shop.gone") is None)
+            await until(lambda: get(api, "shop", "older") is None)
             await asyncio.sleep(0.1)
         assert summary(writes(api, mark)) == sorted(
             [
                 ("DELETE", f"{NS}/podlocators/n3"),
                 ("DELETE", f"{NS}/podlocators/n9"),
-                ("DELETE", "shop/podlocators/gone"),
-                ("DELETE", "shop/podlocators/on-n3"),
-                ("DELETE", "shop/podlocators/stray"),
-                ("PUT", "shop/podlocators/kept"),
+                ("DELETE", f"{NS}/podlocators/shop.gone"),
+                ("DELETE", f"{NS}/podlocators/shop.on-n3"),
+                ("DELETE", f"{NS}/podlocators/shop.stray"),
+                ("DELETE", "shop/podlocators/older"),
+                ("PUT", f"{NS}/podlocators/shop.kept"),
             ]
         )
-        assert get(api, "shop", "theirs") == api.get("podlocators", "shop", "theirs")
-        theirs = get(api, "shop", "theirs")
+        assert get(api, NS, "shop.older") is not None
+        theirs = get(api, NS, "shop.theirs")
         assert theirs is not None and theirs["addresses"] == ["10.9.9.9"]
         assert get(api, "shop", "unowned") is not None
 
@@ -386,7 +396,7 @@ def test_two_controllers_one_leader_and_a_quick_takeover(
                 assert took < 1.0, "the follower waited for expiry instead of the release"
                 mark = len(api.requests)
                 api.add(pod("b0", "n2", "10.2.0.1"))
-                await until(lambda: get(api, "shop", "b0"))
+                await until(lambda: get(api, NS, "shop.b0"))
                 assert user_agents(api, mark) == {"test (c2)"}
                 lease = api.get("leases", NS, "toposdns-controller")
                 assert lease is not None and lease["spec"]["holderIdentity"] == "c2"
@@ -442,7 +452,7 @@ def test_a_leader_that_cannot_renew_stops_writing(api: FakeApiServer, kubeconfig
             assert writes(api, mark) == []
             api.clear_failures()
             await until(lambda: controller.active, timeout=3.0)
-            await until(lambda: get(api, "shop", "a0"))
+            await until(lambda: get(api, NS, "shop.a0"))
 
     asyncio.run(scenario())
 
@@ -462,7 +472,7 @@ def test_conflicts_and_errors_are_retried_until_correct(
             api.fail_next("podlocators", 409)
             api.modify(node("n1", "z5", "10.0.0.1"))
             await until(
-                lambda: zone_of(api, "shop", "a0") == "z5" and zone_of(api, NS, "n1") == "z5"
+                lambda: zone_of(api, NS, "shop.a0") == "z5" and zone_of(api, NS, "n1") == "z5"
             )
             methods = [
                 r.method
@@ -472,21 +482,21 @@ def test_conflicts_and_errors_are_retried_until_correct(
             assert methods.count("GET") == 1 and methods.count("PUT") == 3
 
             # Someone else changes a locator: it is put back.
-            changed = get(api, "shop", "a0")
+            changed = get(api, NS, "shop.a0")
             assert changed is not None
             changed["nodeLabels"][ZONE] = "elsewhere"
             api.modify(changed)
-            await until(lambda: zone_of(api, "shop", "a0") == "z5")
+            await until(lambda: zone_of(api, NS, "shop.a0") == "z5")
             # Or deletes it: it is created again.
-            api.delete("podlocators", "shop", "a0")
-            await until(lambda: get(api, "shop", "a0") is not None)
+            api.delete("podlocators", NS, "shop.a0")
+            await until(lambda: get(api, NS, "shop.a0") is not None)
 
             # An update answered 404 becomes a create; that create's 409 a get and an update.
             mark = len(api.requests)
             api.fail_next("podlocators", 404)
             api.modify(node("n1", "z6", "10.0.0.1"))
             await until(
-                lambda: zone_of(api, "shop", "a0") == "z6" and zone_of(api, NS, "n1") == "z6"
+                lambda: zone_of(api, NS, "shop.a0") == "z6" and zone_of(api, NS, "n1") == "z6"
             )
             methods = [
                 r.method
@@ -500,9 +510,9 @@ def test_conflicts_and_errors_are_retried_until_correct(
             api.fail_next("podlocators", 500, count=2)
             api.fail_next("podlocators", 503, retry_after=0)
             api.add(pod("a1", "n2", "10.2.0.1"))
-            await until(lambda: get(api, "shop", "a1"))
+            await until(lambda: get(api, NS, "shop.a1"))
             api.delete("pods", "shop", "a1")
-            await until(lambda: get(api, "shop", "a1") is None)
+            await until(lambda: get(api, NS, "shop.a1") is None)
 
     asyncio.run(scenario())
 
@@ -584,6 +594,7 @@ def reasons() -> dict[str, float]:
 
 
 def pod_locators(api: FakeApiServer) -> set[str]:
+    """Where the pod locators are, as NAMESPACE/NAME."""
     return {
         f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
         for obj in api.objects("podlocators")
@@ -608,7 +619,7 @@ def test_auto_writes_node_ranges_and_a_locator_only_where_they_do_not_place(
             await until(lambda: controller.active)
             await until(lambda: api.count("podlocators") == 4, what="2 node + 2 pod locators")
             await asyncio.sleep(0.1)
-            assert pod_locators(api) == {"shop/borrowed", "shop/outside"}
+            assert pod_locators(api) == {f"{NS}/shop.borrowed", f"{NS}/shop.outside"}
             n2 = get(api, NS, "n2")
             assert n2 is not None and n2["cidrs"] == ["10.2.0.0/24", "fd00:2::/64"]
             assert reasons() == {"borrowed": 1, "outside-node-cidrs": 1}
@@ -617,10 +628,10 @@ def test_auto_writes_node_ranges_and_a_locator_only_where_they_do_not_place(
             # their own locators until then, and not after.
             api.add(node("n3", "z3", "10.0.0.3", cidrs=[]))
             api.add(pod("early", "n3", "10.3.0.7"))
-            await until(lambda: get(api, "shop", "early"), what="a locator without a range")
+            await until(lambda: get(api, NS, "shop.early"), what="a locator without a range")
             assert reasons()["no-node-cidrs"] == 1
             api.modify(node("n3", "z3", "10.0.0.3"))
-            await until(lambda: get(api, "shop", "early") is None, what="placed by the range")
+            await until(lambda: get(api, NS, "shop.early") is None, what="placed by the range")
             n3 = get(api, NS, "n3")
             assert n3 is not None and n3["cidrs"] == ["10.3.0.0/24"]
 
@@ -629,7 +640,8 @@ def test_auto_writes_node_ranges_and_a_locator_only_where_they_do_not_place(
             api.delete("nodes", None, "n1")
             api.add(node("n1", "z1", "10.0.0.1", cidrs=["10.9.0.0/24"]))
             await until(
-                lambda: pod_locators(api) == {"shop/borrowed", "shop/inside"}, what="follow"
+                lambda: pod_locators(api) == {f"{NS}/shop.borrowed", f"{NS}/shop.inside"},
+                what="follow",
             )
             assert reasons() == {"borrowed": 1, "outside-node-cidrs": 1}
 
@@ -661,7 +673,7 @@ def test_a_pod_locator_goes_only_once_its_node_locator_places_the_pod(
         assert sorted(r.method for r in done) == ["DELETE"] * 20 + ["PUT"] * 2
         for r in done:
             if r.method == "DELETE":
-                name = r.path.rsplit("/", 1)[1]
+                name = r.path.rsplit("/", 1)[1].removeprefix("shop.")
                 node_put = next(
                     i for i, w in enumerate(done) if w.path.endswith(f"/n{1 + int(name[1:]) % 2}")
                 )
@@ -677,7 +689,7 @@ def test_none_writes_node_locators_only(api: FakeApiServer, kubeconfig: Path) ->
     async def scenario() -> None:
         async with running(kubeconfig, pod_locators="none") as controller:
             await until(lambda: controller.active)
-            await until(lambda: get(api, "shop", "outside") is None)
+            await until(lambda: get(api, NS, "shop.outside") is None)
             await until(lambda: api.count("podlocators") == 2)
             assert reasons() == {}
 
@@ -705,7 +717,7 @@ def test_learned_ranges_follow_ipam_blocks_and_a_borrowed_address(
             await until(lambda: controller.active)
             await until(lambda: api.count("podlocators") == 3)
             await asyncio.sleep(0.1)
-            assert pod_locators(api) == {"calico/lent"}
+            assert pod_locators(api) == {f"{NS}/calico.lent"}
             n1, n2 = get(api, NS, "n1"), get(api, NS, "n2")
             assert n1 is not None and n1["cidrs"] == ["10.5.1.0/26"]
             assert n2 is not None and n2["cidrs"] == ["10.5.1.64/26"]
@@ -729,7 +741,7 @@ def test_learned_ranges_follow_ipam_blocks_and_a_borrowed_address(
             api.add(calico_pod("d0", "n4", "10.5.1.200"))
             await until(lambda: (get(api, NS, "n4") or {}).get("cidrs") == ["10.5.1.192/26"])
             await until(lambda: (get(api, NS, "n3") or {}).get("cidrs") == ["10.5.1.128/26"])
-            assert pod_locators(api) == {"calico/lent"}
+            assert pod_locators(api) == {f"{NS}/calico.lent"}
 
         # A restart learns what the node locators say and writes nothing.
         mark = len(api.requests)
@@ -756,10 +768,10 @@ def test_node_locators_are_written_while_the_pods_are_being_listed(
             else:  # learnt ranges need the pods
                 await asyncio.sleep(0.3)
                 assert api.count("podlocators") == 0
-            assert not controller.state.synced and get(api, "shop", "outside") is None
+            assert not controller.state.synced and get(api, NS, "shop.outside") is None
             api.clear_failures()
             if node_cidrs == "spec":
-                await until(lambda: get(api, "shop", "outside"), what="the pod's, once listed")
+                await until(lambda: get(api, NS, "shop.outside"), what="the pod's, once listed")
             else:  # the pod's address is all n1 has: its range
                 await until(lambda: (get(api, NS, "n1") or {}).get("cidrs") == ["10.9.0.0/24"])
 

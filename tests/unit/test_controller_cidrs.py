@@ -26,7 +26,7 @@ from toposdns.controller.cidrs import (
     usable_cidr,
 )
 from toposdns.controller.config import ControllerConfig
-from toposdns.controller.desired import desired, node_locator
+from toposdns.controller.desired import desired, node_locator, pod_locator_name
 from toposdns.controller.state import LOCATORS, NODES, PODS, ClusterState
 
 NS = "toposdns"
@@ -406,9 +406,11 @@ def test_which_pods_need_a_locator(
     state = ClusterState(ControllerConfig(namespace=NS, **settings))
     for resource, items in ((NODES, nodes), (PODS, pods), (LOCATORS, [])):
         state.replace(resource, items)
-    wanted = {p["metadata"]["name"]: state.want(("shop", p["metadata"]["name"])) for p in pods}
-    assert {n: state.reasons[("shop", n)] for n, w in wanted.items() if w} == reasons
-    assert {n: state.reasons.get(("shop", n)) for n in wanted} == {
+    wanted = {
+        p["metadata"]["name"]: state.want((NS, f"shop.{p['metadata']['name']}")) for p in pods
+    }
+    assert {n: state.reasons[(NS, f"shop.{n}")] for n, w in wanted.items() if w} == reasons
+    assert {n: state.reasons.get((NS, f"shop.{n}")) for n in wanted} == {
         n: reasons.get(n) for n in wanted
     }
     node_cidrs = {}
@@ -421,6 +423,10 @@ def test_which_pods_need_a_locator(
 
 def written(locator: dict[str, Any], version: str = "1") -> dict[str, Any]:
     return {**locator, "metadata": {**locator["metadata"], "resourceVersion": version}}
+
+
+#: The key of pod shop/p's locator.
+KEY = (NS, "shop.p")
 
 
 def test_a_pod_keeps_its_locator_until_the_node_locator_that_places_it_is_written() -> None:
@@ -438,11 +444,40 @@ def test_a_pod_keeps_its_locator_until_the_node_locator_that_places_it_is_writte
     pod_locator = desired(pod, node, config)
     assert pod_locator is not None
     state.replace(LOCATORS, [written(old_node_locator), written(pod_locator)])
-    state_locator = state.want(("shop", "p"))
-    assert state_locator is not None and state.reasons[("shop", "p")] == "node-locator-pending"
+    state_locator = state.want(KEY)
+    assert state_locator is not None and state.reasons[KEY] == "node-locator-pending"
     moved.clear()
     new_node_locator = state.want((NS, "n1"))
     assert new_node_locator is not None
     state.observe((NS, "n1"), written(new_node_locator, "2"))
-    assert ("shop", "p") in set().union(*moved)  # the pod is looked at again
-    assert state.want(("shop", "p")) is None and ("shop", "p") not in state.reasons
+    assert KEY in set().union(*moved)  # the pod is looked at again
+    assert state.want(KEY) is None and KEY not in state.reasons
+
+
+def test_every_locator_is_keyed_in_the_controllers_namespace() -> None:
+    moved: list[set[Any]] = []
+    state = ClusterState(
+        ControllerConfig(namespace=NS, pod_locators="all"),
+        changed=lambda keys: moved.append(set(keys)),
+    )
+    long_name = "p" * 240  # too long after its namespace for an object name: a digest
+    digest = pod_locator_name("shop", long_name)
+    node = spec_node("n1", "10.1.0.0/24")
+    state.replace(NODES, [node])
+    state.replace(PODS, [raw_pod("web.0", "n1", "10.1.0.5"), raw_pod(long_name, "n1", "10.1.0.6")])
+    # Where an older controller wrote them: no more.
+    older = desired(raw_pod("web.0", "n1", "10.1.0.5"), node, state.config)
+    assert older is not None
+    older["metadata"].update(namespace="shop", name="web.0")
+    state.replace(LOCATORS, [written(older)])
+    assert (NS, "shop.web.0") in state.keys() and (NS, digest) in state.keys()
+    assert ("shop", "web.0") in state.keys() and state.want(("shop", "web.0")) is None
+    for key, name in (((NS, "shop.web.0"), "web.0"), ((NS, digest), long_name)):
+        locator = state.want(key)
+        assert locator is not None and locator["metadata"]["name"] == key[1]
+        assert locator["metadata"]["labels"]["toposdns.io/pod-namespace"] == "shop"
+        assert state.reasons[key] == "all-mode"
+        moved.clear()
+        state.delete(PODS, raw_pod(name, "n1"))
+        assert moved == [{key}] and state.want(key) is None and key not in state.reasons
+    assert not state.digested

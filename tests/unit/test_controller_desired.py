@@ -21,7 +21,13 @@ from toposdns.controller.config import (
     parse_label_keys,
     parse_label_prefixes,
 )
-from toposdns.controller.desired import content_of, desired, node_locator, usable_address
+from toposdns.controller.desired import (
+    content_of,
+    desired,
+    node_locator,
+    pod_locator_name,
+    usable_address,
+)
 from toposdns.controller.queue import TokenBucket, WorkQueue
 from toposdns.controller.reconcile import Create, Delete, Foreign, Update, plan
 from toposdns.controller.state import locator_state
@@ -43,25 +49,30 @@ def pod(ips: list[str] | None = None, node_name: str | None = "n1", **fields: An
     return objects.pod(ips=ips, node_name=node_name, uid="pod-uid", **fields)
 
 
-POD_OWNER = {
+NODE_OWNER = {
     "apiVersion": "v1",
-    "kind": "Pod",
-    "name": "web-0",
-    "uid": "pod-uid",
+    "kind": "Node",
+    "name": "n1",
+    "uid": "uid-n1",
     "controller": True,
     "blockOwnerDeletion": False,
 }
 
 
-def test_a_running_pod_gets_a_locator_owned_by_it() -> None:
+def test_a_running_pod_gets_a_locator_in_the_controllers_namespace() -> None:
+    # There only, DNS believes it; its name and a label say whose it is; its node owns it (an
+    # owner in another namespace would have it collected at once).
     assert desired(pod(["10.1.0.7"]), node(), CONFIG) == {
         "apiVersion": "toposdns.io/v1alpha1",
         "kind": "PodLocator",
         "metadata": {
-            "name": "web-0",
-            "namespace": "shop",
-            "labels": {"app.kubernetes.io/managed-by": "toposdns"},
-            "ownerReferences": [POD_OWNER],
+            "name": "shop.web-0",
+            "namespace": "toposdns",
+            "labels": {
+                "app.kubernetes.io/managed-by": "toposdns",
+                "toposdns.io/pod-namespace": "shop",
+            },
+            "ownerReferences": [NODE_OWNER],
         },
         "addresses": ["10.1.0.7"],
         "nodeName": "n1",
@@ -107,6 +118,20 @@ def test_pods_that_need_no_locator(
     the_pod: dict[str, Any], the_node: dict[str, Any] | None
 ) -> None:
     assert desired(the_pod, the_node, CONFIG) is None
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "expected"),
+    [
+        ("shop", "web-0", "shop.web-0"),
+        ("shop", "web.0", "shop.web.0"),  # a dot in the pod's name: the namespace has none
+        ("a" * 63, "b" * 189, "a" * 63 + "." + "b" * 189),  # 253: the longest name
+        # Longer: a digest of the pod's name, which the namespace still begins.
+        ("a" * 63, "b" * 190, "a" * 63 + ".f028e549fe40e75689a7aa42970b8ee66e235ea9"),
+    ],
+)
+def test_pod_locator_names(namespace: str, name: str, expected: str) -> None:
+    assert pod_locator_name(namespace, name) == expected
 
 
 def test_pending_pods_with_an_ip_get_one() -> None:
@@ -274,7 +299,11 @@ def test_an_update_keeps_what_others_set() -> None:
     action = plan(want, locator_state(theirs))
     assert isinstance(action, Update)
     meta = action.body["metadata"]
-    assert meta["labels"] == {"team": "a", "app.kubernetes.io/managed-by": "toposdns"}
+    assert meta["labels"] == {
+        "team": "a",
+        "app.kubernetes.io/managed-by": "toposdns",
+        "toposdns.io/pod-namespace": "shop",
+    }
     assert meta["annotations"] == {"note": "x"} and meta["finalizers"] == ["example.com/keep"]
     # Others' labels alone do not make a difference worth a write.
     assert plan(want, locator_state(stored(want, labels={"team": "a", **meta["labels"]}))) is None
@@ -287,9 +316,10 @@ def test_an_update_keeps_what_others_set() -> None:
         lambda o: o.update(nodeName="n2"),
         lambda o: o["nodeLabels"].update({ZONE: "z2"}),
         lambda o: o["nodeLabels"].pop(ZONE),
-        lambda o: o["metadata"].update(ownerReferences=[dict(POD_OWNER, uid="old")]),
+        lambda o: o["metadata"].update(ownerReferences=[dict(NODE_OWNER, uid="old")]),
         lambda o: o["metadata"].pop("ownerReferences"),
         lambda o: o["metadata"]["labels"].update({"toposdns.io/locator": "node"}),
+        lambda o: o["metadata"]["labels"].update({"toposdns.io/pod-namespace": "other"}),
         lambda o: o.update(addresses="garbage"),
     ],
 )

@@ -280,6 +280,19 @@ LOCATOR_SHAPES = {
     ),
     "cidrs": (common(cidrs=["10.244.3.0/24"]), replace(COMMON, cidrs=("10.244.3.0/24",))),
     "no node labels": (common(node_labels=None), replace(COMMON, node_labels={})),
+    # As the controller writes pod locators: in its namespace, saying the pod's.
+    "its pod's namespace": (
+        common(namespace="toposdns", labels={"toposdns.io/pod-namespace": "shop"}),
+        replace(COMMON, namespace="toposdns", pod_namespace="shop"),
+    ),
+    "its pod's namespace, with cidrs": (
+        common(labels={"toposdns.io/pod-namespace": "other"}, cidrs=["10.244.3.0/24"]),
+        replace(COMMON, pod_namespace="other", cidrs=("10.244.3.0/24",)),
+    ),
+    "its pod's namespace empty": (
+        common(labels={"toposdns.io/pod-namespace": ""}),
+        COMMON,
+    ),
 }
 
 
@@ -288,6 +301,7 @@ def test_pod_locator_shapes(raw: dict[str, Any], want: PodLocator) -> None:
     got = convert_object(raw)
     assert isinstance(got, PodLocator)
     assert got == want and got.labels == want.labels
+    assert got.namespace_of_pod == (want.pod_namespace or want.namespace)
 
 
 def test_locators_of_a_node_share_its_labels_whichever_path_converts_them() -> None:
@@ -319,6 +333,10 @@ LOCATOR_ERRORS = {
         "nodeLabels[zone]: must be a string, got int",
     ),
     "cidrs not a list": (common(cidrs=""), "cidrs: must be a list, got str"),
+    "pod namespace not a string": (
+        common(labels={"toposdns.io/pod-namespace": 7}),
+        "metadata.labels[toposdns.io/pod-namespace]: must be a string, got int",
+    ),
     "metadata labels": (
         common(metadata={"name": "web-0", "namespace": "shop", "labels": []}),
         "metadata.labels: must be a mapping, got list",
@@ -349,7 +367,16 @@ def converted(convert: Any, raw: dict[str, Any]) -> Any:
 
 
 #: Which PodLocator shapes of the tables above the fast path takes.
-LOCATOR_FAST = {"common", "no labels", "node", "no node name", "no addresses", "empty cidrs"}
+LOCATOR_FAST = {
+    "common",
+    "no labels",
+    "node",
+    "no node name",
+    "no addresses",
+    "empty cidrs",
+    "its pod's namespace",  # every pod locator the controller writes
+    "its pod's namespace empty",
+}
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from tests.helpers import config_of, normal_rrs, normal_text, snapshot_of
-from toposdns.resolve.answer import type_code
 from toposdns.resolve.resolver import resolve
 from toposdns.store.snapshot import Snapshot
 from toposdns.wire.codes import RCODE_NAMES
 from toposdns.wire.decode import Query
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_reply
+from toposdns.wire.records import type_code
 
 CASES_FILE = Path(__file__).parent.parent / "cases" / "coredns.yaml"
 DATA = yaml.safe_load(CASES_FILE.read_text())

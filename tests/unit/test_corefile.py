@@ -13,6 +13,7 @@ from toposdns.corefile import read_corefile
 from toposdns.options import ConfigError
 from toposdns.serve.acl import Acl
 from toposdns.serve.forward import Upstream
+from toposdns.serve.listen import ListenOptions
 
 #: kubeadm's Corefile, as `kubeadm init` writes it into the coredns ConfigMap.
 KUBEADM = """\
@@ -85,6 +86,7 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
         "--loadbalance": True,
         "--lameduck": "2s",
         "--ecs-trust": "10.0.0.0/8",
+        "--locator-namespaces": "toposdns,infra",
         "--workers": "1",
         "--startup-timeout": "3s",
         "--tcp-idle-timeout": "4s",
@@ -114,6 +116,7 @@ def test_flags_and_corefile_build_the_same_configuration(tmp_path: Path) -> None
         }
         toposdns {
             ecs_trust 10.0.0.0/8
+            locator_namespaces toposdns infra
             workers 1
             tcp_idle_timeout 4s
         }
@@ -184,6 +187,110 @@ def test_log_with_names_and_classes(tmp_path: Path) -> None:
     assert every.classes == frozenset()
 
 
+def test_server_blocks_beside_the_kubernetes_one(tmp_path: Path) -> None:
+    config = read(
+        tmp_path,
+        """\
+        cluster.local:53 {
+            kubernetes
+            prometheus
+            forward . 192.0.2.1
+        }
+        . {
+            errors
+            forward . 192.0.2.2:5353 {
+                max_concurrent 10
+            }
+            cache 30
+            loop
+        }
+        consul.local:53 Service.Consul:53 {
+            prometheus
+            forward . 192.0.2.3
+        }
+        """,
+    )
+    assert config.block_zones == (("cluster", "local"),)
+    assert config.upstreams == (Upstream("192.0.2.1", 53),)
+    root, consul = config.blocks
+    assert root.zones == ((),) and root.place.endswith("/Corefile:6")
+    assert root.forward.upstreams == (Upstream("192.0.2.2", 5353),)
+    assert root.forward.max_concurrent == 10
+    assert root.cache.success.max_ttl == 30 and root.cache.success.disabled == ()
+    assert consul.zones == (("consul", "local"), ("service", "consul"))
+    # A block without cache keeps nothing, as in CoreDNS.
+    assert consul.cache.success.disabled == ((),) and consul.cache.denial.disabled == ((),)
+
+
+PORTS = """\
+.:53 {
+    kubernetes cluster.local
+    prometheus :9153
+    forward . 192.0.2.1
+}
+consul.local:53 {
+    forward . 192.0.2.3
+}
+.:5353 {
+    forward . 192.0.2.2
+    errors
+    prometheus :9153
+}
+example.org:5353 {
+    forward . 192.0.2.4
+}
+example.org:5354 {
+    bind 127.0.0.2
+    forward . 192.0.2.5
+}
+example.org:5353 {
+    bind 127.0.0.3
+    forward . 192.0.2.6
+}
+consul.local:53 {
+    bind 0.0.0.0
+    cache
+}
+"""
+
+
+def test_server_blocks_on_ports_of_their_own(tmp_path: Path) -> None:
+    """Each port (and bind address) a server of its own, as CoreDNS's: a zone may be served
+    once per address, and a block on the kubernetes block's port is routed beside it."""
+    path = tmp_path / "Corefile"
+    path.write_text(PORTS.replace("consul.local:53 {\n    bind 0.0.0.0\n    cache\n}\n", ""))
+    config = read_corefile(path).done()
+    consul, root, example, bound, other = config.blocks
+    assert (consul.port, consul.bind) == (None, None)
+    assert (root.port, root.bind, example.port) == (5353, None, 5353)
+    assert (bound.port, bound.bind, other.port, other.bind) == (
+        5354,
+        "127.0.0.2",
+        5353,
+        "127.0.0.3",
+    )
+    # CoreDNS's plugin order, for coredns_plugin_enabled; `bind` is not in the chain.
+    assert root.plugins == ("prometheus", "errors", "forward") and bound.plugins == ("forward",)
+    assert config.port_blocks == (consul,)
+    assert config.servers() == {
+        ListenOptions("0.0.0.0", 5353): (root, example),
+        ListenOptions("127.0.0.2", 5354): (bound,),
+        ListenOptions("127.0.0.3", 5353): (other,),
+    }
+    # Flags that follow move the kubernetes block, its port's blocks with it; the others
+    # listen on its host unless they bind their own.
+    moved = read_corefile(path).read_flags({"--listen": "127.0.0.1:1053"}).done()
+    assert moved.port_blocks == (moved.blocks[0],)
+    assert list(moved.servers()) == [
+        ListenOptions("127.0.0.1", 5353),
+        ListenOptions("127.0.0.2", 5354),
+        ListenOptions("127.0.0.3", 5353),
+    ]
+    # A bind that says the kubernetes block's address is no address of its own.
+    with pytest.raises(ConfigError, match="the zone consul.local on port 53 is another"):
+        read(tmp_path, PORTS)
+
+
 # Each: a Corefile CoreDNS would reject, or one toposdns cannot serve, and the line it gets.
 REFUSED = [
     (".:53 {\n    kubernetes\n    rewrite name a b\n}\n", "Corefile:3: rewrite: unknown plugin;"),
@@ -193,19 +300,56 @@ REFUSED = [
     (".:53 {\n  kubernetes\n  kubernetes\n}\n", "Corefile:3: kubernetes: given twice"),
     (
         ".:53 {\n  kubernetes\n}\n.:54 {\n  kubernetes\n}\n",
-        "Corefile:4: .:54: a server block on a second port",
+        "Corefile:4: .:54: a second server block with kubernetes (the first is at line 1)",
     ),
-    # kubeadm-era split: the cluster zone in its own block, the rest forwarded by another
     (
-        "cluster.local:53 {\n  kubernetes\n}\n.:53 {\n  forward . 1.1.1.1\n}\n",
-        "Corefile:4: .:53: a second server block on the same port (the first is at line 1): "
-        "toposdns serves one block; put its plugins in one .:PORT block",
+        ".:53 {\n  kubernetes\n}\na.b:54 c.d:55 {\n  forward . 1.1.1.1\n}\n",
+        "Corefile:4: a.b:54: every key of the server block must have the same port",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\n.:54 {\n  forward . 1.1.1.1\n}\n.:54 {\n  cache\n}\n",
+        "Corefile:7: .:54: the zone . on port 54 is another server block's already (line 4)",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\n.:54 {\n  bind 127.0.0.2\n}\n.:54 {\n  bind 127.0.0.2\n}\n",
+        "Corefile:7: .:54: the zone . on port 54 on 127.0.0.2 is another server block's already",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\nconsul.local:53 {\n  bind 127.0.0.2\n}\n",
+        "Corefile:5: bind: a bind address of its own in a server block on the kubernetes "
+        "block's port 53: toposdns serves that port's blocks on the kubernetes block's address "
+        "(0.0.0.0); give the bind there, or put this block on a port of its own",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\n.:54 {\n  bind eth0\n}\n",
+        "Corefile:5: bind eth0: 'eth0' is not an IP address",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\n.:53 {\n  forward . 1.1.1.1\n}\n",
+        "Corefile:4: .:53: the zone . on port 53 is another server block's already (line 1)",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\na.b:53 {\n  forward . 1.1.1.1\n}\nA.b:53 {\n  cache\n}\n",
+        "Corefile:7: A.b:53: the zone A.b on port 53 is another server block's already (line 4)",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\nconsul.local {\n  acl\n}\n",
+        "Corefile:5: acl: not supported in a server block without kubernetes; supported there: "
+        "bind, cache, errors, forward, hosts, log, loop, prometheus, template",
+    ),
+    (
+        ".:53 {\n  kubernetes\n}\nconsul.local {\n  log\n}\n",
+        "Corefile:5: log: log in a server block without kubernetes: toposdns logs as the "
+        "kubernetes block's plain `log` says",
+    ),
+    (
+        ".:53 {\n  kubernetes\n  prometheus :9153\n}\nconsul.local {\n  prometheus :9154\n}\n",
+        "Corefile:6: prometheus: a prometheus address other than the kubernetes block's",
     ),
     (".:53 {\n  kubernetes\n", "Corefile:1: .:53: this block is never closed"),
     (".:53 {\n  health { lameduck 5s }\n}\n", "Corefile:2: {: a { must end its line"),
-    (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin"),
+    (".:53 {\n  errors\n}\n", "Corefile:1: .:53: no kubernetes plugin in any server block"),
     ("tls://.:853 {\n  kubernetes\n}\n", "Corefile:1: tls://.:853: tls:// servers are not"),
-    ("a:53 {\n  kubernetes\n  forward . 1.1.1.1\n}\n", "Corefile:3: forward: forward in a"),
     (".:53 {\n  kubernetes\n  forward example.org 1.1.1.1\n}\n", "only is not supported"),
     (".:53 {\n  kubernetes\n  reload 1s\n}\n", "Corefile:3: reload 1s: the interval must be"),
     (".:53 {\n  kubernetes\n  cache 30 example.org\n}\n", "caching only some zones"),
@@ -244,7 +388,7 @@ def test_refused_with_file_line_and_word(tmp_path: Path, text: str, message: str
 
 def test_an_unknown_plugin_lists_what_is_supported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="supported: (acl|any|autopath), "):
-        read(tmp_path, ".:53 {\n  kubernetes\n  hosts\n}\n")
+        read(tmp_path, ".:53 {\n  kubernetes\n  file db.example.org\n}\n")
 
 
 def test_dash_conf_starts_the_server_from_the_corefile(

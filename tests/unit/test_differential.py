@@ -10,7 +10,11 @@ from a fixed pool, so a reply cached before a change is asked for again after it
 The `manifests` configuration runs as the manifests do (forwarding to a fake upstream on
 loopback, autopath, loadbalance, reverse fallthrough): there the replies an upstream or
 autopath had a hand in are compared in what a client relies on (`relied_on`), the rest byte
-for byte.
+for byte. The `blocks` configuration puts the cluster zone in a server block of its own beside
+a block for corp.example (tests/differential.py `FixedZone`): every frontend path must send each
+name to its block, or REFUSED where no block holds it, as the reference does. The `port`
+configuration is a port without the kubernetes block, where only the corp.example block
+answers: its caches and templates must never answer (nothing is cached).
 
 Environment: TOPOSDNS_DIFF_ROUNDS and TOPOSDNS_DIFF_QUERIES (per round) make longer runs,
 TOPOSDNS_DIFF_SEED picks the seed (an integer, or "random").
@@ -32,6 +36,7 @@ import dnslib
 import pytest
 
 from tests.differential import (
+    FixedZone,
     Frontends,
     frame,
     reference_relayed,
@@ -43,6 +48,8 @@ from tests.helpers import config_of
 from tests.upstream import StubUpstream
 from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import Network
+from toposdns.serve.blocks import BlockConfig, Blocks
+from toposdns.serve.chain import chain
 from toposdns.serve.forward import Forwarder
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
 from toposdns.serve.upstream import Upstream
@@ -93,6 +100,9 @@ PORTS = (
     Port("metrics", "SCTP", 9100),
     Port("all", "TCP", 0),  # a slice port without a number
 )
+#: A slice's ports now and then: 45 endpoints of "big" then hold 4,500 SRV records, an answer
+#: larger than any message (built no further than a reply holds, and cut, TC set over TCP too).
+MANY_PORTS = tuple(Port(f"p{i}", "TCP", 20000 + i) for i in range(100))
 HOSTNAMES = ("", "", "", "pod-0", "pod-1", "db-0")
 POD_NAMES = ("", "web-7f9c-abcde", "db-0")
 EXTERNAL_NAMES = (
@@ -151,7 +161,7 @@ NODE_CIDRS = (
 )
 
 #: What a run without endpoints never meets (only headless services have large answers).
-UNTRUNCATED = {"compressed", "ECS scope", "truncated"}
+UNTRUNCATED = {"compressed", "ECS scope", "truncated", "cut over TCP"}
 
 CONFIGS = {
     "defaults": (
@@ -193,6 +203,18 @@ CONFIGS = {
         ),
         (("cluster", "local"),),
     ),
+    # The cluster zone in a server block of its own, beside a block for corp.example: reverse
+    # names and names outside both get REFUSED, corp.example's its block's fixed replies.
+    "blocks": (
+        config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], pods="verified"),
+        (("cluster", "local"), ("corp", "example")),
+    ),
+    # A port without the kubernetes block, a server of its own: every name goes to the block
+    # for corp.example or gets REFUSED, whatever the responder's zones say.
+    "port": (
+        config_of(zones=["cluster.local", "in-addr.arpa", "ip6.arpa"], pods="verified"),
+        (("cluster", "local"), ("corp", "example")),
+    ),
     "noendpoints": (
         config_of(
             zones=["cluster.local", "in-addr.arpa", "ip6.arpa"],
@@ -207,6 +229,11 @@ CONFIGS = {
 BALANCED = frozenset({"kubeadm", "manifests"})
 #: The configurations that forward to a fake upstream, with --autopath.
 FORWARDING = frozenset({"manifests"})
+#: The configurations with server blocks: the kubernetes block's zones, and another block's.
+BLOCKS = {
+    "blocks": ([("cluster", "local")], [("corp", "example")]),
+    "port": ([], [("corp", "example")]),
+}
 #: The node's search domains, which autopath walks after the cluster's.
 NODE_SEARCH = (("corp", "test"),)
 #: What the fake upstream knows: names the queries ask outside the zones, the ExternalName
@@ -254,6 +281,7 @@ class Cluster:
         self.put(Service("shop", "db", HEADLESS, (), ports, topology_keys=KEY_LISTS[0]))
         self.put(Service("shop", "big", HEADLESS, (), ports, traffic_distribution=DISTRIBUTIONS[1]))
         self.put(self.random_slice("shop", "big", 0))
+        self.put(self.random_slice("shop", "big", 1, many_ports=True))
         for node in NODES:
             self.put(self.node_locator(node))
         node_ips = {ip for ips in NODE_IPS.values() for ip in ips}
@@ -342,19 +370,25 @@ class Cluster:
             external_traffic_policy="Local" if rng.random() < 0.1 else "",
         )
 
-    def random_slice(self, namespace: str, service: str, index: int) -> EndpointSlice:
+    def random_slice(
+        self, namespace: str, service: str, index: int, many_ports: bool = False
+    ) -> EndpointSlice:
+        """A slice of random endpoints; `many_ports`: every address of the pool, without
+        hostnames, and `MANY_PORTS` (any client's share is more than a message holds)."""
         rng = self.rng
         v6 = rng.random() < 0.3
+        many_ports = many_ports or service == "big" and rng.random() < 0.2
         if service == "big":
             pool, count = (BIG_V6 if v6 else BIG_V4), rng.randint(15, 45)
+            count = len(pool) if many_ports else count
         else:
             pool, count = (ENDPOINT_V6 if v6 else ENDPOINT_V4), rng.choice((0, 1, 2, 3, 3, 4, 4))
         hinted = rng.random() < 0.3
         endpoints = tuple(
             Endpoint(
                 (address,),
-                hostname=rng.choice(HOSTNAMES),
-                pod_name=rng.choice(POD_NAMES),
+                hostname="" if many_ports else rng.choice(HOSTNAMES),
+                pod_name="" if many_ports else rng.choice(POD_NAMES),
                 node_name=rng.choice(NODES + ("",)),
                 zone=rng.choice(ZONES + ("",)),
                 hint_zones=tuple(rng.sample(ZONES, rng.randint(1, 2))) if hinted else None,
@@ -362,6 +396,8 @@ class Cluster:
             for address in rng.sample(pool, count)
         )
         ports = tuple(rng.sample(PORTS, rng.randint(0, 2))) or (NO_PORT,)
+        if many_ports:
+            ports = MANY_PORTS
         return EndpointSlice(namespace, f"{service}-{index}", service, ports, endpoints)
 
     # Changes
@@ -507,6 +543,7 @@ class Queries:
             (20, (svc, ns, "svc") + zone, rng.choice((A, A, AAAA, SRV, TXT))),
             (6, (endpoint, svc, ns, "svc") + zone, rng.choice((A, AAAA))),
             (6, (port, proto, svc, ns, "svc") + zone, SRV),
+            (2, ("big", rng.choice(("shop", ns)), "svc") + zone, SRV),  # at times too large
             (3, (pod, ns, "pod") + zone, rng.choice((A, AAAA))),
             (1, ("extra", pod, ns, "pod") + zone, A),
             (5, reverse_name(address), PTR),
@@ -542,6 +579,8 @@ class Queries:
         options = []
         if rng.random() < 0.5:
             options.append((8, self.client_subnet()))
+            if rng.random() < 0.1:  # two: every path must believe the same one, the first
+                options.append((8, self.client_subnet()))
         if rng.random() < 0.25:
             cookie = rng.randbytes(8) + (rng.randbytes(16) if rng.random() < 0.5 else b"")
             options.append((10, cookie))
@@ -686,6 +725,7 @@ COVERAGE = {
     "BADVERS",
     "no reply",
     "truncated",
+    "cut over TCP",
     "compressed",
     "ECS scope",
     "client-dependent",
@@ -700,6 +740,17 @@ FORWARDING_COVERAGE = {
     "ECS scope",
     "relayed",
     "autopath CNAME",
+}
+#: What a port without the kubernetes block meets: its block's replies and the server's own.
+PORT_COVERAGE = {
+    "records",
+    "NODATA",
+    "NXDOMAIN",
+    "REFUSED",
+    "FORMERR",
+    "NOTIMP",
+    "BADVERS",
+    "no reply",
 }
 RCODE_NAMES = {1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
 BADVERS_OPT = b"\x00" + pack("!HHIH", 41, 0, 1 << 24, 0)
@@ -725,6 +776,11 @@ class Run:
             self.upstream.start()
             forwarder = Forwarder([Upstream("127.0.0.1", self.upstream.port)])
             autopath = AutopathOptions(enabled=True, search=NODE_SEARCH)
+        self.blocks = None
+        if config_name in BLOCKS:
+            main, others = BLOCKS[config_name]
+            stub = (BlockConfig(tuple(others)), chain([FixedZone()]))
+            self.blocks = Blocks(main, [stub])
         self.responder = Responder(
             self.config,
             self.snapshot,
@@ -732,6 +788,7 @@ class Run:
             forwarder=forwarder,
             loadbalance=self.balanced,
             autopath=autopath,
+            blocks=self.blocks,
         )
         self.frontends = Frontends(self.responder)
         self.queries = Queries(self.rng, zones)
@@ -770,7 +827,9 @@ class Run:
         if self.upstream is not None:
             return await self.send_forwarding(number, (first, second), udp, tcp, source)
         want = {
-            kind: reference_reply(first, kind, source, self.snapshot, self.config, ECS_TRUST)
+            kind: reference_reply(
+                first, kind, source, self.snapshot, self.config, ECS_TRUST, blocks=self.blocks
+            )
             for kind in (udp, tcp)
         }
         self.note(udp, first, want[udp], want[tcp])
@@ -852,6 +911,8 @@ class Run:
             self.seen["records" if reply[6:8] != b"\0\0" else "NODATA"] += 1
         if reply[2] & 0x02:
             self.seen["truncated"] += 1
+        if tcp[2] & 0x02:  # larger than any message
+            self.seen["cut over TCP"] += 1
         elif len(reply) < len(tcp):  # over the fragment limit, not the buffer
             self.seen["compressed"] += 1
         if rcode or b"\x00\x08" not in query:  # no ECS option: nothing more to count
@@ -929,12 +990,18 @@ def test_served_bytes_equal_the_reference_across_changes(config_name: str) -> No
     except Mismatch as mismatch:
         pytest.fail(str(mismatch), pytrace=False)
     assert run.compared == rounds * QUERIES * 4
+    if config_name == "port":  # no reply is the responder's own: none is kept
+        responder = run.responder
+        assert responder.negatives is None and not responder.cache.table
+        assert not any(responder.cache.renders)
     print(dict(run.seen))
     if ROUNDS * QUERIES >= 20 * 200:  # a shorter run may miss a rare case, and that is fine
         # Without endpoints there are no large or client-dependent answers to meet.
         wanted = COVERAGE - (UNTRUNCATED if config_name == "noendpoints" else set())
         if config_name in FORWARDING:  # a shorter run, with other classes forwarded
             wanted = FORWARDING_COVERAGE
+        if config_name == "port":  # only the block and the server's own checks answer
+            wanted = PORT_COVERAGE
         assert not wanted - set(run.seen), f"the run never met {wanted - set(run.seen)}"
 
 

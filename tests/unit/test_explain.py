@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests import objects
 from toposdns.cli import main
 from toposdns.explain import parse_name
 
@@ -24,7 +26,8 @@ def test_text_names_locator_policy_tier_candidates_and_records(
 ) -> None:
     code, out = run(capsys, "--client", "127.0.0.3", "web.shop.svc.cluster.local")
     assert code == 0
-    assert "client 127.0.0.3: PodLocator shop/client-b on node node-b" in out
+    assert "client 127.0.0.3: PodLocator toposdns/shop.client-b on node node-b" in out
+    assert "  believed: namespace toposdns is in --locator-namespaces=toposdns" in out
     assert "policy topologyKeys [kubernetes.io/hostname, topology.kubernetes.io/zone, *]" in out
     assert "rule: topology.kubernetes.io/zone=z1" in out
     assert "chosen 10.244.1.10" in out and "-      10.244.3.10" in out
@@ -38,12 +41,14 @@ def test_json_for_tools(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["client"]["locator"] == {
         "namespace": "toposdns",
         "name": "node-d",
+        "pod_namespace": None,
         "node": "node-d",
         "kind": "node",
         "via": "address",
         "matched": "127.0.0.5",
     }
-    assert data["client"]["conflict"] == []
+    assert data["client"]["conflict"] == [] and data["client"]["ignored"] == []
+    assert data["client"]["locator_namespaces"] == ["toposdns"]
     (decision,) = data["topology"]
     assert decision["policy"]["source"] == "annotation" and decision["policy"]["valid"]
     assert decision["rule"] == "no tier matched: no endpoint"
@@ -224,3 +229,48 @@ def test_a_long_bad_name_is_cut_short_in_the_message() -> None:
     with pytest.raises(ValueError) as error:
         parse_name("a" * 5000)
     assert len(str(error.value)) < 300
+
+
+def with_tenant(tmp_path: Path) -> str:
+    """examples/topology.yaml and a tenant's PodLocators: one claims client-b's address,
+    another a range that holds client-a's."""
+    data = yaml.safe_load(Path(TOPOLOGY).read_text())
+    z2 = {"kubernetes.io/hostname": "node-c", "topology.kubernetes.io/zone": "z2"}
+    data["items"] += [
+        objects.pod_locator("grab", "tenant", addresses=["127.0.0.3"], node_labels=z2),
+        objects.pod_locator("wide", "tenant", addresses=None, cidrs=["127.0.0.2/31"]),
+    ]
+    path = tmp_path / "tenant.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_explain_names_the_rule_that_placed_the_client_and_what_it_ignored(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    snapshot = with_tenant(tmp_path)
+    web = "web.shop.svc.cluster.local"
+    assert main(["explain", "--snapshot", snapshot, "--client", "127.0.0.3", web]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [
+        "client 127.0.0.3: PodLocator toposdns/shop.client-b on node node-b, through its "
+        "address 127.0.0.3",
+        "  believed: namespace toposdns is in --locator-namespaces=toposdns",
+        "  ignored: PodLocator tenant/grab claims 127.0.0.3, but only the PodLocators of "
+        "--locator-namespaces=toposdns are believed",
+    ]
+    assert "  answer     web.shop.svc.cluster.local.\t5\tIN\tA\t10.244.1.10" in lines
+    assert main(["explain", "--snapshot", snapshot, "--json", "--client", "127.0.0.2", web]) == 0
+    client = json.loads(capsys.readouterr().out)["client"]
+    assert client["locator"]["name"] == "shop.client-a"
+    assert client["locator"]["pod_namespace"] == "shop"
+    assert client["ignored"] == [{"locator": "tenant/wide", "matched": "127.0.0.2/31"}]
+    # Believed from every namespace, the tenant's locator places the client.
+    args = ["--locator-namespaces=*", "--client", "127.0.0.3", web]
+    assert main(["explain", "--snapshot", snapshot, *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        "client 127.0.0.3: PodLocator tenant/grab on node node-a, through its address 127.0.0.3",
+        "  believed: --locator-namespaces=* believes the PodLocators of every namespace",
+    ]
+    assert "  answer     web.shop.svc.cluster.local.\t5\tIN\tA\t10.244.3.10" in lines

@@ -92,3 +92,22 @@ def test_what_a_gone_worker_counted_stays_but_not_its_gauges() -> None:
     assert "entries" not in names
     assert {"hits", "proxy", "plain", "coredns_dns_requests"} <= names
     assert sample_total(retired.collect(), "plain_total") == len(QUERIES)
+
+
+def test_a_gauge_every_worker_sets_from_one_file_is_not_summed() -> None:
+    families = []
+    for _ in range(2):  # two workers that read the same hosts file
+        registry = CollectorRegistry()
+        entries = Gauge("coredns_hosts_entries", "Entries.", ["hostsfile"], registry=registry)
+        entries.labels("/etc/coredns/NodeHosts").set(4)
+        stamp = Gauge("coredns_hosts_reload_timestamp_seconds", "Read.", registry=registry)
+        stamp.set(1700000000.5)
+        families.append(pickle.loads(pickle.dumps(list(registry.collect()))))
+    summed = Sum()
+    for worker in families:
+        summed.add(worker)
+    values = {s.name: s.value for family in summed.collect() for s in family.samples}
+    assert values == {
+        "coredns_hosts_entries": 4,
+        "coredns_hosts_reload_timestamp_seconds": 1700000000.5,
+    }

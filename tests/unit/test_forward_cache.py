@@ -15,7 +15,10 @@ from toposdns.serve.forward_cache import (
     CachePolicy,
     CacheSettings,
     ForwardCache,
+    cache_off,
+    capping,
     clamp_ttl,
+    first_served,
     placement,
 )
 
@@ -341,3 +344,44 @@ def test_capacity_bounds_each_cache() -> None:
         reply = message(f"n{i}.example.org.", "A", answer=(f"n{i}.example.org. 60 IN A 192.0.2.1",))
         cache.store(bytes([i]), bytes(reply.pack()), reply)
     assert len(cache.success) == 2
+
+
+def reply_of(name: str, ttls: list[int], rcode: int = 0, edns: bool = False) -> bytes:
+    message = dnslib.DNSRecord(
+        dnslib.DNSHeader(qr=1, aa=1, rcode=rcode), q=dnslib.DNSQuestion(name)
+    )
+    for index, ttl in enumerate(ttls):
+        message.add_answer(
+            dnslib.RR(name, dnslib.QTYPE.A, rdata=dnslib.A(f"192.0.2.{index}"), ttl=ttl)
+        )
+    if edns:
+        message.add_ar(dnslib.EDNS0(udp_len=1232))
+    return bytes(message.pack())
+
+
+# (the settings, the reply's name and TTLs, the TTLs CoreDNS's cache passes on first)
+FIRST_SERVED = [
+    (CacheSettings(success=CachePolicy(max_ttl=30)), "node.", [60], [30]),
+    (CacheSettings(success=CachePolicy(max_ttl=30)), "node.", [60, 10], [10, 10]),
+    (CacheSettings(success=CachePolicy(max_ttl=3600)), "node.", [60], [60]),
+    (CacheSettings(success=CachePolicy(max_ttl=30, min_ttl=40)), "node.", [60], [30]),
+    # A zone the cache is disabled for, and no cache at all: as they are.
+    (CacheSettings(success=CachePolicy(max_ttl=30, disabled=(("node",),))), "node.", [60], [60]),
+    (cache_off(CacheSettings(success=CachePolicy(max_ttl=30))), "node.", [60], [60]),
+]
+
+
+@pytest.mark.parametrize(("settings", "name", "ttls", "expected"), FIRST_SERVED)
+def test_a_chains_replies_get_the_ttl_the_cache_gives_its_first_reply(
+    settings: CacheSettings, name: str, ttls: list[int], expected: list[int]
+) -> None:
+    served = dnslib.DNSRecord.parse(first_served(reply_of(name, ttls, edns=True), settings, 0))
+    assert [rr.ttl for rr in served.rr] == expected
+    assert [rr.rtype for rr in served.ar] == [dnslib.QTYPE.OPT]  # the OPT as it was
+    handler = capping(settings)
+    assert (handler is None) == (settings.success.disabled == ((),))
+
+
+def test_a_reply_without_records_is_passed_on_unparsed() -> None:
+    nxdomain = reply_of("a.b.", [], rcode=3)
+    assert first_served(nxdomain, CacheSettings(), 0) is nxdomain

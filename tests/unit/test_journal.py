@@ -68,3 +68,18 @@ def test_a_change_invisible_to_the_indexes_is_still_published() -> None:
     builder.snapshot(1)
     assert builder.put(PodLocator("a", "nowhere", (), "", {}))  # no address, not a node
     assert builder.dirty
+
+
+def test_a_relist_of_locators_is_noted_for_the_copies() -> None:
+    # After the copies were forked, a relist (410 Gone) replaces the locators in one call.
+    source, copy = JournaledBuilder(), StoreBuilder()
+    old = PodLocator("a", "p", ("10.0.0.1",), "n1", {"k": "v"})
+    for builder in (source, copy):
+        builder.put(old)
+    source.start_journal()
+    moved = PodLocator("a", "p", ("10.0.0.2",), "n1", {"k": "v"})
+    new = PodLocator("a", "q", ("10.0.0.3",), "n2", {"k": "w"})
+    assert source.replace_all(PodLocator, [moved, new])
+    replay(copy, source.take_journal())
+    assert comparable(copy.snapshot(1)) == comparable(source.snapshot(1))
+    assert copy.snapshot(2).place("10.0.0.3").locator == new

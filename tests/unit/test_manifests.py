@@ -27,6 +27,7 @@ import pytest
 import yaml
 from celpy import celtypes
 
+from tests.coredns_forwarder import shown_corefile
 from tests.objects import pod_locator
 from toposdns.cli import build_parser, given_flags
 from toposdns.config import PLUGINS, Reading
@@ -1133,6 +1134,9 @@ def test_controller() -> None:
     assert item["args"][0] == "controller"
     options = flags(item["args"])
     assert options["--namespace"] == "$(POD_NAMESPACE)"
+    # DNS believes the PodLocators of the namespace the controller writes them in, only.
+    dns = flags(container(dns_deployment())["args"])
+    assert dns["--locator-namespaces"] == deployment["metadata"]["namespace"]
     env = {var["name"]: var for var in item["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     http_port = int(options["--http"].rpartition(":")[2])
@@ -1283,14 +1287,64 @@ def test_corefile_block_forwards_the_cluster_zone_with_ecs() -> None:
     (key,) = config["data"]
     assert key.endswith(".server"), "CoreDNS imports custom/*.server as server blocks"
     directives = corefile_block(config["data"][key], "cluster.local:53")
-    assert "rewrite edns0 subnet append 32 128" in directives
+    # `set`: the pod's own Client Subnet option is overwritten, never kept (`append`).
+    assert "rewrite edns0 subnet set 32 128" in directives
     assert not [d for d in directives if d.split()[0] == "cache"], "no cache: it ignores ECS"
     (forward,) = [d.split() for d in directives if d.split()[0] == "forward"]
     assert forward[1] == "."
     assert forward[2:] == [find(docs, "Service", "toposdns")["spec"]["clusterIP"]]
-    assert directives.index("rewrite edns0 subnet append 32 128") < directives.index(
-        " ".join(forward)
-    )
+    assert directives.index("rewrite edns0 subnet set 32 128") < directives.index(" ".join(forward))
+
+
+#: Every file where a Corefile line for Client Subnets may be written for users to copy.
+DOCUMENTED = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(MANIFESTS.rglob("*.md")),
+    *YAML_FILES,
+    *sorted((ROOT / "toposdns").rglob("*.py")),
+]
+
+
+def test_every_documented_subnet_rewrite_sets_it() -> None:
+    # `append` and `replace` keep (or only swap) a Client Subnet the pod wrote itself; where
+    # toposdns trusts that hop, the pod picks its placement (docs/operations.md).
+    written = []
+    for path in DOCUMENTED:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for rule in re.findall(r"rewrite (?:\w+ )?edns0 subnet (\w+)(?: (\d+) (\d+))?", line):
+                written.append((f"{path.relative_to(ROOT)}:{number}", rule))
+    assert written, "no subnet rewrite found: the pattern is out of date"
+    for where, (action, v4, v6) in written:
+        assert action == "set", where
+        assert (v4, v6) in (("", ""), ("32", "128")), f"{where}: full-length, as locators place"
+
+
+def test_readme_block_is_the_overlays() -> None:
+    # manifests/README.md shows the overlay's block: the same directives.
+    block = shown_corefile((MANIFESTS / "README.md").read_text(), "Behind an existing CoreDNS")
+    (config,) = load(FORWARD / "coredns-custom.yaml")
+    (text,) = config["data"].values()
+    assert corefile_block(block, "cluster.local:53") == corefile_block(text, "cluster.local:53")
+
+
+def test_nodelocal_block_sets_the_subnet_before_it_forwards() -> None:
+    block = shown_corefile((MANIFESTS / "README.md").read_text(), "Behind NodeLocal DNSCache")
+    directives = corefile_block(block, "cluster.local:53")
+    names = [d.split()[0] for d in directives]
+    # NodeLocal DNSCache's own cluster-zone block, with the one line added.
+    assert names == [
+        "errors",
+        "cache",
+        "reload",
+        "loop",
+        "bind",
+        "rewrite",
+        "forward",
+        "prometheus",
+        "health",
+    ]
+    assert "rewrite edns0 subnet set 32 128" in directives
 
 
 def test_corefile_block_parser() -> None:

@@ -51,6 +51,23 @@ def test_the_common_log_format() -> None:
 
 
 @pytest.mark.parametrize(
+    ("host", "remote"),
+    [
+        ("::ffff:10.0.0.7", "10.0.0.7"),  # an IPv4 client of a socket bound to `::`
+        ("fd00::7", "[fd00::7]"),
+        ("::ffff:a00:7", "[::ffff:a00:7]"),  # not written as IPv4: left as it is
+    ],
+)
+def test_clients_are_written_as_coredns_writes_them(host: str, remote: str) -> None:
+    out = io.StringIO()
+    log = QueryLog(LogOptions(True), out)
+    query, reply = exchange("web.shop.svc.cluster.local")
+    log.asked(host, 40312, query)
+    log.answered(host, 40312, reply, tcp=False)
+    assert out.getvalue().startswith(f"[INFO] {remote}:40312 - 4660 ")
+
+
+@pytest.mark.parametrize(
     ("rcode", "answers", "kind"),
     [(0, 1, "success"), (0, 0, "denial"), (3, 0, "denial"), (2, 0, "error"), (5, 0, "error")],
 )

@@ -10,6 +10,7 @@ from collections import Counter
 
 import dnslib
 import pytest
+from prometheus_client import CollectorRegistry
 
 import toposdns.serve.query_metrics as query_metrics_module
 import toposdns.serve.udp as udp_module
@@ -17,7 +18,7 @@ from tests.differential import Frontends
 from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB, service
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
-from toposdns.serve.query_metrics import QueryMetrics
+from toposdns.serve.query_metrics import AllServers, QueryMetrics, labels_of
 from toposdns.serve.responder import TCP4, UDP4, Responder
 
 SERVICE = service("api", cluster_ip="10.96.0.9")
@@ -199,3 +200,32 @@ def test_one_udp_hit_in_sixteen_reads_the_clock_and_every_hit_is_counted(
     monkeypatch.setattr(query_metrics_module, "perf_counter", clock)
     served(run())
     assert len(reads) <= 2 * (1 + 65 // 16) + 2, "a clock read or two per timed query only"
+
+
+def test_every_servers_series_in_one_family_of_one_registry() -> None:
+    # CoreDNS exports each port's queries in the same families, told apart by `server`; a
+    # prometheus_client registry refuses a second collector of the same names.
+    first, second = QueryMetrics("dns://:53"), QueryMetrics("dns://:5353")
+    first.add(labels_of(False, 1, 1, 0, "kubernetes"), 0.001, 40, 80)
+    for _ in range(3):
+        second.add(labels_of(True, 1, 1, 5, ""), 0.001, 40, 40)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(first)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        registry.register(second)
+    registry.unregister(first)
+    registry.register(AllServers([first, second]))
+    families = list(registry.collect())
+    names = [family.name for family in families]
+    assert len(names) == len(set(names)) and "coredns_dns_requests" in names
+    requests = next(family for family in families if family.name == "coredns_dns_requests")
+    by_server = {
+        (sample.labels["server"], sample.labels["proto"]): sample.value
+        for sample in requests.samples
+    }
+    assert by_server == {("dns://:53", "udp"): 1, ("dns://:5353", "tcp"): 3}
+    for family in families:  # every family has both servers' series
+        assert {sample.labels["server"] for sample in family.samples} == {
+            "dns://:53",
+            "dns://:5353",
+        }, family.name

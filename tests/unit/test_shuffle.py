@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import dns.message
+import dns.rrset
 import dnslib
 import pytest
 
@@ -255,6 +257,23 @@ def test_srv_keeps_its_order_and_shuffles_its_addresses_with_opt_last() -> None:
         assert reply.ar[-1].rtype == 41
         seen.add(tuple(str(rr.rdata) for rr in reply.ar[:-1]))
     assert len(seen) > 1
+
+
+def test_a_reply_over_16_kib_is_never_written_with_pointers_out_of_reach() -> None:
+    """A reply whose names point into its records is packed again by dnslib, which past 16 KiB
+    wraps its pointers round to the wrong names: such a reply keeps its order instead."""
+    lines = ["www.skydns.test. 30 IN CNAME endpoint.skydns.test."]
+    lines += [f"endpoint.skydns.test. 30 IN A 10.0.{i >> 8}.{i & 255}" for i in range(1100)]
+    # Names first written past 16 KiB, each twice: the second points at the first, if it can.
+    lines += [f"n{i // 2}.endpoint.skydns.test. 30 IN A 10.1.0.{i % 2}" for i in range(400)]
+    reply = dns.message.make_response(dns.message.make_query("www.skydns.test.", "A"))
+    reply.answer = [dns.rrset.from_text(*line.split()) for line in lines]
+    wire = reply.to_wire()
+    assert len(wire) > 0x3FFF
+    shuffled = shuffle_reply(wire)
+    if shuffled is not None:  # whatever the order, the same records
+        parsed = dns.message.from_wire(shuffled)
+        assert sorted(map(str, parsed.answer)) == sorted(map(str, reply.answer))
 
 
 def test_extended_rcode_is_not_noerror() -> None:

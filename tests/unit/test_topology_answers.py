@@ -164,14 +164,22 @@ def test_cname_chase_into_a_headless_service_is_filtered() -> None:
 # The responder: identity by source address or trusted ECS, caches keyed by signature.
 
 
-def ask(responder: Responder, name: str, source: str, ecs: str | None = None) -> dnslib.DNSRecord:
+def client_subnet(prefix: str) -> dnslib.EDNSOption:
+    """A Client Subnet option (RFC 7871) for `prefix`, SCOPE 0, as a forwarder sends it."""
+    network = ipaddress.ip_network(prefix)
+    length = network.prefixlen
+    raw = network.network_address.packed[: (length + 7) // 8]
+    return dnslib.EDNSOption(8, bytes((0, 1 if network.version == 4 else 2, length, 0)) + raw)
+
+
+def ask(
+    responder: Responder, name: str, source: str, ecs: str | tuple[str, ...] | None = None
+) -> dnslib.DNSRecord:
+    """Ask `name` from `source`, with one Client Subnet option or several (in that order)."""
     q = dnslib.DNSRecord.question(name)
     if ecs is not None:
-        network = ipaddress.ip_network(ecs)
-        prefix = network.prefixlen
-        raw = network.network_address.packed[: (prefix + 7) // 8]
-        value = bytes((0, 1 if network.version == 4 else 2, prefix, 0)) + raw
-        q.add_ar(dnslib.EDNS0(opts=[dnslib.EDNSOption(8, value)]))
+        prefixes = (ecs,) if isinstance(ecs, str) else ecs
+        q.add_ar(dnslib.EDNS0(opts=[client_subnet(prefix) for prefix in prefixes]))
     data = bytes(q.pack())
     reply = responder.respond(data, UDP4, source)
     assert isinstance(reply, bytes)
@@ -240,6 +248,32 @@ def test_ecs_is_believed_only_from_trusted_sources() -> None:
     untrusted = ask(trusted, "web.shop.svc.cluster.local", "127.0.0.2", ecs="127.0.0.4/32")
     assert addresses(untrusted) == ["10.1.0.1"]  # the packet's source, node-a
     assert untrusted.ar[0].rdata[0].data[3] == 0  # scope 0: ECS was not used
+
+
+def two_subnets_from_a_forwarder(path: str) -> dnslib.DNSRecord:
+    """node-a's client 127.0.0.2 asks through a trusted forwarder whose `set` wrote its address
+    into the first Client Subnet option; the client's own second option claims node-c's
+    127.0.0.4. `path`: the responder's, or the full decoder's (the differential test's
+    reference)."""
+    trust = (ipaddress.ip_network("127.0.0.100/32"),)
+    q = dnslib.DNSRecord.question(WEB)
+    q.add_ar(dnslib.EDNS0(opts=[client_subnet("127.0.0.2/32"), client_subnet("127.0.0.4/32")]))
+    data = bytes(q.pack())
+    if path == "responder":
+        reply = Responder(CONFIG, SNAPSHOT, trust).respond(data, UDP4, "127.0.0.100")
+    else:
+        reply = reference_reply(data, UDP4, "127.0.0.100", SNAPSHOT, CONFIG, trust)
+    assert isinstance(reply, bytes)
+    return dnslib.DNSRecord.parse(reply)
+
+
+@pytest.mark.parametrize("path", ["responder", "decoder"])
+def test_the_first_client_subnet_counts(path: str) -> None:
+    # CoreDNS's `rewrite edns0 subnet set` overwrites the first Client Subnet option only.
+    reply = two_subnets_from_a_forwarder(path)
+    assert addresses(reply) == ["10.1.0.1"]  # node-a's, not node-c's
+    (option,) = reply.ar[-1].rdata  # the one echoed is the one that placed the client
+    assert option.data == bytes((0, 1, 32, 32, 127, 0, 0, 2))
 
 
 def test_ecs_scope_is_zero_when_the_answer_does_not_depend_on_the_client() -> None:

@@ -8,9 +8,10 @@ import dns.message
 import dnslib
 import pytest
 
-from toposdns.resolve.answer import RR, Answer, Soa, Srv
-from toposdns.wire.codes import AAAA, CNAME, NOERROR, NS, PTR, SOA, SRV, TXT, A
+from toposdns.resolve.answer import Answer
+from toposdns.wire.codes import AAAA, CNAME, MX, NOERROR, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import ClientSubnet, Dropped, Edns, Query, Rejected, decode_query
+from toposdns.wire.edns import read_options, split_query
 from toposdns.wire.encode import (
     encode_badvers,
     encode_bare,
@@ -19,6 +20,7 @@ from toposdns.wire.encode import (
     truncate,
     udp_limit,
 )
+from toposdns.wire.records import RR, Mx, Raw, Soa, Srv
 
 ZONE = ("cluster", "local")
 NAME = ("web", "shop", "svc") + ZONE
@@ -57,6 +59,18 @@ class TestDecode:
         ecs = dnslib.EDNSOption(8, bytes.fromhex("00023800") + bytes.fromhex("20010db8000000"))
         query = decode_query(query_bytes(opts=[ecs]))
         assert query.ecs is not None and query.ecs.address == "2001:db8::"
+
+    def test_the_first_of_two_ecs_options_counts(self) -> None:
+        # The first is the one a forwarder's `rewrite edns0 subnet set` overwrote.
+        first = dnslib.EDNSOption(8, bytes.fromhex("00011800c00002"))
+        second = dnslib.EDNSOption(8, bytes.fromhex("00011800c63364"))
+        data = query_bytes(opts=[first, second])
+        assert decode_query(data).ecs == ClientSubnet(1, 24, "192.0.2.0", b"\xc0\x00\x02")
+        split = split_query(data)
+        assert split is not None and read_options(split[1]).subnet == ("192.0.2.0", 24)
+        # A malformed one is FORMERR wherever it stands.
+        with pytest.raises(Rejected):
+            decode_query(query_bytes(opts=[first, dnslib.EDNSOption(8, b"\x00")]))
 
     @pytest.mark.parametrize(
         "value",
@@ -169,6 +183,32 @@ class TestEncode:
         assert got == expected_text(answer)
         uncompressed = encode_reply(self.query(), answer, 65535)
         assert (len(wire) < len(uncompressed)) == bool(fragment_limit)
+
+    @pytest.mark.parametrize("fragment_limit", [0, 1])  # 1 forces the compressed form
+    def test_mx_and_raw_rdata_round_trip(self, fragment_limit: int) -> None:
+        # A `template` renders these: MX (compressed as CoreDNS compresses it), and rdata of
+        # other types or classes written as given, in their class.
+        txt = b"\x05hello\x03a b"
+        answer = Answer(
+            NOERROR,
+            (
+                RR(NAME, MX, 60, Mx(10, ("mx",) + NAME)),
+                RR(NAME, TXT, 60, Raw(txt)),
+                RR(NAME, TXT, 60, Raw(b"\x04test", rclass=3)),
+                RR(NAME, 257, 60, Raw(b"\x00\x05issueca.example")),
+            ),
+        )
+        wire = encode_reply(self.query(), answer, 65535, fragment_limit)
+        reply = dnslib.DNSRecord.parse(wire)
+        assert [(rr.rtype, rr.rclass, str(rr.rdata)) for rr in reply.rr] == [
+            (MX, 1, "10 mx.web.shop.svc.cluster.local."),
+            (TXT, 1, '"hello","a b"'),
+            (TXT, 3, '"test"'),
+            (257, 1, '0 issue "ca.example"'),
+        ]
+        # Compressed, MX's exchange points back at the names before it.
+        assert (b"\x02mx\xc0" in wire) == bool(fragment_limit)
+        assert [str(rr) for rr in answer.answer][2].split("\t")[2] == "CH"
 
     def test_header_flags(self) -> None:
         reply = dnslib.DNSRecord.parse(encode_reply(self.query(), sample_answer(), 65535))

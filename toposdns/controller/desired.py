@@ -4,10 +4,16 @@ A pod may have a locator when it has an IP and a node, and has not finished (whe
 one is the state's question: `--pod-locators`); a node gets one when it has an InternalIP or pod
 ranges (`cidrs`). Only the node labels the configuration selects are copied, so that a node's
 other labels (and its status, which changes every few seconds) never cause a write.
+
+Every locator lives in the controller's namespace, the only one whose locators the DNS server
+believes by default: whoever may write a PodLocator places the clients it claims, and nobody but
+the controller writes there. A pod's locator is named after the pod (`NAMESPACE.NAME`) and says
+the pod's namespace in a label, which --autopath and `--pods verified` read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import sys
 from collections.abc import Iterable, Mapping
@@ -16,12 +22,14 @@ from typing import Any
 
 from toposdns.controller.cidrs import MAX_CIDRS, usable_cidr
 from toposdns.controller.config import ControllerConfig, LabelFilter
-from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
+from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR, POD_NAMESPACE_LABEL
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "toposdns"
 #: Labels the controller sets; any other label on a locator is someone else's and is kept.
-OWN_LABELS = (MANAGED_BY_LABEL, NODE_LOCATOR_LABEL)
+OWN_LABELS = (MANAGED_BY_LABEL, NODE_LOCATOR_LABEL, POD_NAMESPACE_LABEL)
+#: The longest object name (a DNS subdomain).
+MAX_NAME = 253
 #: The CRD's bound on `addresses`.
 MAX_ADDRESSES = 8
 FINISHED_PHASES = ("Succeeded", "Failed")
@@ -160,23 +168,40 @@ def _owner(kind: str, name: str, uid: str) -> Object:
     }
 
 
+def pod_locator_name(namespace: str, name: str) -> str:
+    """The name of the locator of the pod `namespace/name` in the controller's namespace:
+    `NAMESPACE.NAME`, which no two pods share (a namespace name has no dot). Where that is too
+    long for an object name, the pod's name is replaced by a digest of it."""
+    whole = f"{namespace}.{name}"
+    if len(whole) <= MAX_NAME:
+        return whole
+    return f"{namespace}.{hashlib.sha256(name.encode()).hexdigest()[:40]}"
+
+
 def pod_locator_of(
-    namespace: str, name: str, pod: PodFacts, node: NodeFacts | None
+    namespace: str, pod_key: tuple[str, str], pod: PodFacts, node: NodeFacts | None
 ) -> Object | None:
-    """The locator a pod needs given its facts and its node's (None: it needs none)."""
+    """The locator, in the controller's `namespace`, that the pod `pod_key` (its namespace and
+    name) needs given its facts and its node's (None: it needs none).
+
+    Its owner is the pod's Node (an owner in another namespace would not hold: the garbage
+    collector would delete the locator at once), so that deleting the node deletes it; the
+    controller deletes it with the pod."""
     if pod.finished or not pod.addresses or not pod.uid or not pod.node_name:
         return None
     if node is None or node.name != pod.node_name:
         return None  # its node is gone, or not seen yet: nothing to place the pod by
+    metadata: Object = {
+        "name": pod_locator_name(*pod_key),
+        "namespace": namespace,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY, POD_NAMESPACE_LABEL: pod_key[0]},
+    }
+    if node.uid:
+        metadata["ownerReferences"] = [_owner("Node", node.name, node.uid)]
     return {
         "apiVersion": POD_LOCATOR.api_version,
         "kind": POD_LOCATOR.kind,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-            "ownerReferences": [_owner("Pod", name, pod.uid)],
-        },
+        "metadata": metadata,
         "addresses": list(pod.addresses),
         "nodeName": pod.node_name,
         "nodeLabels": dict(node.labels),
@@ -219,12 +244,13 @@ def desired(
     pod: Mapping[str, Any], node: Mapping[str, Any] | None, config: ControllerConfig
 ) -> Object | None:
     """The PodLocator a raw Pod has when it has one of its own (always with `--pod-locators
-    all`), given the raw Node it runs on (None if unknown); None when the pod can have none
-    (no IP, no node, finished, or its node unknown)."""
+    all`), in the controller's namespace, given the raw Node it runs on (None if unknown);
+    None when the pod can have none (no IP, no node, finished, or its node unknown)."""
     meta = _mapping(pod.get("metadata"))
     facts = pod_facts(pod)
     node_info = node_facts(node, config.labels) if node is not None else None
-    return pod_locator_of(_text(meta.get("namespace")), _text(meta.get("name")), facts, node_info)
+    key = (_text(meta.get("namespace")), _text(meta.get("name")))
+    return pod_locator_of(config.namespace, key, facts, node_info)
 
 
 def node_locator(node: Mapping[str, Any], config: ControllerConfig) -> Object | None:

@@ -5,6 +5,10 @@
 the locator keys whose desired or actual state changed, so that a pod's status churn or a node's
 heartbeat (which change nothing kept here) cost no reconcile at all.
 
+Its keys are the locators' (namespace, name): a node's locator and a pod's live in the
+controller's namespace, the pod's named `NAMESPACE.NAME` (`pod_locator_name`); a locator
+anywhere else is one an older controller wrote in its pod's namespace, wanted no more.
+
 It also decides which pods need a locator of their own (`--pod-locators auto`): those whose
 addresses the node locators do not place on their node, asked of the node locators as wanted
 and, before a pod locator is deleted, as written, so that a pod is never left unplaced while
@@ -38,6 +42,7 @@ from toposdns.controller.cidrs import (
 )
 from toposdns.controller.config import ControllerConfig
 from toposdns.controller.desired import (
+    MAX_NAME,
     OWN_LABELS,
     Content,
     NodeFacts,
@@ -48,6 +53,7 @@ from toposdns.controller.desired import (
     node_facts,
     node_locator_of,
     pod_facts,
+    pod_locator_name,
     pod_locator_of,
 )
 from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
@@ -56,7 +62,7 @@ from toposdns.source.watch import Resource, custom_resource, object_key
 
 log = logging.getLogger("toposdns")
 
-#: (namespace, name) of a locator; a pod's locator has its pod's key.
+#: (namespace, name) of a locator, or of a pod.
 Key = tuple[str, str]
 
 PODS = Resource("pods", "Pod", "v1")
@@ -138,6 +144,8 @@ class ClusterState:
         self.nodes: dict[str, NodeFacts] = {}
         self.locators: dict[Key, LocatorState] = {}
         self.pods_on: dict[str, set[Key]] = {}  # node name -> keys of the pods on it
+        #: The pods whose locator's name is a digest (`pod_locator_name`), by that name.
+        self.digested: dict[str, Key] = {}
         self.listed: set[str] = set()
         self._counts = {"pod": 0, "node": 0}
         #: The ranges each node locator should carry, and those in an index.
@@ -153,7 +161,7 @@ class ClusterState:
         self.learned_of: dict[str, set[Prefix]] = {}
         self._dirty: set[Prefix] = set()
         self._seeded = False
-        #: Why each pod that needs a locator of its own needs it.
+        #: Why each pod that needs a locator of its own needs it, by its locator's key.
         self.reasons: dict[Key, str] = {}
         self._reason_counts: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
         for reason in REASONS:
@@ -169,31 +177,51 @@ class ClusterState:
     def want(self, key: Key) -> Object | None:
         """The locator that should exist at `key`, or None.
 
-        A node locator wins over a pod of the same name in the controller's own namespace (the
-        controller's namespace holds its own pods, which are not named like nodes)."""
+        Only the controller's namespace holds locators: one elsewhere (an older controller's,
+        in its pod's namespace) is wanted no more. A node locator wins over a pod's named like
+        the node (`NAMESPACE.NAME`: a node named so is unheard of)."""
         namespace, name = key
-        if namespace == self.config.namespace:
-            node = self.nodes.get(name)
-            if node is not None:
-                # Its learnt ranges lie where its pods are, or where its ranges were.
-                groups = {group_of((p[0], p[2])) for p in self.learned_of.get(name, ())}
-                for on in self.pods_on.get(name, ()):
-                    groups |= self._groups_of(self.pods[on])
-                self.relearn(groups)
-                return node_locator_of(namespace, node, self.cidrs.get(name, ()))
-        pod = self.pods.get(key)
-        if pod is not None:
-            self.relearn(self._groups_of(pod))  # the ranges that may place it
+        if namespace != self.config.namespace:
+            return None
+        node = self.nodes.get(name)
+        if node is not None:
+            # Its learnt ranges lie where its pods are, or where its ranges were.
+            groups = {group_of((p[0], p[2])) for p in self.learned_of.get(name, ())}
+            for on in self.pods_on.get(name, ()):
+                groups |= self._groups_of(self.pods[on])
+            self.relearn(groups)
+            return node_locator_of(namespace, node, self.cidrs.get(name, ()))
+        pod_key = self.pod_of(name)
+        pod = None if pod_key is None else self.pods.get(pod_key)
         locator = None
-        if pod is not None:
-            locator = pod_locator_of(namespace, name, pod, self.nodes.get(pod.node_name))
+        if pod is not None and pod_key is not None:
+            self.relearn(self._groups_of(pod))  # the ranges that may place it
+            locator = pod_locator_of(namespace, pod_key, pod, self.nodes.get(pod.node_name))
         reason = self._reason(key, pod) if locator is not None and pod is not None else None
         self._set_reason(key, reason)
         return locator if reason is not None else None
 
+    def pod_of(self, name: str) -> Key | None:
+        """The key of the pod whose locator has this name in the controller's namespace, if
+        such a pod may exist."""
+        digested = self.digested.get(name)
+        if digested is not None:
+            return digested
+        namespace, dot, pod = name.partition(".")
+        return (namespace, pod) if dot and pod else None
+
+    def locator_key(self, pod: Key) -> Key:
+        """The key of a pod's locator."""
+        return self.config.namespace, pod_locator_name(*pod)
+
+    def locator_keys(self, pods: Iterable[Key]) -> set[Key]:
+        """The keys of these pods' locators."""
+        namespace = self.config.namespace
+        return {(namespace, pod_locator_name(*pod)) for pod in pods}
+
     def keys(self) -> set[Key]:
         """Every key that may need a locator written or deleted."""
-        keys = set(self.pods) | set(self.locators)
+        keys = self.locator_keys(self.pods) | set(self.locators)
         keys.update((self.config.namespace, name) for name in self.nodes)
         return keys
 
@@ -277,12 +305,13 @@ class ClusterState:
         return {(self.config.namespace, name)} | self._pods_within(moved)
 
     def _pods_within(self, cidrs: Iterable[str]) -> set[Key]:
-        """The pods with an address in the learning groups that these ranges overlap."""
+        """The locator keys of the pods with an address in the learning groups that these
+        ranges overlap."""
         keys: set[Key] = set()
         for text in cidrs:
             for group in groups_within(prefix_of(text), self.groups):
                 keys |= self.groups.get(group, set())
-        return keys
+        return self.locator_keys(keys)
 
     def _update_written(self, key: Key, state: LocatorState | None) -> set[Key]:
         """Note a node locator as written; the keys of the pods whose placement that moves."""
@@ -307,7 +336,8 @@ class ClusterState:
             self.written_index.remove(prefix_of(text), node)
         for text in cidrs:
             self.written_index.add(prefix_of(text), node)
-        return self.pods_on.get(node, set()) | self._pods_within(set(old[1]) ^ set(cidrs))
+        moved = self.locator_keys(self.pods_on.get(node, ()))
+        return moved | self._pods_within(set(old[1]) ^ set(cidrs))
 
     # ----- learning -----
 
@@ -427,9 +457,10 @@ class ClusterState:
                 prepared[key] = facts
         if resource.name == "pods":
             pods: dict[Key, PodFacts] = prepared
-            changed = {k for k in self.pods.keys() | pods.keys() if self.pods.get(k) != pods.get(k)}
-            for key in changed:
+            moved = {k for k in self.pods.keys() | pods.keys() if self.pods.get(k) != pods.get(k)}
+            for key in moved:
                 self._set_pod(key, pods.get(key))
+            changed = self.locator_keys(moved)
         elif resource.name == "nodes":
             nodes: dict[str, NodeFacts] = {name: f for (_, name), f in prepared.items()}
             changed = set()
@@ -468,7 +499,7 @@ class ClusterState:
             pod = pod_facts(obj)
             if self.pods.get(key) != pod:
                 self._set_pod(key, pod)
-                self.changed((key,))
+                self.changed((self.locator_key(key),))
         else:
             state = locator_state(obj)
             cached = self.locators.get(key)
@@ -486,7 +517,7 @@ class ClusterState:
         if resource.name == "pods":
             if key in self.pods:
                 self._set_pod(key, None)
-                self.changed((key,))
+                self.changed((self.locator_key(key),))
         else:
             cached = self.locators.get(key)
             meta = obj.get("metadata")
@@ -521,6 +552,11 @@ class ClusterState:
             self.pods[key] = pod
             if pod.node_name:
                 self.pods_on.setdefault(pod.node_name, set()).add(key)
+        if len(key[0]) + 1 + len(key[1]) > MAX_NAME:  # named by a digest: `pod_of` needs it
+            if pod is None:
+                self.digested.pop(pod_locator_name(*key), None)
+            else:
+                self.digested[pod_locator_name(*key)] = key
 
     def _set_node(self, name: str, node: NodeFacts | None) -> set[Key]:
         """Store a node; returns the keys of the locators that depend on it."""
@@ -532,7 +568,7 @@ class ClusterState:
             for key in self.pods_on.get(name, ()):
                 self._dirty.update(self._groups_of(self.pods[key]))
             self._dirty.update(group_of((p[0], p[2])) for p in self.learned_of.get(name, ()))
-        keys = {(self.config.namespace, name)} | self.pods_on.get(name, set())
+        keys = {(self.config.namespace, name)} | self.locator_keys(self.pods_on.get(name, ()))
         return keys | self._update_cidrs(name)
 
     def _set_locator(self, key: Key, state: LocatorState | None) -> set[Key]:

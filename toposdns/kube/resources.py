@@ -23,3 +23,6 @@ class CustomResource:
 POD_LOCATOR = CustomResource("toposdns.io", "v1alpha1", "PodLocator", "podlocators")
 #: The label that marks the controller's per-node locators (value "node").
 NODE_LOCATOR_LABEL = "toposdns.io/locator"
+#: The label that names a pod locator's pod's namespace, where the locator lives elsewhere (the
+#: controller writes every locator in its own namespace, the only one DNS believes by default).
+POD_NAMESPACE_LABEL = "toposdns.io/pod-namespace"

@@ -20,12 +20,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from toposdns.options import ConfigError, Origin, Plugin, Setting, domain, file, sets
-from toposdns.resolve.answer import RR, Answer
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.qname import SVC
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import Labels
 from toposdns.wire.codes import CNAME, NXDOMAIN, Name
+from toposdns.wire.records import RR
 
 #: Where the node's search domains come from: the server's own resolv.conf, the node's when the
 #: pod has `dnsPolicy: Default` (CoreDNS's kubernetes plugin reads the same file).

@@ -31,7 +31,7 @@ from toposdns.options import (
     none,
     sets,
 )
-from toposdns.resolve.answer import RR, Answer, Chase, Soa, Srv
+from toposdns.resolve.answer import Answer, Chase
 from toposdns.resolve.qname import (
     PIN,
     POD,
@@ -71,6 +71,14 @@ from toposdns.wire.codes import (
     A,
     Name,
 )
+from toposdns.wire.encode import MAX_TCP_SIZE
+from toposdns.wire.records import RR, Soa, Srv
+
+#: The least a record of a reply takes besides its rdata: its owner name, compressed to a
+#: pointer at least (no owner here is the root), then type, class, TTL and rdata length.
+_RR_LEAST = 12
+#: The port of an entry that has none (CoreDNS's `msg.Service` Port 0).
+_PORT_ZERO = (0,)
 
 DNS_SCHEMA_VERSION = "1.1.0"
 DNS_VERSION_TTL = 28800
@@ -261,8 +269,11 @@ class NotFound(LookupError):
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
+    """CoreDNS's `msg.Service` for each of `ports`: one per address, not per (address, port),
+    so that a slice of 1,000 endpoints and 100 ports makes 1,000 of them, not 100,000."""
+
     host: str  # an IP address, or for ExternalName the CNAME target
-    port: int
+    ports: tuple[int, ...]  # the matching ports, in order; -1 is CoreDNS's "no port"
     key: Name  # the name SRV and NS records point at
     is_ip: bool = True
     endpoint: Endpoint | None = None
@@ -286,12 +297,19 @@ def resolve(
     config: ResolverConfig,
     client: Labels | None = None,
     trace: list[Decision] | None = None,
+    limit: int = MAX_TCP_SIZE,
 ) -> Answer:
     """Answer one question. `name` is the query name's labels exactly as asked.
 
     `client` is the asking client's node labels (empty or None when unknown). When the answer
     depends on them, `Answer.policy` says which policy it followed and `Answer.tier` which of
     its tiers matched; `trace`, when given, collects each topology decision.
+
+    `limit` is the largest reply the answer goes out in (a UDP client's buffer; by default
+    65,535 bytes, TCP's, which serves every transport). A section stops at the record that
+    takes the records before it, compressed as tightly as they could be, past that size: the
+    records after it would be cut from any reply (wire/encode.py truncates from the end), so
+    the reply is the same as that of the whole answer, cut, without building them.
     """
     lower = tuple(map(str.lower, name))
     zone_len = match_zone(lower, config.zones)
@@ -300,7 +318,9 @@ def resolve(
         return Answer(REFUSED, authoritative=False)
     zone = name[len(name) - zone_len :]
     zone_lower = lower[len(name) - zone_len :]
-    lookup = _Lookup(snapshot, config, zone, zone_lower, client or {}, trace)
+    # The reply's header and question (written whole) come before any record.
+    room = limit - 12 - _name_length(name) - 4
+    lookup = _Lookup(snapshot, config, zone, zone_lower, client or {}, trace, room)
     soa = lookup.soa()
     try:
         records, extra = lookup.dispatch(name, lower, qtype)
@@ -525,7 +545,7 @@ class _Lookup:
     # One is made per query that misses the cache.
     __slots__ = (
         "snap", "cfg", "zone", "zone_lower", "ttl", "client", "trace", "policy", "tier", "chase",
-        "depends",
+        "depends", "room",
     )  # fmt: skip
 
     def __init__(
@@ -536,6 +556,7 @@ class _Lookup:
         zone_lower: Name,
         client: Labels,
         trace: list[Decision] | None,
+        room: int,
     ) -> None:
         self.snap = snapshot
         self.cfg = config
@@ -552,6 +573,9 @@ class _Lookup:
         self.chase: Name | None = None
         #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
         self.depends: set[Dependency] = set()
+        #: The bytes a reply has for records: a section stops once the least its records
+        #: take passes it (`resolve`).
+        self.room = room
 
     def soa(self) -> RR:
         """The zone's SOA, as asked."""
@@ -627,7 +651,7 @@ class _Lookup:
             if not self.snap.holds_pod(request.namespace, ip):
                 raise NotFound
         key = (request.service, request.namespace, POD) + self.zone
-        return [_Entry(ip, 0, key)]
+        return [_Entry(ip, _PORT_ZERO, key)]
 
     def find_services(self, request: Request, filtered: bool = True) -> list[_Entry]:
         if not request.service:
@@ -647,7 +671,7 @@ class _Lookup:
                 raise NotFound
             if _family(svc.external_name) is not None:
                 raise NotFound  # an IP in externalName is ignored
-            return [_Entry(svc.external_name, 0, base, is_ip=False)]
+            return [_Entry(svc.external_name, _PORT_ZERO, base, is_ip=False)]
         entries: list[_Entry] = []
         if svc.kind == HEADLESS or request.endpoint:
             if request.topology_zone:
@@ -662,7 +686,8 @@ class _Lookup:
         for port in svc.ports:
             if _match_port(request, port):
                 matched = True
-                entries.extend(_Entry(ip, port.port, base) for ip in svc.cluster_ips)
+                numbers = (port.port,)
+                entries.extend(_Entry(ip, numbers, base) for ip in svc.cluster_ips)
         if not matched:
             raise NotFound
         return entries
@@ -681,6 +706,9 @@ class _Lookup:
         entries: list[_Entry] = []
         pod_names = self.cfg.endpoint_pod_names
         for eps in self.slices(svc):
+            numbers = tuple(port.port for port in eps.ports if _match_port(request, port))
+            if not numbers:
+                continue
             for ep in eps.endpoints:
                 if topology_zone is not None and ep.zone.lower() != topology_zone:
                     continue
@@ -688,10 +716,7 @@ class _Lookup:
                     hostname = endpoint_hostname(ep, address, pod_names)
                     if request.endpoint and request.endpoint != hostname.lower():
                         continue
-                    for port in eps.ports:
-                        if _match_port(request, port):
-                            key = (hostname,) + base
-                            entries.append(_Entry(address, port.port, key, endpoint=ep))
+                    entries.append(_Entry(address, numbers, (hostname,) + base, endpoint=ep))
         return entries
 
     def zonal(self, svc: Service, request: Request, base: Name) -> list[_Entry]:
@@ -736,24 +761,28 @@ class _Lookup:
         """ns.go nsAddrs: this server's own Service if it finds its endpoint, else ns.dns.<zone>."""
         entries: list[_Entry] = []
         pod_names = self.cfg.endpoint_pod_names
+        done: set[int] = set()
         for own in () if self.cfg.noendpoints else self.cfg.ns_addresses:
             self.depends.add(("ip", canonical_ip(own)))
             for eps, _ep, _address in self.snap.endpoint_ips.get(canonical_ip(own), ()):
                 self.depends.add(("svc", eps.namespace, eps.service))
                 svc = self.snap.services.get((eps.namespace, eps.service))
-                if svc is None:
+                if svc is None or id(eps) in done:
+                    # A slice met again (it holds an own address twice) would only repeat its
+                    # entries, which the answer drops: once per slice, not once per address.
                     continue
+                done.add(id(eps))
                 base = (svc.name, svc.namespace, SVC) + self.zone
                 if svc.kind == HEADLESS:
                     for ep in eps.endpoints:
                         for address in ep.addresses:
                             hostname = endpoint_hostname(ep, address, pod_names)
-                            entries.append(_Entry(address, 0, (hostname,) + base))
+                            entries.append(_Entry(address, _PORT_ZERO, (hostname,) + base))
                 else:
-                    entries.extend(_Entry(ip, 0, base) for ip in svc.cluster_ips)
+                    entries.extend(_Entry(ip, _PORT_ZERO, base) for ip in svc.cluster_ips)
         if not entries:
             key = ("ns", "dns") + self.zone
-            entries = [_Entry(ip, 0, key) for ip in self.cfg.ns_addresses]
+            entries = [_Entry(ip, _PORT_ZERO, key) for ip in self.cfg.ns_addresses]
         return entries
 
     # backend_lookup.go
@@ -762,11 +791,15 @@ class _Lookup:
         """A and AAAA records, following ExternalName CNAMEs that stay inside the zone."""
         records: list[RR] = []
         seen: set[str] = set()
+        least = _RR_LEAST + (4 if qtype == A else 16)
         for entry in self.services(lower, qtype):
             if entry.is_ip:
                 if _ip_family(entry.host) == qtype and entry.host not in seen:
                     seen.add(entry.host)
                     records.append(RR(name, qtype, self.ttl, entry.host))
+                    self.room -= least
+                    if self.room < 0:
+                        break  # no reply can hold more of them
                 continue
             target = _labels(entry.host)
             target_lower = tuple(label.lower() for label in target)
@@ -810,23 +843,43 @@ class _Lookup:
         return self.cfg.zonal and bool(parse_request(base, zonal=True).topology_zone)
 
     def srv(self, name: Name, lower: Name) -> tuple[list[RR], list[RR]]:
-        """SRV records with CoreDNS's weights, and the targets' addresses as additional records."""
+        """SRV records with CoreDNS's weights, and the targets' addresses as additional records.
+
+        Records stop where no reply could hold more (`room`): the answer's records once those
+        built pass it (the rest would be cut, and the additional records with them), the
+        additional ones once the two sections' records pass it."""
         entries = self.services(lower, SRV)
         # The weight counts every entry, duplicates and sentinel ports included (backend_lookup.go).
-        total = 100.0 * len(entries)
-        weight = max(1, int(100.0 / total * 100.0)) if entries else 0
+        count = 0
+        for entry in entries:
+            count += len(entry.ports)
+        weight = max(1, int(100.0 / (100.0 * count) * 100.0)) if count else 0
         records: list[RR] = []
         extra: list[RR] = []
-        seen: set[tuple[Name, str, int]] = set()
+        targets: set[tuple[Name, int]] = set()
+        glued: set[tuple[Name, str]] = set()
+        room = self.room
+        used = 0  # the least the answer's records take
+        glue = 0  # and the additional ones
         for entry in entries:
-            if entry.port == -1:
-                continue
-            if (entry.key, "", entry.port) not in seen:
-                seen.add((entry.key, "", entry.port))
-                records.append(RR(name, SRV, self.ttl, Srv(0, weight, entry.port, entry.key)))
-            if (entry.key, entry.host, 0) not in seen:
-                seen.add((entry.key, entry.host, 0))
-                extra.append(RR(entry.key, _ip_family(entry.host), self.ttl, entry.host))
+            key = entry.key
+            least = 0
+            for port in entry.ports:
+                if port == -1:
+                    continue
+                if (key, port) not in targets:
+                    targets.add((key, port))
+                    records.append(RR(name, SRV, self.ttl, Srv(0, weight, port, key)))
+                    # SRV rdata: priority, weight, port and the target, never compressed.
+                    least = least or _RR_LEAST + 6 + _name_length(key)
+                    used += least
+                    if used > room:
+                        return records, extra
+                if (key, entry.host) not in glued and used + glue <= room:
+                    glued.add((key, entry.host))
+                    family = _ip_family(entry.host)
+                    extra.append(RR(key, family, self.ttl, entry.host))
+                    glue += _RR_LEAST + (4 if family == A else 16)
         return records, extra
 
     def ptr(self, name: Name, lower: Name) -> list[RR]:
@@ -843,29 +896,53 @@ class _Lookup:
             for svc in self.snap.service_ips.get(ip, ())
             if not listed or svc.namespace in listed
         ]
-        targets: list[Name] = []
+        targets: dict[Name, None] = {}
         if services:
-            targets.append((services[0].name, services[0].namespace, SVC) + primary)
+            targets[(services[0].name, services[0].namespace, SVC) + primary] = None
         elif not self.cfg.noendpoints:
             pod_names = self.cfg.endpoint_pod_names
+            # Each distinct target takes a record (its name compressed to a pointer at least).
+            most = self.room // (_RR_LEAST + 2) + 1
             for eps, ep, address in self.snap.endpoint_ips.get(ip, ()):
                 if listed and eps.namespace not in listed:
                     continue
                 hostname = endpoint_hostname(ep, address, pod_names)
-                targets.append((hostname, eps.service, eps.namespace, SVC) + primary)
+                targets[(hostname, eps.service, eps.namespace, SVC) + primary] = None
+                if len(targets) >= most:
+                    break  # no reply can hold more of them
         if not targets:
             raise NotFound
-        return [RR(name, PTR, self.ttl, target) for target in dict.fromkeys(targets)]
+        return [RR(name, PTR, self.ttl, target) for target in targets]
 
     def ns(self, name: Name) -> tuple[list[RR], list[RR]]:
-        """Apex NS: one NS per distinct target, with every address as glue."""
+        """Apex NS: one NS per distinct target, with every address as glue (each once); as many
+        as a reply can hold (`srv`)."""
         records: list[RR] = []
         extra: list[RR] = []
+        targets: set[Name] = set()
+        glued: set[tuple[Name, str]] = set()
+        used = glue = 0
         for entry in self.ns_entries():
-            extra.append(RR(entry.key, _ip_family(entry.host), self.ttl, entry.host))
-            if all(r.rdata != entry.key for r in records):
+            if (entry.key, entry.host) not in glued and used + glue <= self.room:
+                glued.add((entry.key, entry.host))
+                family = _ip_family(entry.host)
+                extra.append(RR(entry.key, family, self.ttl, entry.host))
+                glue += _RR_LEAST + (4 if family == A else 16)
+            if entry.key not in targets:
+                targets.add(entry.key)
                 records.append(RR(name, NS, self.ttl, entry.key))
+                used += _RR_LEAST + 2  # the target compressed to a pointer at least
+                if used > self.room:
+                    break
         return records, extra
+
+
+def _name_length(name: Name) -> int:
+    """The bytes of a name on the wire, uncompressed: a length byte per label, the root's."""
+    length = len(name) + 1
+    for label in name:
+        length += len(label)
+    return length
 
 
 def _labels(host: str) -> Name:

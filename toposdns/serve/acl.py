@@ -23,12 +23,11 @@ from dataclasses import dataclass, replace
 from struct import pack
 from typing import Literal
 
-from prometheus_client import Counter
-
+from toposdns.metrics import ACL_BLOCKED, ACL_DROPPED, ACL_FILTERED
 from toposdns.options import Network, Origin, Plugin, Setting, domain
-from toposdns.resolve.answer import type_code
 from toposdns.wire.codes import NOERROR, OPT, REFUSED, Name
 from toposdns.wire.decode import HEADER_SIZE, read_name
+from toposdns.wire.records import type_code
 
 Action = Literal["allow", "block", "filter", "drop"]
 #: A frontend's check of a query (its bytes, its source address): None when it goes on, else
@@ -38,22 +37,6 @@ ACTIONS: tuple[Action, ...] = ("allow", "block", "filter", "drop")
 #: Extended DNS Errors (RFC 8914) CoreDNS adds to its acl replies.
 EDE = 15
 EDE_BLOCKED, EDE_FILTERED = 15, 17
-
-BLOCKED = Counter(
-    "coredns_acl_blocked_requests",
-    "Counter of DNS requests being blocked.",
-    ["server", "zone", "view"],
-)
-FILTERED = Counter(
-    "coredns_acl_filtered_requests",
-    "Counter of DNS requests being filtered.",
-    ["server", "zone", "view"],
-)
-DROPPED = Counter(
-    "coredns_acl_dropped_requests",
-    "Counter of DNS requests being dropped.",
-    ["server", "zone", "view"],
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,12 +149,12 @@ class Acl:
                 return None
             label = ".".join(zone) + "."
             if rule.action == "drop":
-                DROPPED.labels(self.server, label, "").inc()
+                ACL_DROPPED.labels(self.server, label, "").inc()
                 return b""
             counter, rcode, info = (
-                (BLOCKED, REFUSED, EDE_BLOCKED)
+                (ACL_BLOCKED, REFUSED, EDE_BLOCKED)
                 if rule.action == "block"
-                else (FILTERED, NOERROR, EDE_FILTERED)
+                else (ACL_FILTERED, NOERROR, EDE_FILTERED)
             )
             counter.labels(self.server, label, "").inc()
             return refusal(data, end + 4, rcode, info)

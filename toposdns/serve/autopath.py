@@ -5,7 +5,9 @@ the CNAME rule are in resolve/autopath.py).
 Only a client that a pod's PodLocator places gets completed answers: the locator gives its
 namespace. Node locators and unknown clients get the plain answers. The walk stops at the first
 name whose reply is not NXDOMAIN; a failed upstream (or none configured for a name outside the
-zones) ends it with SERVFAIL, as a plugin error ends CoreDNS's.
+zones) ends it with SERVFAIL, as a plugin error ends CoreDNS's. For a client outside
+`--forward-allow` nothing goes upstream: its walk ends at the first name outside the zones with
+the reply to the name it asked, and an ExternalName found on the way is its CNAME alone.
 """
 
 from __future__ import annotations
@@ -57,10 +59,15 @@ class _Walk:
     limit: int
     #: ECS scope of the reply: it depends on the client (its namespace) whenever ECS placed it.
     scope: int
+    #: Whether the client's names outside the zones may go upstream (`--forward-allow`).
+    admitted: bool
 
 
 class Relay(Protocol):
     """How the walk asks the upstreams: the server's forwarding."""
+
+    def admits(self, source: str) -> bool:
+        """Whether a client's names outside the zones may go upstream (`--forward-allow`)."""
 
     async def forwarded(self, data: bytes, query: Query, transport: Transport) -> bytes:
         """The upstreams' reply to a query for a name outside the zones."""
@@ -106,7 +113,7 @@ class AutoPath:
         locator, via_ecs = self.placer.locate(source, subnet)
         if locator is None or locator.is_node:
             return None
-        names = candidates(query.name, locator.namespace, config, self.options.search)
+        names = candidates(query.name, locator.namespace_of_pod, config, self.options.search)
         if names is None:
             return None
         labels = locator.labels
@@ -115,7 +122,9 @@ class AutoPath:
             return None  # the plain reply, which the reply cache may keep for everyone
         limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
         scope = query.ecs.source_prefix if query.ecs is not None and via_ecs else 0
-        return self.steps(_Walk(data, query, transport, names, labels, limit, scope), 0)
+        admitted = self.relay is not None and self.relay.admits(source)
+        walk = _Walk(data, query, transport, names, labels, limit, scope, admitted)
+        return self.steps(walk, 0)
 
     def shared(self, query: Query, answer: Answer) -> bool:
         """True when `answer`, the plain one to this query, is also what any placed pod would
@@ -136,6 +145,10 @@ class AutoPath:
             if answer is None:
                 if self.relay is None:
                     return encode_bare(walk.query, SERVFAIL)  # no next plugin: an error
+                if not walk.admitted:
+                    # Outside --forward-allow: what the name asked gets, nothing asked upstream.
+                    assert first is not None  # the first name is in the zones
+                    return first
                 return self.upstream(self.relay, walk, index, first)
             if not goes_on(answer):
                 return self.found(walk, name, answer)
@@ -147,7 +160,7 @@ class AutoPath:
     def found(self, walk: _Walk, name: Name, answer: Answer) -> Completion:
         """The reply for a name that exists in the zones."""
         self.count()
-        if answer.chase is not None and self.relay is not None:
+        if answer.chase is not None and self.relay is not None and walk.admitted:
             return self.chased(self.relay, walk, name, answer)
         return self.encode(walk.query, completed(answer, walk.query.name), walk)
 

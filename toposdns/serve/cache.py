@@ -152,6 +152,7 @@ class Cached:
         "words",
         "size",
         "small",
+        "packed",
         "case",
     )
 
@@ -169,6 +170,10 @@ class Cached:
         self.reply = reply
         #: The same, compressed, for the queries whose limit the uncompressed one passes.
         self.compressed = compressed
+        #: True when the two are one object: a reply too large to go uncompressed to any
+        #: query, kept compressed and cut to the largest message (wire/encode.py
+        #: `encode_forms`); counted and rotated once.
+        self.packed = compressed is reply
         #: The question as the query that built it asked it: the case its names are in.
         self.question = question
         #: The SOA serial the reply carries, or -1 when it carries none to rewrite.
@@ -178,7 +183,9 @@ class Cached:
         #: With `--loadbalance`, each form's records in turn (wire/shuffle.py `Rotation`).
         self.rotation = Rotation.of(reply) if rotate else None
         self.compressed_rotation = (
-            Rotation.of(compressed) if rotate and compressed is not None else None
+            Rotation.of(compressed)
+            if rotate and compressed is not None and not self.packed
+            else None
         )
         #: The counters of its hits, one row per transport (None without metrics).
         self.hits = hits
@@ -187,7 +194,7 @@ class Cached:
         self.words = words
         self.size = (
             len(reply)
-            + (len(compressed) if compressed is not None else 0)
+            + (len(compressed) if compressed is not None and not self.packed else 0)
             + len(question)
             + (self.rotation.held() if self.rotation is not None else 0)
             + (self.compressed_rotation.held() if self.compressed_rotation is not None else 0)
@@ -231,7 +238,9 @@ class Cached:
         at, compressed_at = self.offsets
         if at >= 0:
             self.reply = self.reply[:at] + stamp + self.reply[at + 4 :]
-        if compressed_at >= 0 and self.compressed is not None:
+        if self.packed:
+            self.compressed = self.reply
+        elif compressed_at >= 0 and self.compressed is not None:
             self.compressed = (
                 self.compressed[:compressed_at] + stamp + self.compressed[compressed_at + 4 :]
             )

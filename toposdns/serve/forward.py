@@ -42,7 +42,6 @@ from toposdns.metrics import (
     PROXY_DURATION,
 )
 from toposdns.options import Network, Origin, Plugin, Setting, integer, networks, sets
-from toposdns.resolve.answer import RR, name_text
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
 from toposdns.serve.loop import LoopGuard
 from toposdns.serve.upstream import (
@@ -72,6 +71,7 @@ from toposdns.wire.codes import (
 )
 from toposdns.wire.decode import question_end, record_spans
 from toposdns.wire.encode import truncate
+from toposdns.wire.records import RR, name_text
 
 __all__ = [
     "FORWARD",

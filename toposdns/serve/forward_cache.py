@@ -30,6 +30,7 @@ import dnslib
 from cachetools import TLRUCache
 
 from toposdns.options import Origin, Plugin, Setting, check_range, domain, duration_value
+from toposdns.serve.chain import PASSED, Next, Reply, Request
 from toposdns.wire.codes import (
     AA,
     AD,
@@ -114,6 +115,8 @@ class CacheSettings:
 
 
 MAX_TTL = 2**31 - 1  # RFC 2181 section 8
+#: `disable` for the root: every zone.
+OFF: tuple[Name, ...] = ((),)
 MAX_CAPACITY = 1_000_000
 #: CoreDNS caps `servfail` at 5 minutes.
 MAX_SERVFAIL_TTL = 300
@@ -508,3 +511,56 @@ def without_opt(reply: bytes) -> bytes:
             count = unpack_from("!H", reply, 10)[0] - 1
             return reply[:10] + pack("!H", count) + reply[12:start] + reply[end:]
     return reply
+
+
+def first_served(reply: bytes, settings: CacheSettings, now: float) -> bytes:
+    """A reply as CoreDNS's `cache` passes it on the first time: every TTL (but the OPT's) set
+    to how long the cache keeps it (its `filterRRSlice`); as it is when the cache would not
+    keep it. A reply without records is as it is, without being parsed."""
+    ancount, nscount, arcount = unpack_from("!3H", reply, 6)
+    if ancount + nscount == 0 and arcount <= 1:
+        return reply
+    kind, ttl = placement(dnslib.DNSRecord.parse(reply), settings, now)
+    if not kind:
+        return reply
+    out = bytearray(reply)
+    stamp = pack("!I", ttl)
+    for _, at, _, rtype, _ in record_spans(reply):
+        if rtype != OPT:
+            out[at : at + 4] = stamp
+    return bytes(out)
+
+
+class Capping:
+    """CoreDNS's `cache` in a chain, for the replies of the plugins after it that it would keep
+    (template, hosts): their TTLs capped as its first reply caps them. Forwarded replies are
+    the forward cache's, which caps them itself; the kubernetes block's own are the reply
+    cache's (serve/cache.py)."""
+
+    name = "cache"
+
+    def __init__(self, settings: CacheSettings) -> None:
+        self.settings = settings
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        reply = next(request)
+        if isinstance(reply, bytes) and reply is not PASSED:
+            return first_served(reply, self.settings, time.time())
+        return reply
+
+
+def cache_off(settings: CacheSettings | None = None) -> CacheSettings:
+    """The `cache` settings of a server block without one: nothing kept, for any zone."""
+    settings = settings or CacheSettings()
+    return replace(
+        settings,
+        success=replace(settings.success, disabled=OFF),
+        denial=replace(settings.denial, disabled=OFF),
+    )
+
+
+def capping(settings: CacheSettings) -> Capping | None:
+    """The `cache` handler of a chain whose block has one (a block without it keeps nothing)."""
+    if settings.success.disabled == OFF and settings.denial.disabled == OFF:
+        return None
+    return Capping(settings)

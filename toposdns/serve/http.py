@@ -10,14 +10,21 @@ Each address is a listener of its own, as CoreDNS serves health (:8080), ready (
 metrics (:9153) apart: a flood of scrapes or slow clients on one leaves the probes on the others
 alone. A listener is bounded like the DNS port, with about the timeouts of CoreDNS's health
 server (plugin/health/health.go: 5 s to read a request, 5 s to write the answer, 5 s idle): at
-most MAX_CONNECTIONS at once; the first request must arrive within 5 s of connecting, a later
-one within 6 s of the previous answer (aiohttp's keep-alive timeout), and an answer must be
-taken by the client within 5 s; request lines and headers are short, and bodies are never read.
-At the cap a new connection is not refused: the oldest connection that has not sent a whole
-request yet, from the source that holds the most connections, is closed to make room, so that a
-probe gets in however many half-sent requests are held open, and no source keeps more than its
-share while others want some. What aiohttp reports about a bad request becomes one line in the
-server's own log, tallied when requests come in floods.
+most MAX_CONNECTIONS at once, a quarter of them from one source address (`SHARE`, as the DNS
+port's TCP); the first request must arrive within 5 s of connecting, a later one within 6 s of
+the previous answer (aiohttp's keep-alive timeout), and an answer must be taken by the client
+within 5 s; request lines and headers are short, and bodies are never read.
+
+A new connection is never refused: past a bound, the connection quiet the longest (waiting for
+its first request, idle between requests, or not reading its answer) is closed to make room,
+from the source holding the most connections if it holds more than the newcomer's source does,
+else from the newcomer's own source. Clients that keep their connections open with a request
+now and then therefore hold no slot another source needs, and a connection from an address
+holding fewer than the largest holder always gets in: kubelet opens a new one for each probe
+(its prober disables keep-alive), so its probes get in wherever they come from (the node's
+address, a bridge's, loopback) with no address trusted (docs/operations.md says why). What
+aiohttp reports about a bad request becomes one line in the server's own log, tallied when
+requests come in floods.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -138,6 +146,8 @@ PROMETHEUS: Plugin[PrometheusOptions] = Plugin(
 )
 
 MAX_CONNECTIONS = 128
+#: The part of MAX_CONNECTIONS one source address may hold, as on the DNS port's TCP.
+SHARE = 4
 REQUEST_TIMEOUT = 5.0
 #: The longest request line or header line; probes and scrapers send short ones.
 MAX_LINE = 4096
@@ -237,11 +247,11 @@ class Listener:
             "HTTP: %s",
             "HTTP: %d more errors in the last %gs, the last: %s",
         )
-        self.refused = Tally(
+        self.evicted = Tally(
             log,
             logging.WARNING,
-            "refused an HTTP connection %s",
-            "refused %d more HTTP connections in the last %gs, the last %s",
+            "HTTP: closed a connection to make room: %s",
+            "HTTP: closed %d more connections in the last %gs to make room, the last: %s",
         )
         self.runner = web.AppRunner(
             app,
@@ -257,11 +267,16 @@ class Listener:
             max_headers=32,
         )
         self.server: asyncio.Server | None = None
-        self.open = 0
+        self.per_source = max(1, MAX_CONNECTIONS // SHARE)
+        #: The open connections, quiet the longest first (see `_Connection.active`).
+        self.connections: dict[_Connection, None] = {}
         #: Open connections per source address.
         self.sources: dict[str, int] = {}
-        #: The open connections that have not sent a whole request yet, oldest first.
-        self.waiting: dict[_Connection, None] = {}
+
+    @property
+    def open(self) -> int:
+        """Connections open."""
+        return len(self.connections)
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port."""
@@ -288,40 +303,57 @@ class Listener:
             self.server.close()
         await self.runner.cleanup()
 
-    def admit(self, source: str) -> bool:
-        """Whether a new connection from `source` may be served: below the cap, always; at
-        it, when a waiting connection of a source holding more than `source` does (its own
-        included) can be closed to make room."""
-        if self.open >= MAX_CONNECTIONS:
-            victim = self.victim()
-            held = self.sources.get(source, 0)
-            if victim is None or (victim.source != source and self.sources[victim.source] <= held):
-                self.refused.add(
-                    f"from {source}: {self.open} already open (the maximum), {held} of them "
-                    "its own, none of a larger share waiting for a request"
-                )
-                return False
-            self.errors.add(
-                f"closed a connection from {victim.source} to make room: it had sent no whole "
-                f"request, and {self.open} were open (the maximum)"
+    def admit(self, connection: _Connection) -> None:
+        """Count a new connection in. At its source's share, first close that source's
+        connection quiet the longest; at the cap, the one quiet the longest of the source
+        holding the most, if that holds more than the newcomer's source, else of its own."""
+        source = connection.source
+        held = self.sources.get(source, 0)
+        victim: _Connection | None = None
+        if held >= self.per_source:
+            victim = self.quietest(source, held, others=False)
+            why = f"it held {held}, its share (a quarter of {MAX_CONNECTIONS})"
+        elif self.open >= MAX_CONNECTIONS:
+            victim = self.quietest(source, held, others=True)
+            why = (
+                f"{self.open} open (the maximum), "
+                f"{self.sources[victim.source]} of them from {victim.source}"
             )
-            victim.close()
-        self.open += 1
+        if victim is not None:
+            self.evicted.add(
+                f"from {victim.source} for a new one from {source}: {why}; it {victim.state()}"
+            )
+            victim.close()  # which may be of `source`: count after
+        self.connections[connection] = None
         self.sources[source] = self.sources.get(source, 0) + 1
-        return True
 
-    def victim(self) -> _Connection | None:
-        """The oldest waiting connection of the source holding the most connections."""
+    def quietest(self, source: str, held: int, others: bool) -> _Connection:
+        """The connection quiet the longest of the source holding the most connections, more
+        than `held` (with `others`), else of `source`, which holds `held`.
+
+        One is always found: past the share `source` holds some; at the cap, if `source` holds
+        none, every connection is of a source holding more."""
         found: _Connection | None = None
-        for connection in self.waiting:
-            if found is None or self.sources[connection.source] > self.sources[found.source]:
-                found = connection
+        most = -1
+        for connection in self.connections:  # quiet the longest first
+            if connection.source == source:
+                rank = 0
+            elif not others or (rank := self.sources[connection.source]) <= held:
+                continue
+            if rank > most:
+                found, most = connection, rank
+        assert found is not None
         return found
+
+    def touch(self, connection: _Connection) -> None:
+        """`connection` is active: it becomes the last to be closed to make room."""
+        if connection.counted:
+            del self.connections[connection]
+            self.connections[connection] = None
 
     def release(self, connection: _Connection) -> None:
         """A connection `admit` let in is gone."""
-        self.open -= 1
-        self.waiting.pop(connection, None)
+        del self.connections[connection]
         left = self.sources[connection.source] - 1
         if left:
             self.sources[connection.source] = left
@@ -337,6 +369,10 @@ class _Connection(asyncio.Protocol):
     a client that does not read its answer for ever. So: the first request's head (up to its
     blank line) must be whole within REQUEST_TIMEOUT of connecting, and the answer may not
     wait for the client to read it for more than REQUEST_TIMEOUT either.
+
+    The connection is active when it connects, when the head of a request is whole, and when
+    the client takes some of its answer after a pause: the one active the longest ago is the
+    first to be closed to make room.
     """
 
     def __init__(self, listener: Listener, handler: asyncio.Protocol) -> None:
@@ -345,20 +381,19 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.source = "?"
         self.counted = False  # admitted, and not yet released
-        self.tail = b""  # the first request so far, up to 3 bytes: a blank line may be split
+        self.tail = b""  # the last 3 bytes received: a blank line may be split
         self.waiting = True  # for the first request's head to be whole
+        self.paused = False  # the client is not reading its answer
+        self.active = 0.0  # monotonic time of the last activity
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         peer = self.transport.get_extra_info("peername")
         self.source = str(peer[0]) if peer else "?"
-        if not self.listener.admit(self.source):
-            self.handler = None
-            self.transport.abort()
-            return
+        self.active = time.monotonic()
+        self.listener.admit(self)
         self.counted = True
-        self.listener.waiting[self] = None
         assert self.handler is not None
         self.handler.connection_made(transport)
         self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.expire)
@@ -366,25 +401,43 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.handler is None:
             return
-        if self.waiting:
-            seen = self.tail + data
-            if HEAD_END in seen:
+        # The end of a request's head (or a body's bytes that look like it: whoever sends a
+        # body with GET only makes its own connection look active).
+        keep = len(HEAD_END) - 1
+        if HEAD_END in data or HEAD_END in self.tail + data[:keep]:
+            if self.waiting:
                 self.waiting = False
-                self.listener.waiting.pop(self, None)
                 self.cancel()
-            self.tail = seen[-(len(HEAD_END) - 1) :]
+            self.activity()
+        self.tail = (self.tail + data[-keep:])[-keep:]
         self.handler.data_received(data)
+
+    def activity(self) -> None:
+        self.active = time.monotonic()
+        self.listener.touch(self)
+
+    def state(self) -> str:
+        """What the connection was doing, for the line that says it was closed."""
+        quiet = time.monotonic() - self.active
+        if self.waiting:
+            return f"had sent no whole request yet ({quiet:.1f}s)"
+        if self.paused:
+            return f"had not read its answer for {quiet:.1f}s"
+        return f"had been idle {quiet:.1f}s since its last request"
 
     def pause_writing(self) -> None:
         # The client is not reading its answer: it has REQUEST_TIMEOUT to start again.
+        self.paused = True
         self.cancel()
         self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self.expire)
         if self.handler is not None:
             self.handler.pause_writing()
 
     def resume_writing(self) -> None:
+        self.paused = False
         if not self.waiting:
             self.cancel()
+        self.activity()
         if self.handler is not None:
             self.handler.resume_writing()
 

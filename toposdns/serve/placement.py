@@ -130,7 +130,7 @@ class Placer:
         log.warning(
             "forwarder %s sends /%d Client Subnets that no PodLocator CIDR holds whole: its "
             "clients are unplaced; have it send /32 and /128 (CoreDNS: rewrite edns0 subnet "
-            "append 32 128), or give the locators the node CIDRs that hold those prefixes",
+            "set 32 128), or give the locators the node CIDRs that hold those prefixes",
             forwarder,
             length,
         )

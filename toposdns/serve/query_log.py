@@ -25,13 +25,14 @@ from time import perf_counter
 from typing import Any, TextIO
 
 from toposdns.options import Origin, Plugin, Setting, adds, domain, none, sets
-from toposdns.resolve.answer import name_text, type_name
 from toposdns.serve.acl import Screen
 from toposdns.serve.responder import Responder, Transport
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
+from toposdns.serve.transport import unmapped
 from toposdns.serve.udp import UdpProtocol
 from toposdns.wire.codes import NOERROR, NXDOMAIN, RCODE_NAMES, Name
 from toposdns.wire.decode import HEADER_SIZE, read_name, record_spans
+from toposdns.wire.records import name_text, type_name
 
 #: Reply classes of CoreDNS's response.Classify, and `all`.
 CLASSES = ("success", "denial", "error", "all")
@@ -173,6 +174,7 @@ class QueryLog:
         if self.classes and reply_class(reply) not in self.classes:
             return
         rcode = reply[3] & 0x0F
+        host = unmapped(host)  # an IPv4 client of a socket bound to `::`, as CoreDNS writes it
         remote = f"[{host}]" if ":" in host else host
         # Go's shortest form of the seconds, within the nanoseconds it measures.
         seconds = f"{perf_counter() - started:.9f}".rstrip("0").rstrip(".")

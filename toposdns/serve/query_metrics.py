@@ -8,7 +8,7 @@ scrape's cost follows the number of distinct rows (labels times reply sizes), no
 cached replies.
 
 Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `server` is
-`dns://:PORT`, `zone` is the server block's, `.`):
+`dns://:PORT`, one `QueryMetrics` per port, `zone` is `.`):
 `coredns_dns_requests_total{server,zone,view,proto,family,type}`,
 `coredns_dns_responses_total{server,zone,view,rcode,plugin}`,
 `coredns_dns_request_duration_seconds{server,zone,view}`,
@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 
-from toposdns.resolve.answer import type_name
 from toposdns.wire.codes import RCODE_NAMES
+from toposdns.wire.records import type_name
 
 ZONE = "."
 #: qtypes CoreDNS reports by name (vars/monitor.go); the rest are "other".
@@ -200,6 +201,27 @@ class QueryMetrics:
             for proto, histogram in histograms.items():
                 histogram.add_to(sizes, base + [proto])
             yield sizes
+
+
+class AllServers:
+    """The per-query series of every DNS server of a process (one per port) as one collector:
+    a registry takes each metric name from one collector only, and CoreDNS exports every
+    server's series in one family, told apart by their `server` label."""
+
+    def __init__(self, servers: list[QueryMetrics]) -> None:
+        self.servers = servers
+
+    def collect(self) -> Iterator[Metric]:
+        """Each family once, with the samples of every server (called on scrape)."""
+        families: dict[str, Metric] = {}
+        for metrics in self.servers:
+            for family in metrics.collect():
+                found = families.get(family.name)
+                if found is None:
+                    families[family.name] = family
+                else:
+                    found.samples.extend(family.samples)
+        yield from families.values()
 
 
 def labels_of(tcp: bool, family: int, qtype: int, rcode: int, plugin: str) -> Labels:

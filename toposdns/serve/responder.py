@@ -35,11 +35,12 @@ from typing import Any, Literal
 
 from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
 from toposdns.options import Plugin, Setting, none, sets
-from toposdns.resolve.answer import Answer, name_text, type_name
+from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
 from toposdns.resolve.resolver import ResolverConfig, case_insensitive, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
+from toposdns.serve.blocks import Blocks
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
     NAMES_SHARE,
@@ -49,6 +50,7 @@ from toposdns.serve.cache import (
     ReplyCache,
     TopologyReplies,
 )
+from toposdns.serve.chain import PASSED, Next, Reply, Request
 from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
 from toposdns.serve.negative import Negatives
@@ -127,6 +129,7 @@ from toposdns.wire.encode import (
     fit,
     udp_limit,
 )
+from toposdns.wire.records import name_text, type_name
 from toposdns.wire.shuffle import Rotation, shuffle_reply
 
 log = logging.getLogger("toposdns")
@@ -161,9 +164,6 @@ ANY_PLUGIN: Plugin[AnyOptions] = Plugin(
 
 #: The rcodes CoreDNS's cache keeps as denials (NXDOMAIN, NODATA is NOERROR, SERVFAIL, NOTIMP).
 DENIALS = frozenset({NOERROR, NXDOMAIN, SERVFAIL, NOTIMP})
-
-#: What answering a query gives: the reply, no reply, or a reply that needs an upstream first.
-Reply = bytes | None | Coroutine[Any, Any, bytes | None]
 
 
 #: Where a query goes first (`route`).
@@ -210,8 +210,17 @@ class Responder:
         max_udp_size: int = MAX_UDP_SIZE,
         forward_any: bool = False,
         cache: CacheSettings = DEFAULT_CACHE,
+        blocks: Blocks | None = None,
+        front: Next | None = None,
     ) -> None:
         self.config = config
+        #: The plugins the kubernetes block runs before its own (template, hosts), linked and
+        #: ending in `pass_on`: a query they answer is theirs, one they give back (`PASSED`)
+        #: the responder's (serve/chain.py).
+        self.front = front
+        #: The server blocks of the port, when there are others than this one's `.`: a query
+        #: of another block's zone goes down that block's chain (serve/blocks.py).
+        self.blocks = blocks
         self.snapshot = snapshot
         self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
@@ -236,14 +245,21 @@ class Responder:
             if autopath.enabled
             else None
         )
-        #: NXDOMAIN from templates; not with autopath, which completes names that do not exist.
-        #: Their memory of endpoint names takes a share of the cache's bound.
+        #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
+        #: nor when a name of the zones may be another server block's or none's. Their memory
+        #: of endpoint names takes a share of the cache's bound.
+        shared = blocks is not None and not blocks.holds_whole(config.zones)
         names = cache_max_bytes // NAMES_SHARE
-        self.negatives = None if autopath.enabled else Negatives(config, names)
+        self.negatives = None if autopath.enabled or shared or front else Negatives(config, names)
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes, 0 if self.negatives is None else names)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
+
+    def clear(self) -> None:
+        """Drop every cached reply: a plugin before the kubernetes block's own (a hosts file
+        read again) may now answer a name whose reply the cache holds."""
+        self.cache.clear()
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
@@ -388,7 +404,11 @@ class Responder:
             cached.rewrite(serial)  # as the reply to the other case has it
         name = cached.question[:-4]
         found = NOT_RECASED
-        twin = self.twin(data[:12] + name.swapcase() + data[12 + len(name) :], key, echo, source)
+        twin = None
+        if not cached.packed:  # compressed whole: another case's names compress otherwise
+            twin = self.twin(
+                data[:12] + name.swapcase() + data[12 + len(name) :], key, echo, source
+            )
         if twin is not None:
             ours, theirs = cached.reply, twin[2:]
             if data[11]:  # the OPT records: the buffer size may differ
@@ -408,11 +428,17 @@ class Responder:
     def twin(self, data: bytes, key: bytes, echo: EchoedOptions, source: str) -> bytes | None:
         """The whole reply (uncompressed, with its ID) to a plain query, from templates or the
         resolver as `built` makes it, nothing cached or counted; None when its answer depends
-        on its letter case (resolver `case_insensitive`) or is not the zones' alone."""
+        on its letter case (resolver `case_insensitive`; the plugins before the kubernetes
+        block's own, which may match names by their case, are asked each time) or is not the
+        zones' alone."""
+        if self.front is not None:
+            return None
         try:
             query = self.bounded(decode_plain(data))
             lower = tuple(label.lower() for label in query.name)
             if not case_insensitive(lower, self.config.zones):
+                return None
+            if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
                 return None
             if self.negatives is not None:
                 templated = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
@@ -459,8 +485,11 @@ class Responder:
             limit = max(MIN_UDP_SIZE, size)
         if transport.tcp:
             limit = MAX_TCP_SIZE
-        compressed = cached.compressed if name is None else None
-        turns = cached.compressed_rotation if name is None else None
+        # A packed reply has one form, compressed already: the body, in its turn's order.
+        compressed = body if cached.packed else cached.compressed
+        turns = cached.compressed_rotation
+        if name is not None:  # compressed below as this query's names compress
+            compressed = turns = None
         if turns is not None:  # rotated only when this query gets that form
             size = len(body) - (11 if opt else 0) + len(opt) + 2
             if size > limit or transport.fragment_limit and size > transport.fragment_limit:
@@ -488,6 +517,10 @@ class Responder:
         key, whatever their case, buffer size and options), then served as a hit is. Anything
         but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
         decoder's path."""
+        if self.front is not None:
+            fronted = self.fronted(data, transport, source, started)
+            if fronted is not False:
+                return fronted
         # A reply kept in another letter case (one that cannot be written in this query's)
         # stays: this one is made for this query only.
         kept = self.cache.table.get(key)
@@ -501,11 +534,11 @@ class Responder:
                 return self.counted(data, answer, transport, started, qtype)
         made = self.made(data, key, echo, source, keep)
         if made is None:
-            return self.decoded(data, transport, source, started)
+            return self.decoded(data, transport, source, started, fronted=True)
         cached, scoped = made
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
-            return self.decoded(data, transport, source, started)
+            return self.decoded(data, transport, source, started, fronted=True)
         self.count_miss(kept)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
@@ -591,8 +624,11 @@ class Responder:
             return None
         if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
             return None
+        if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
+            return None  # another block's, or none's: the decoder's path says which
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
+            # As many records as the largest reply (TCP's) holds: it serves every transport.
             answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
@@ -602,13 +638,14 @@ class Responder:
                 # A pod of the namespace the name names gets another reply: never cached.
                 return None
             whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
+            body = whole[2:]
             row = None
             if answer.policy is not None:
                 row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
             carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
             cached = Cached(
-                whole[2:],
-                None if compressed is None else compressed[2:],
+                body,
+                None if compressed is None else body if compressed is whole else compressed[2:],
                 query.question,
                 tuple(answer.depends),
                 self.snapshot.serial if carries_soa else -1,
@@ -645,9 +682,33 @@ class Responder:
             for kind in TRANSPORTS
         )
 
-    def decoded(self, data: bytes, transport: Transport, source: str, started: float) -> Reply:
+    def fronted(
+        self, data: bytes, transport: Transport, source: str, started: float
+    ) -> Reply | Literal[False]:
+        """The reply the plugins before the kubernetes block's own give a plain query, counted;
+        False when they pass it on (or it is not the block's: the decoder's path says why).
+        Decoded whole, EDNS options too: a reply of theirs echoes the query's cookie."""
+        assert self.front is not None
+        try:
+            query = self.bounded(decode_query(data))
+        except (Dropped, Rejected):
+            return False
+        if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
+            return False
+        if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
+            return False
+        request = Request(query, data, transport, source)
+        reply = self.front(request)
+        if reply is PASSED:
+            return False
+        return self.chained(request, reply, started)
+
+    def decoded(
+        self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
+    ) -> Reply:
         """Decode, place, resolve and encode a query in full; nothing is cached. Every query
-        that is not plain, or not answered by the zones, comes this way."""
+        that is not plain, or not answered by the zones, comes this way (`fronted`: the plugins
+        before the kubernetes block's own have passed it on already)."""
         try:
             query = self.bounded(decode_query(data))
         except Dropped:
@@ -659,10 +720,23 @@ class Responder:
         where = route(query, self.config.zones, self.forwarder is not None)
         if where is BADVERS:
             return self.counted(data, encode_badvers(query), transport, started, qtype)
-        if where is UPSTREAMS:
-            return self.upstreams(data, query, transport, source, started)
+        if self.blocks is not None:
+            block = self.blocks.find(query.name, qtype)
+            if block is None:  # no server block of the port holds the name, as CoreDNS
+                return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+            zone, link = block
+            if link is not None:
+                request = Request(query, data, transport, source, name_text(zone))
+                return self.chained(request, link(request), started)
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+        if self.front is not None and not fronted:
+            request = Request(query, data, transport, source)
+            reply = self.front(request)
+            if reply is not PASSED:
+                return self.chained(request, reply, started)
+        if where is UPSTREAMS:
+            return self.upstreams(data, query, transport, source, started)
         self.passed()
         try:
             if self.autopath is not None:
@@ -671,12 +745,18 @@ class Responder:
                     return self.completed(completion, data, transport, started, qtype)
             subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
             labels, via_ecs = self.placer.place(source, subnet)
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            # Never cached: no more records than this reply can hold.
+            room = self.reply_limit(query, transport)
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+            )
             if answer.fallthrough and self.forwarder is not None:
                 return self.upstreams(data, query, transport, source, started, passed=True)
             # The answer was tailored to the ECS prefix only if it depended on the client.
             scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
-            if answer.chase is not None and self.forwarder is not None:
+            if answer.chase is not None and self.admits(source):
+                # Outside --forward-allow the CNAME stands alone, as CoreDNS's upstream lookup
+                # would leave it with an acl block refusing the target to this client.
                 chased = self.chased(query, answer, transport, scope)
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
             reply = self.balanced(self.encoded(query, answer, transport, scope))
@@ -686,6 +766,17 @@ class Responder:
         except Exception:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
+
+    def chained(self, request: Request, reply: Reply, started: float) -> Reply:
+        """A chain's reply to `request`, counted (under the plugin that wrote it) when it is
+        there."""
+        data, transport, qtype = request.data, request.transport, request.query.qtype
+        plugin = request.written_by
+        if reply is None or isinstance(reply, bytes):
+            if reply is None:
+                return None
+            return self.counted(data, reply, transport, started, qtype, plugin)
+        return self.counted_later(reply, data, transport, started, qtype, plugin)
 
     def upstreams(
         self,
@@ -718,8 +809,12 @@ class Responder:
 
     def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
         """The reply to a decoded query."""
-        limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
+        limit = self.reply_limit(query, transport)
         return encode_reply(query, answer, limit, transport.fragment_limit, scope)
+
+    def reply_limit(self, query: Query, transport: Transport) -> int:
+        """The largest reply to a decoded query (its buffer bounded already, `bounded`)."""
+        return MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
 
     def counted(
         self,
@@ -815,6 +910,11 @@ class Responder:
         """A name autopath found (`coredns_autopath_success_total`, with metrics on)."""
         if self.metrics is not None:
             AUTOPATH_SUCCESS.labels(self.metrics.server).inc()
+
+    def admits(self, source: str) -> bool:
+        """Whether names outside the zones may go upstream for this client: there are
+        upstreams, and it is inside `--forward-allow`."""
+        return self.forwarder is not None and self.forwarder.admits(source)
 
     def in_zones(self, name: Name) -> bool:
         """True if a served zone holds the name."""

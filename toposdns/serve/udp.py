@@ -30,9 +30,8 @@ class UdpProtocol(asyncio.DatagramProtocol):
 
     def __init__(self, responder: Responder, kind: Transport) -> None:
         self.kind = kind
-        self.slot = kind.slot
-        # An IPv4 source is the locators' key as it is (IPv6 sockets may see mapped ones).
-        self.plain_addresses = kind is UDP4
+        #: An IPv6 socket, where IPv4 clients arrive IPv4-mapped when it is bound to `::`.
+        self.mapping = kind.family == 2
         self.use(responder)
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
@@ -58,7 +57,14 @@ class UdpProtocol(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         transport = self.transport
         assert transport is not None
-        if self.screen is not None and (verdict := self.screen(data, addr[0])) is not None:
+        source = addr[0]
+        kind = self.kind
+        if self.mapping and source.startswith("::ffff:") and "." in source:
+            # An IPv4 client of a socket bound to `::` (transport.py `unmapped`, inlined): an
+            # IPv4 client to every rule, metric and size limit, as on an IPv4 socket. Replies
+            # still go to `addr`.
+            source, kind = source[7:], UDP4
+        if self.screen is not None and (verdict := self.screen(data, source)) is not None:
             if verdict:
                 transport.sendto(verdict, addr)
             return
@@ -75,9 +81,10 @@ class UdpProtocol(asyncio.DatagramProtocol):
         # here and the responder folds its key.
         entry = self.table.get(data[2:])
         counts = None
-        if entry.__class__ is TopologyReplies and self.plain_addresses:
-            # This client's domain's reply; no options, so no Client Subnet to place it by.
-            placement = self.placed.get(addr[0])
+        if entry.__class__ is TopologyReplies and kind is UDP4:
+            # This client's domain's reply; no options, so no Client Subnet to place it by. An
+            # IPv4 source is the locators' key as it is (an IPv6 one may carry a zone index).
+            placement = self.placed.get(source)
             if placement is not None:  # else the responder places it first
                 locator = placement.locator
                 labels = NO_LABELS if locator is None else locator.labels
@@ -106,7 +113,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
                     counts[1] += 1
             if metrics is not None and cached.hits is not None:
                 # query_metrics.count_hit written out, for the same reason; timed or not.
-                hits = cached.hits[self.slot]
+                hits = cached.hits[kind.slot]
                 if started:
                     seconds = self.hit_seconds = perf_counter() - started
                 else:
@@ -121,7 +128,7 @@ class UdpProtocol(asyncio.DatagramProtocol):
         if metrics is not None:  # every other query is timed, and the next hit too
             self.untimed = 0
             started = started or perf_counter()
-        answer = self.responder.respond(data, self.kind, addr[0], started)
+        answer = self.responder.respond(data, kind, source, started)
         if isinstance(answer, bytes):
             transport.sendto(answer, addr)
         elif answer is not None:

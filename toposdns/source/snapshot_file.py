@@ -53,6 +53,7 @@ from toposdns.options import Plugin, Setting, file, sets, size
 from toposdns.store.builder import build_snapshot
 from toposdns.store.convert import ObjectError, convert_object, describe
 from toposdns.store.model import Record
+from toposdns.store.placement import EVERYWHERE
 from toposdns.store.snapshot import Snapshot
 
 log = logging.getLogger("toposdns")
@@ -377,11 +378,16 @@ def load_records(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Record]
 
 
 def load_snapshot(
-    path: Path, serial: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    path: Path,
+    serial: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    locator_namespaces: frozenset[str] = EVERYWHERE,
 ) -> Snapshot:
-    """Load a file into a Snapshot whose SOA serial is `serial` (default: now)."""
+    """Load a file into a Snapshot whose SOA serial is `serial` (default: now), believing the
+    PodLocators of `locator_namespaces`."""
     records = load_records(path, max_bytes)
-    return build_snapshot(records, int(time.time()) if serial is None else serial)
+    serial = int(time.time()) if serial is None else serial
+    return build_snapshot(records, serial, locator_namespaces=locator_namespaces)
 
 
 def _json_objects(data: bytes) -> Iterator[Any]:
@@ -497,11 +503,14 @@ class SnapshotFileSource:
         publish: Callable[[Snapshot], None],
         interval: float = 1.0,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        locator_namespaces: frozenset[str] = EVERYWHERE,
     ) -> None:
         self.path = path
         self.publish = publish
         self.interval = interval
         self.max_bytes = max_bytes
+        #: The namespaces whose PodLocators are believed.
+        self.locator_namespaces = locator_namespaces
         self.serial = 0
         self.objects = 0  # in the last file loaded
         self._signature: tuple[int, int, int] | None = None
@@ -512,7 +521,7 @@ class SnapshotFileSource:
         records = load_records(self.path, self.max_bytes)
         self.objects = len(records)
         self.serial = max(int(time.time()), self.serial + 1)
-        return build_snapshot(records, self.serial)
+        return build_snapshot(records, self.serial, locator_namespaces=self.locator_namespaces)
 
     async def watch(self) -> None:
         """Reload on change forever; a failed reload is logged and the last good data stays."""

@@ -8,6 +8,9 @@ to what is stored (a resourceVersion bump, a status-only change) changes nothing
 
 Each change also notes what it touched (`Dependency` words: the service, the addresses, the
 node); a snapshot carries those notes, so caches drop only the replies that read them.
+
+PodLocators outside the believed namespaces (`placement.believed`) are held, for `explain` and
+to be reported once, but never indexed: no answer reads them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ from toposdns.store.model import (
     Service,
     canonical_ip,
 )
-from toposdns.store.placement import NO_PREFIXES, add_prefix, remove_prefix
+from toposdns.store.placement import (
+    EVERYWHERE,
+    NO_PREFIXES,
+    add_prefix,
+    believed,
+    remove_prefix,
+)
 from toposdns.store.snapshot import EVERYTHING, Dependency, Snapshot, new_lineage
 from toposdns.store.topology import Policy, policy_for
 
@@ -50,7 +59,9 @@ def record_key(record: Record) -> tuple[type, str, str]:
 class StoreBuilder:
     """The current objects, indexed for DNS, changed in place and published as snapshots."""
 
-    def __init__(self) -> None:
+    def __init__(self, locator_namespaces: frozenset[str] = EVERYWHERE) -> None:
+        #: The namespaces whose PodLocators are believed (`--locator-namespaces`).
+        self.locator_namespaces = frozenset(locator_namespaces)
         self._slices: dict[Key, EndpointSlice] = {}
         #: namespace -> name -> locator: nested rather than keyed by (namespace, name), which
         #: would cost a tuple per locator (8 MB at 150,000).
@@ -68,6 +79,8 @@ class StoreBuilder:
         self._shared: Map[str, tuple[PodLocator, ...]] = Map()
         self._node_locators: Map[str, PodLocator] = Map()
         self._prefixes = NO_PREFIXES
+        #: The locators held but not believed, by (namespace, name).
+        self._ignored: Map[Key, PodLocator] = Map()
         self._policies: Map[Key, Policy] = Map()
         #: What changed since the last snapshot.
         #: None: more than MAX_NOTED_CHANGES, so everything counts as changed.
@@ -129,7 +142,11 @@ class StoreBuilder:
             if old_locator is not None:
                 if not names:
                     del self._locators[namespace]
-                self._unindex_locator(old_locator)
+                if key in self._ignored:
+                    self._ignored = self._ignored.delete(key)
+                    self._note(("ignored", namespace, name))
+                else:
+                    self._unindex_locator(old_locator)
             return old_locator is not None
         if name not in self._namespaces:
             return False
@@ -171,6 +188,8 @@ class StoreBuilder:
             node_locators=self._node_locators,
             shared_ips=self._shared,
             prefixes=self._prefixes,
+            ignored=self._ignored,
+            locator_namespaces=self.locator_namespaces,
             policies=self._policies,
             serial=serial,
             synced=synced,
@@ -268,6 +287,13 @@ class StoreBuilder:
         old = names.get(locator.name)
         if old == locator:
             return False
+        if not believed(self.locator_namespaces, locator):
+            # Its namespace decides, so an earlier version was not believed either.
+            names[locator.name] = locator
+            key = (locator.namespace, locator.name)
+            self._ignored = self._ignored.set(key, locator)
+            self._note(("ignored", *key))
+            return True
         if old is not None:
             self._unindex_locator(old)
         names[locator.name] = locator
@@ -302,9 +328,15 @@ class StoreBuilder:
         rest = []
         note = self._note
         changed = False
+        namespaces = self.locator_namespaces
         for locator in locators:
             names = self._locators.setdefault(locator.namespace, {})
-            if locator.is_node or locator.cidrs or locator.name in names:
+            if (
+                locator.is_node
+                or locator.cidrs
+                or locator.name in names
+                or not believed(namespaces, locator)
+            ):
                 rest.append(locator)
                 continue
             for ip in locator.addresses:
@@ -370,9 +402,15 @@ def _set_or_drop(index: Map[K, V], key: K, value: V | None) -> Map[K, V]:
     return index.delete(key) if key in index else index
 
 
-def build_snapshot(records: Iterable[Record], serial: int, synced: bool = True) -> Snapshot:
-    """Index records into a Snapshot. Input order decides ties (e.g. two services on one IP)."""
-    builder = StoreBuilder()
+def build_snapshot(
+    records: Iterable[Record],
+    serial: int,
+    synced: bool = True,
+    locator_namespaces: frozenset[str] = EVERYWHERE,
+) -> Snapshot:
+    """Index records into a Snapshot, believing the PodLocators of `locator_namespaces`. Input
+    order decides ties (e.g. two services on one IP)."""
+    builder = StoreBuilder(locator_namespaces)
     for record in records:
         builder.put(record)
     return builder.snapshot(serial, synced)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from socket import AF_INET, inet_pton
 from typing import Any
 
-from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR
+from toposdns.kube.resources import NODE_LOCATOR_LABEL, POD_LOCATOR, POD_NAMESPACE_LABEL
 from toposdns.store.model import (
     CLUSTER_IP,
     EXTERNAL_NAME,
@@ -240,6 +240,9 @@ def _pod_locator(
             _str(v, obj, f"nodeLabels[{_str(k, obj, 'nodeLabels')}]")
     node_labels = _intern_labels(labels)
     meta_labels = _mapping(meta.get("labels"), obj, "metadata.labels")
+    pod_namespace = _str(
+        meta_labels.get(POD_NAMESPACE_LABEL), obj, f"metadata.labels[{POD_NAMESPACE_LABEL}]"
+    )
     return PodLocator(
         namespace=namespace,
         name=name,
@@ -248,14 +251,15 @@ def _pod_locator(
         node_labels=node_labels,
         is_node=meta_labels.get(NODE_LOCATOR_LABEL) == "node",
         cidrs=cidrs,
+        pod_namespace=sys.intern(pod_namespace),
     )
 
 
 def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
     """The PodLocator of the shape nearly all have (one per pod: IPv4 addresses in canonical
-    form, no cidrs), checked in as few operations as a sync of 150,000 can afford; None for
-    any other shape, which `_pod_locator` then checks field by field and names what is wrong.
-    Both give equal records for what this accepts."""
+    form, no cidrs, its pod's namespace in a label or none), checked in as few operations as a
+    sync of 150,000 can afford; None for any other shape, which `_pod_locator` then checks
+    field by field and names what is wrong. Both give equal records for what this accepts."""
     meta = raw.get("metadata")
     addresses = raw.get("addresses")
     labels = raw.get("nodeLabels")
@@ -283,6 +287,9 @@ def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
         return None
     if not _canonical_ipv4(addresses):
         return None  # left to `_pod_locator`, which writes them in canonical form or refuses
+    pod_namespace = "" if meta_labels is None else meta_labels.get(POD_NAMESPACE_LABEL, "")
+    if type(pod_namespace) is not str:
+        return None  # refused by `_pod_locator`, naming the label
     node_name = node_name or ""
     node_labels = _NODE_LABELS.get(node_name)
     if node_labels is None or node_labels != labels:  # equal to checked strings: strings too
@@ -300,6 +307,8 @@ def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
         sys.intern(node_name),
         node_labels,
         meta_labels is not None and meta_labels.get(NODE_LOCATOR_LABEL) == "node",
+        (),
+        sys.intern(pod_namespace),
     )
 
 

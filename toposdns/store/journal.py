@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from toposdns.store.builder import StoreBuilder
-from toposdns.store.model import Record
+from toposdns.store.model import PodLocator, Record
+from toposdns.store.placement import EVERYWHERE
 
 
 class Put(NamedTuple):
@@ -35,8 +36,8 @@ Operation = Put | Remove
 class JournaledBuilder(StoreBuilder):
     """A StoreBuilder that, while `journal` is a list, appends each change it makes to it."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, locator_namespaces: frozenset[str] = EVERYWHERE) -> None:
+        super().__init__(locator_namespaces)
         #: The changes since the last `take_journal()`; None: not noting (until
         #: `start_journal()`, and in a copy that replays).
         self.journal: list[Operation] | None = None
@@ -51,6 +52,16 @@ class JournaledBuilder(StoreBuilder):
         changed = super().put(record)
         if changed and self.journal is not None:
             self.journal.append(Put(record))
+        return changed
+
+    def _put_locators(self, locators: Iterable[PodLocator]) -> bool:
+        # A full list's shortcut bypasses `put`: once copies replay the journal (a relist
+        # after the workers were forked), each locator takes `put`, to be noted.
+        if self.journal is None:
+            return super()._put_locators(locators)
+        changed = False
+        for locator in locators:
+            changed |= self.put(locator)
         return changed
 
     def remove(self, kind: type, namespace: str, name: str) -> bool:

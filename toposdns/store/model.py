@@ -151,11 +151,20 @@ class PodLocator:
     #: Prefixes whose every address this locator places, in canonical network form
     #: (`10.244.3.0/24`): a node's pod range, where the CNI allocates per node.
     cidrs: tuple[str, ...] = ()
+    #: The label `toposdns.io/pod-namespace`: the namespace of the pod it places, which the
+    #: controller says of the locators it writes in its own namespace; "" when not given.
+    pod_namespace: str = ""
     #: What topology compares: `node_labels` and `node_name` under NODE_NAME.
     labels: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", labels_with_node(self.node_labels, self.node_name))
+
+    @property
+    def namespace_of_pod(self) -> str:
+        """The namespace of the pod it places (--autopath's search path, `--pods verified`):
+        `pod_namespace`, else its own."""
+        return self.pod_namespace or self.namespace
 
 
 #: Any object a snapshot can hold.

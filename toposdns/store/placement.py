@@ -1,6 +1,8 @@
 """Which PodLocator places an address, or a Client Subnet prefix: the one rule every path that
 places a client uses (the server, explain, the tests' reference).
 
+0. Only the locators of the believed namespaces count (`believed`: the controller's, by
+   default; the store never indexes the others).
 1. A locator holding the address exactly (`addresses`; a pod's over a node's).
 2. Otherwise the locator with the longest prefix (`cidrs`) containing it.
 3. Two locators claiming that same longest prefix: nobody inside it is placed.
@@ -54,6 +56,22 @@ class Placement(NamedTuple):
 
 
 UNPLACED = Placement(None)
+
+#: The word of `--locator-namespaces` that believes the PodLocators of every namespace.
+EVERY_NAMESPACE = "*"
+#: Every namespace believed: the store's default, where no configuration says otherwise.
+EVERYWHERE: frozenset[str] = frozenset({EVERY_NAMESPACE})
+
+
+def believed(namespaces: frozenset[str], locator: PodLocator) -> bool:
+    """True if `locator` may place clients and endpoints: it lives in one of `namespaces`, or
+    they include every namespace ("*").
+
+    Whoever may write a PodLocator chooses where the clients it claims run, so only the
+    namespaces whose writers are trusted count: the controller's own, by default. A locator
+    anywhere else is not believed at all, neither its addresses nor its CIDRs nor its node
+    label: it is held only to be shown (`explain`) and reported once."""
+    return locator.namespace in namespaces or EVERY_NAMESPACE in namespaces
 
 
 def place(

@@ -24,9 +24,11 @@ class Named(TypedDict, total=False):
 
 
 # Keys with dots and slashes: the functional form, with literals (kube/resources.py
-# NODE_LOCATOR_LABEL, store/convert.py SERVICE_NAME_LABEL and TOPOLOGY_KEYS_ANNOTATION, and
-# source/kube.py TRIGGER_TIME name the same keys).
-LocatorLabels = TypedDict("LocatorLabels", {"toposdns.io/locator": Any}, total=False)
+# NODE_LOCATOR_LABEL and POD_NAMESPACE_LABEL, store/convert.py SERVICE_NAME_LABEL and
+# TOPOLOGY_KEYS_ANNOTATION, and source/kube.py TRIGGER_TIME name the same keys).
+LocatorLabels = TypedDict(
+    "LocatorLabels", {"toposdns.io/locator": Any, "toposdns.io/pod-namespace": Any}, total=False
+)
 ServiceAnnotations = TypedDict(
     "ServiceAnnotations", {"toposdns.io/topology-keys": Any}, total=False
 )

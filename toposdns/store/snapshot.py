@@ -18,7 +18,7 @@ from itertools import count
 from immutables import Map
 
 from toposdns.store.model import Endpoint, EndpointSlice, PodLocator, Service
-from toposdns.store.placement import NO_PREFIXES, Placement, Prefixes, place
+from toposdns.store.placement import EVERYWHERE, NO_PREFIXES, Placement, Prefixes, place
 from toposdns.store.topology import Policy
 
 #: What an answer read from a snapshot, and what a change touches (the same words for both):
@@ -27,7 +27,8 @@ from toposdns.store.topology import Policy
 #: ("ip", address): the Services and endpoints holding an address (PTR, own NS records);
 #: ("loc", address): the PodLocators claiming an address (client and endpoint placement);
 #: ("cidr", prefix): the PodLocators claiming a prefix (client placement);
-#: ("node", name): a node's PodLocator.
+#: ("node", name): a node's PodLocator;
+#: ("ignored", namespace, name): a PodLocator held but not believed (no answer reads it).
 Dependency = tuple[str, ...]
 #: The `changes` of a snapshot that changed too much to say what (a full list): anything may
 #: have changed.
@@ -65,6 +66,10 @@ class Snapshot:
     shared_ips: Mapping[str, tuple[PodLocator, ...]] = field(default_factory=Map)
     #: The locators' CIDRs, for longest-prefix placement.
     prefixes: Prefixes = NO_PREFIXES
+    #: The namespaces whose PodLocators are believed (`--locator-namespaces`; "*": all).
+    locator_namespaces: frozenset[str] = EVERYWHERE
+    #: PodLocators of other namespaces, by (namespace, name): in no index above, for explain.
+    ignored: Mapping[tuple[str, str], PodLocator] = field(default_factory=Map)
     #: Headless services that ask for a topology policy, valid or not, by (namespace, name).
     policies: Mapping[tuple[str, str], Policy] = field(default_factory=Map)
     #: SOA serial: unix seconds of the last change that DNS can see.
@@ -97,9 +102,10 @@ class Snapshot:
         return place(self.locators, self.prefixes, address, length)
 
     def holds_pod(self, namespace: str, ip: str) -> bool:
-        """True if a pod's PodLocator in `namespace` holds `ip` (canonical): `--pods verified`."""
+        """True if the PodLocator of a pod in `namespace` holds `ip` (canonical): `--pods
+        verified`."""
         holders = self.shared_ips.get(ip)
         if holders is None:
             locator = self.locators.get(ip)
             holders = () if locator is None else (locator,)
-        return any(not held.is_node and held.namespace == namespace for held in holders)
+        return any(not held.is_node and held.namespace_of_pod == namespace for held in holders)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from struct import pack
 
-from toposdns.wire.codes import AAAA, CNAME, HINFO, NS, OPT, POINTER, PTR, SOA, SRV, TC, TXT, A
+from toposdns.wire.codes import CNAME, MX, NS, OPT, POINTER, PTR, SOA, SRV, TC
 from toposdns.wire.decode import HEADER_SIZE, question_end
 from toposdns.wire.shuffle import Rotation
 
@@ -27,9 +27,10 @@ Runs = tuple[int, ...]
 #: The case maps of a `Rotation`'s parts: one per part that stays, a list per rotating group.
 PartRuns = list[Runs | list[Runs]]
 
-_RAW_DATA = (A, AAAA, TXT, HINFO)
+#: Types whose data holds names, as the encoder writes them (their other bytes as they are).
+_NAMED_DATA = (SRV, SOA, MX, NS, CNAME, PTR)
+_IN = b"\x00\x01"
 _ROOT_OPT = b"\x00" + pack("!H", OPT)  # an OPT record's owner (the root) and type
-_ONE_NAME = (NS, CNAME, PTR)
 #: What Python spends on a `Recasing` (with its tuple and list headers), and on each number
 #: of its runs (a tuple slot and, past 256, an int), measured with tracemalloc.
 RECASING_OVERHEAD = 120
@@ -149,17 +150,14 @@ def rotated(rotation: Rotation, parts: PartRuns | None, name: bytes, turn: int) 
     return b"".join(out)
 
 
-def compress(
-    whole: bytes, opt: bytes, limit: int, runs: Runs = (), name: bytes = b""
-) -> bytes | None:
+def compress(whole: bytes, opt: bytes, limit: int, runs: Runs = (), name: bytes = b"") -> bytes:
     """An uncompressed reply (after its ID) compressed and cut to `limit` bytes as wire/encode.py
     writes it compressed: names point at the first place a suffix was written (its bytes
     alike), SRV targets are written whole and never pointed at, records that do not fit are
     dropped from the first that does not on, with TC set. `opt`, as wire/encode.py `fit` takes
     it, replaces the reply's OPT record (it has one if `opt` is not empty); `limit` counts the
     ID. With `runs`, the reply is compressed as `recase` writes it for `name`, recased only as
-    far as it is read. None for a record of a type the encoder never writes (the caller builds
-    the reply then)."""
+    far as it is read."""
     message = b"\x00\x00" + whole
     source = _Recased(message, runs, name)
     end = question_end(message)
@@ -183,7 +181,9 @@ def compress(
         at = _name(out, source, at, names)
         rtype = (message[at] << 8) | message[at + 1]
         stop = at + 10 + ((message[at + 8] << 8) | message[at + 9])
-        if rtype in _RAW_DATA:  # type, class, TTL, data length and data as they are
+        if rtype not in _NAMED_DATA or message[at + 2 : at + 4] != _IN:
+            # Type, class, TTL, data length and data as they are: addresses, strings, and what
+            # the encoder writes as given (a type without a form of its own, another class).
             out += source.read(at, stop)
         else:
             out += source.read(at, at + 8)  # type, class, TTL
@@ -197,10 +197,11 @@ def compress(
                 at = _name(out, source, at, names)
                 at = _name(out, source, at, names)
                 out += source.read(at, stop)
-            elif rtype in _ONE_NAME:
-                _name(out, source, at, names)
+            elif rtype == MX:
+                out += source.read(at, at + 2)
+                _name(out, source, at + 2, names)
             else:
-                return None
+                _name(out, source, at, names)
             out[length_at : length_at + 2] = pack("!H", len(out) - length_at - 2)
         at = stop
         if len(out) > budget:

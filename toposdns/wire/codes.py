@@ -14,6 +14,7 @@ Name = tuple[str, ...]
 A, NS, CNAME, SOA, PTR, HINFO, MX, TXT, AAAA, SRV, OPT, IXFR, AXFR, ANY = (
     1, 2, 5, 6, 12, 13, 15, 16, 28, 33, 41, 251, 252, 255,
 )  # fmt: skip
+DS = 43  # RFC 4034: its question goes to the parent zone's server block
 CLASS_IN = 1
 
 # Response codes (BADVERS needs the OPT record's extended rcode bits).

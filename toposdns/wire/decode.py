@@ -107,7 +107,9 @@ def decode_query(data: bytes) -> Query:
         if edns is not None:
             for code, value in edns.options:
                 if code == ECS_OPTION:
-                    ecs = read_client_subnet(value)
+                    found = read_client_subnet(value)
+                    if ecs is None:  # the first counts, as wire/edns.py reads it
+                        ecs = found
     except (ValueError, IndexError, StructError) as exc:
         raise Rejected(data, FORMERR, f"malformed query: {exc}") from None
     return Query(qid, flags, name, qtype, qclass, edns, ecs, question)

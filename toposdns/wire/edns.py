@@ -128,7 +128,11 @@ def read_options(options: bytes) -> EchoedOptions:
     subnet = None
     for code, value in pairs:
         if code == CLIENT_SUBNET:
-            subnet = read_client_subnet(value)  # the last one counts
+            found = read_client_subnet(value)  # each checked: a malformed one is FORMERR
+            # The first counts: the one a forwarder's `rewrite edns0 subnet set` overwrote;
+            # a later one is the client's own.
+            if subnet is None:
+                subnet = found
     if subnet is None:
         return EchoedOptions(plain, plain, None)
     head = pack(

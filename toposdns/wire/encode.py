@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from socket import AF_INET, AF_INET6, inet_pton
-from struct import pack
+from struct import pack, unpack_from
 from typing import cast
 
 from toposdns.options import Plugin, Setting, integer, sets
-from toposdns.resolve.answer import RR, Answer, Soa, Srv
 from toposdns.wire.codes import (
     AA,
     AAAA,
@@ -36,6 +35,7 @@ from toposdns.wire.codes import (
 )
 from toposdns.wire.decode import ECS_OPTION, HEADER_SIZE, ClientSubnet, Edns, Query, record_spans
 from toposdns.wire.edns import echoed
+from toposdns.wire.records import RR, Mx, Raw, Sections, Soa, Srv, Written
 
 MIN_UDP_SIZE = 512
 #: The largest UDP reply by default, whatever buffer a client announces (DNS Flag Day 2020: no
@@ -44,6 +44,7 @@ MAX_UDP_SIZE = 1232
 MAX_TCP_SIZE = 65535
 FRAGMENT_LIMIT_V4 = 1480
 FRAGMENT_LIMIT_V6 = 1220
+#: Types whose rdata is one name, compressed as miekg/dns does (MX and SOA are too).
 _COMPRESSIBLE = (NS, CNAME, PTR)
 #: Types whose rdata is character-strings (HINFO: CPU and OS, as CoreDNS's `any` writes it).
 _STRINGS = (TXT, HINFO)
@@ -134,35 +135,59 @@ _bare_opts: dict[tuple[int, int, int], bytes] = {}
 
 
 def encode_reply(
-    query: Query, answer: Answer, limit: int, fragment_limit: int = 0, ecs_scope: int = 0
+    query: Query, answer: Sections, limit: int, fragment_limit: int = 0, ecs_scope: int = 0
 ) -> bytes:
-    """Encode a whole reply to `query`; `fragment_limit` > 0 only for UDP."""
+    """Encode a reply to `query` within `limit` bytes; `fragment_limit` > 0 only for UDP."""
     opt = b""
     if query.edns is not None:
         opt = encode_opt(query.edns, answer.rcode, query.ecs, ecs_scope)
-    message = _uncompressed(query, answer, opt)
-    if len(message) <= limit:
+    return encode_with_opt(query, answer, opt, limit, fragment_limit)
+
+
+def encode_with_opt(
+    query: Query, answer: Sections, opt: bytes, limit: int, fragment_limit: int = 0
+) -> bytes:
+    """Encode a reply to `query` within `limit` bytes with `opt` as its OPT record (b"": none),
+    as `encode_reply` does with the one it makes from the query's."""
+    message = _uncompressed(query, answer, opt, limit)
+    if message is not None:
         if fragment_limit and len(message) > fragment_limit:
             return _Writer(query, compress=True).finish(answer, opt, None)
         return message
     return _Writer(query, compress=True).finish(answer, opt, limit)
 
 
-def encode_forms(query: Query, answer: Answer, compress_over: int) -> tuple[bytes, bytes | None]:
-    """A reply to cache, whole: uncompressed, and compressed too if the uncompressed one is
-    larger than `compress_over` bytes, for the queries it would not fit whole (`fit` cuts
-    either to a query's limit)."""
+def encode_forms(query: Query, answer: Sections, compress_over: int) -> tuple[bytes, bytes | None]:
+    """A reply to cache: uncompressed, and compressed too if the uncompressed one is larger
+    than `compress_over` bytes, for the queries it would not fit whole (`fit` cuts either to a
+    query's limit). A reply larger than any message uncompressed (65,535 bytes) goes whole to
+    no query: it is cached compressed, cut to that size (TC set if records were left out), the
+    same object in both places; each query's reply is that one, cut further."""
     opt = encode_opt(query.edns, answer.rcode) if query.edns is not None else b""
-    message = _uncompressed(query, answer, opt)
+    message = _uncompressed(query, answer, opt, MAX_TCP_SIZE)
+    if message is None:
+        packed = _Writer(query, compress=True).finish(answer, opt, MAX_TCP_SIZE)
+        return packed, packed
     if len(message) <= compress_over:
         return message, None
     return message, _Writer(query, compress=True).finish(answer, opt, None)
 
 
-def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
+def _uncompressed(query: Query, answer: Sections, opt: bytes, limit: int) -> bytes | None:
     """The whole reply without name compression: what most replies are, built from the wire
-    forms of its names and records, which repeat from reply to reply."""
-    header = pack(
+    forms of its names and records, which repeat from reply to reply. None when it is larger
+    than `limit` bytes: the records past it are not written."""
+    question = query.question or name_wire(query.name) + pack("!HH", query.qtype, query.qclass)
+    parts = [b"", question]
+    size = HEADER_SIZE + len(question) + len(opt)
+    for section in (answer.answer, answer.authority, answer.additional):
+        for rr in section:
+            wire = record_wire(rr)
+            size += len(wire)
+            if size > limit:
+                return None
+            parts.append(wire)
+    parts[0] = pack(
         "!6H",
         query.id,
         reply_flags(query, answer.rcode, answer.authoritative),
@@ -171,11 +196,6 @@ def _uncompressed(query: Query, answer: Answer, opt: bytes) -> bytes:
         len(answer.authority),
         len(answer.additional) + (1 if opt else 0),
     )
-    question = query.question or name_wire(query.name) + pack("!HH", query.qtype, query.qclass)
-    parts = [header, question]
-    for section in (answer.answer, answer.authority, answer.additional):
-        for rr in section:
-            parts.append(record_wire(rr))
     parts.append(opt)
     return b"".join(parts)
 
@@ -215,11 +235,16 @@ def _record_wire(rr: RR) -> bytes:
     elif isinstance(data, Soa):
         numbers = pack("!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum)
         rdata = name_wire(data.mname) + name_wire(data.rname) + numbers
+    elif isinstance(data, Raw):
+        header = pack("!HHIH", rr.rtype, data.rclass, rr.ttl, len(data.data))
+        return name_wire(rr.name) + header + data.data
     elif rr.rtype in _STRINGS:
         texts = [text.encode() for text in cast(tuple[str, ...], data)]
         rdata = b"".join(bytes((len(text),)) + text for text in texts)
     elif rr.rtype in _COMPRESSIBLE:
         rdata = name_wire(cast(Name, data))
+    elif isinstance(data, Mx):
+        rdata = pack("!H", data.preference) + name_wire(data.exchange)
     else:
         raise TypeError(f"cannot encode {rr}")
     wire = name_wire(rr.name) + pack("!HHIH", rr.rtype, 1, rr.ttl, len(rdata)) + rdata
@@ -233,7 +258,7 @@ def encode_minimal_any(query: Query) -> bytes:
     """RFC 8482's answer to ANY, as CoreDNS's `any` plugin gives it: one HINFO record, not
     authoritative."""
     hinfo = RR(query.name, HINFO, 8482, ("ANY obsoleted", "See RFC 8482"))
-    answer = Answer(NOERROR, answer=(hinfo,), authoritative=False)
+    answer = Written(NOERROR, answer=(hinfo,))
     return encode_reply(query, answer, MAX_TCP_SIZE)
 
 
@@ -278,7 +303,8 @@ def fit(
     without the ID; `limit` and `fragment` count the ID too. None when the reply needs the
     compressed form and there is none (the caller builds it anew). A compressed reply cut
     after a record is what the encoder writes for that limit, byte for byte: its names point
-    back only."""
+    back only. So is one cut already (`encode_forms`: `whole` is `compressed` then, and has TC
+    set if records were left out), as long as it was cut for a limit no smaller than this one."""
     kept = len(opt) and 11  # the cached OPT record, without options
     size = len(whole) - kept + len(opt) + 2
     if size <= limit and (not fragment or size <= fragment):
@@ -286,13 +312,50 @@ def fit(
     if compressed is None:
         return None
     body = compressed[: len(compressed) - kept] if kept else compressed
-    return truncate(b"\x00\x00" + body + opt, limit)[2:]
+    if len(body) + len(opt) + 2 <= limit:
+        return body + opt
+    return _cut(body, opt, limit - 2)
+
+
+def _cut(body: bytes, opt: bytes, limit: int) -> bytes:
+    """`truncate` for a reply of this module's (`fit`): `body` (after the ID, no OPT record)
+    cut after its last whole record within `limit` bytes with `opt` after it, TC set. It reads
+    the records up to the cut only: a cached reply of 64 KiB is cut to 1,232 bytes in a few
+    steps. Names are skipped, not read: the encoder wrote them."""
+    budget = limit - len(opt)
+    ancount, nscount = unpack_from("!2H", body, 4)
+    offset = _skip_name(body, HEADER_SIZE - 2) + 4  # past the question
+    cut = offset
+    kept = 0
+    while offset < len(body):
+        offset = _skip_name(body, offset) + 10
+        offset += (body[offset - 2] << 8) | body[offset - 1]
+        if offset > budget:
+            break
+        kept += 1
+        cut = offset
+    answers = min(kept, ancount)
+    authority = min(kept - answers, nscount)
+    additional = kept - answers - authority + (1 if opt else 0)
+    header = bytes((body[0] | TC >> 8, body[1])) + body[2:4]
+    return header + pack("!3H", answers, authority, additional) + body[HEADER_SIZE - 2 : cut] + opt
+
+
+def _skip_name(message: bytes, offset: int) -> int:
+    """The offset after a name written by this module (labels, then the root or a pointer)."""
+    length = message[offset]
+    while length:
+        if length >= POINTER:
+            return offset + 2
+        offset += 1 + length
+        length = message[offset]
+    return offset + 1
 
 
 def encode_bare(query: Query, rcode: int) -> bytes:
     """A reply with the question and no records, not authoritative (REFUSED, SERVFAIL, ...)."""
     opt = encode_opt(query.edns, rcode, query.ecs) if query.edns is not None else b""
-    return _Writer(query, compress=False).finish(Answer(rcode, authoritative=False), opt, None)
+    return _Writer(query, compress=False).finish(Written(rcode), opt, None)
 
 
 def encode_badvers(query: Query) -> bytes:
@@ -301,7 +364,7 @@ def encode_badvers(query: Query) -> bytes:
     As CoreDNS's `edns.Version`, the OPT carries a zero buffer size and no options.
     """
     opt = b"\x00" + pack("!HHIH", OPT, 0, 1 << 24, 0)
-    return _Writer(query, compress=False).finish(Answer(0, authoritative=False), opt, None)
+    return _Writer(query, compress=False).finish(Written(0), opt, None)
 
 
 def encode_rejection(data: bytes, rcode: int) -> bytes:
@@ -320,7 +383,7 @@ class _Writer:
         self.buf = bytearray()
         self.added: list[Name] = []  # suffixes the current record made known
 
-    def finish(self, answer: Answer, opt: bytes, limit: int | None) -> bytes:
+    def finish(self, answer: Sections, opt: bytes, limit: int | None) -> bytes:
         """Header, question, as many records as fit under `limit`, then the OPT record."""
         query = self.query
         self.buf += b"\x00" * 12
@@ -378,12 +441,19 @@ class _Writer:
             self.buf += pack(
                 "!5I", data.serial, data.refresh, data.retry, data.expire, data.minimum
             )
+        elif isinstance(data, Raw):
+            # Its class, over the IN `record` wrote: type, class, TTL and length precede it.
+            self.buf[-8:-6] = pack("!H", data.rclass)
+            self.buf += data.data
         elif rr.rtype in _STRINGS:
             for text in cast(tuple[str, ...], data):
                 raw = text.encode()
                 self.buf += bytes((len(raw),)) + raw
         elif rr.rtype in _COMPRESSIBLE:
             self.name(cast(Name, data))
+        elif isinstance(data, Mx):
+            self.buf += pack("!H", data.preference)
+            self.name(data.exchange)
         else:
             raise TypeError(f"cannot encode {rr}")
 

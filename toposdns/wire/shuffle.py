@@ -58,6 +58,8 @@ LOADBALANCE: Plugin[LoadbalanceOptions] = Plugin(
 )
 
 TSIG = 250
+#: The furthest a compression pointer reaches (14 bits of offset).
+_POINTER_REACH = 0x3FFF
 #: Records that must end the additional section (RFC 6891, RFC 8945): never moved.
 PSEUDO = frozenset({OPT, TSIG})
 #: Where names sit in the rdata of the types whose names may be compressed (RFC 3597 §4):
@@ -180,7 +182,10 @@ def _points_past(reply: bytes, offset: int, floor: int) -> bool:
 
 def _repacked(reply: bytes, new: list[int]) -> bytes | None:
     """The records in the new order, names compressed again; None if that would not fit where
-    the reply fitted, or dnslib cannot read it."""
+    the reply fitted, or dnslib cannot read it or write it back: past 16 KiB it would point at
+    names it wrote beyond 0x3FFF, which a pointer cannot reach (its pointers wrap around)."""
+    if len(reply) > _POINTER_REACH:
+        return None
     try:
         message = dnslib.DNSRecord.parse(reply)
         records = message.rr + message.auth + message.ar

@@ -2,9 +2,10 @@
 
 Samples with the same name and labels are added up: counters, histogram buckets, sums and
 counts, and gauges such as the forward cache's entries. The result reads as one server's, under
-the same (CoreDNS) names. A `_created` sample keeps the earliest time instead. The families are
-prometheus_client's `Metric` objects, what a registry's `collect()` gives and `generate_latest`
-formats; workers send theirs pickled.
+the same (CoreDNS) names. A `_created` sample keeps the earliest time instead, and a gauge that
+every worker sets alike from one source (metrics.py `UNSUMMED`: a hosts file's entries) its
+largest value. The families are prometheus_client's `Metric` objects, what a registry's
+`collect()` gives and `generate_latest` formats; workers send theirs pickled.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterable, Iterator
 from prometheus_client import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
+
+from toposdns.metrics import UNSUMMED
 
 #: A sample's identity: its name and its labels, sorted.
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -43,6 +46,8 @@ class Sum(Collector):
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 if sample.name.endswith("_created"):
                     values[key] = min(values.get(key, sample.value), sample.value)
+                elif family.name in UNSUMMED:
+                    values[key] = max(values.get(key, sample.value), sample.value)
                 else:
                     values[key] = values.get(key, 0.0) + sample.value
 

@@ -1,8 +1,10 @@
 """The supervisor of `toposdns serve --workers N`: one source, N workers, one --http port.
 
 - **startup**: the source starts (the snapshot file loaded, or the cluster listed, waiting up
-  to --startup-timeout as one process does); --http is served; the DNS port is reserved (bound
-  with SO_REUSEPORT and not listening, so that port 0 becomes a port every worker binds); then
+  to --startup-timeout as one process does); --http is served; the DNS port is reserved, and
+  the port of every other address server blocks are on (bound with SO_REUSEPORT and not
+  listening, so that port 0 becomes a port every worker binds, and a port that cannot be bound
+  stops startup before any worker is forked); then
   the workers are forked, after the data is loaded, so that they start with it in copy-on-write
   memory. Once each says it serves, the reservation is closed and the port announced.
 - **main loop**: each change the source publishes goes to every worker, in order: the store
@@ -26,30 +28,25 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from prometheus_client import REGISTRY, Metric, generate_latest
 
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
-from toposdns.metrics import SOURCE_SYNCED, WORKER_RESTARTS
-from toposdns.reload import corefile_bytes, watch_corefile
-from toposdns.serve import udp_batch
-from toposdns.serve.listen import bind_pair
+from toposdns.metrics import WORKER_RESTARTS
+from toposdns.serve import http, udp_batch
+from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
 from toposdns.server import (
     Corefile,
     answering,
-    kept_where,
-    report_conflicts,
-    report_invalid_policies,
-    report_restart,
-    report_server,
-    start_http,
-    start_source,
-    where,
-    zones,
+    bind_address,
+    family_of,
+    restart_only,
+    run_server,
 )
 from toposdns.source.kube import KubeSource
 from toposdns.store.journal import JournaledBuilder
@@ -127,26 +124,31 @@ class Worker:
 
 async def supervise(config: ServeConfig, corefile: Corefile | None = None) -> None:
     """Run the source once and `config.workers` worker processes, until SIGTERM or SIGINT;
-    with `corefile` and `reload` on, apply the Corefile to them all when it changes."""
-    await Supervisor(config, corefile).run()
+    with `corefile` and `reload` on, apply the Corefile to them all when it changes: the
+    server's one assembly (`run_server`), its DNS answered by the workers."""
+    await run_server(config, corefile, lambda life: Supervisor(config, life))
 
 
 class Supervisor:
-    """The source, the workers, and the HTTP endpoints."""
+    """The workers, fed by the source and summed on /metrics."""
 
-    def __init__(self, config: ServeConfig, corefile: Corefile | None = None) -> None:
+    def __init__(self, config: ServeConfig, life: Lifecycle) -> None:
         self.config = config
-        self.corefile = corefile
-        #: The bytes of the Corefile the configuration was read from, to tell a change.
-        self.read_bytes = None if corefile is None else corefile_bytes(corefile[0])
         self.resolver = answering(config)
-        self.life = Lifecycle()
+        self.life = life
         #: What every worker serves, or will once it has applied the last batch.
-        self.current = Snapshot(synced=config.snapshot.path is not None)
-        self.builder = JournaledBuilder() if config.snapshot.path is None else None
+        self.current_snapshot = Snapshot(synced=config.snapshot.path is not None)
+        self.builder = (
+            JournaledBuilder(config.toposdns.locator_namespaces)
+            if config.snapshot.path is None
+            else None
+        )
+        self.exposition: Callable[[], Awaitable[bytes]] | None = self.summed
         self.source: KubeSource | None = None
         self.batch = 0
         self.port = config.bind.port
+        #: The ports reserved for the other addresses of server blocks, by address.
+        self.other_ports: dict[ListenOptions, int] = {}
         self.workers: dict[int, Worker] = {}
         #: Slots waiting to be forked again after a crash: (delay, monotonic time of the fork).
         self.backoff: dict[int, tuple[float, float]] = {}
@@ -161,72 +163,60 @@ class Supervisor:
         self.probes: dict[bytes, Upstream] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def run(self) -> None:
+    def current(self) -> Snapshot:
+        return self.current_snapshot
+
+    def serving(self) -> http.Serving:
+        """/explain answers from the supervisor's data, the same as the workers'."""
+        return self.current_snapshot, self.resolver, self.config.autopath
+
+    def described(self) -> str:
+        return f" ({self.config.workers} workers)"
+
+    async def start(self, source: KubeSource | None) -> int:
+        """Fork the workers on ports reserved for them all (the DNS port, and each other
+        address's), once each serves; the DNS port."""
         config = self.config
-        if config.upstreams:
-            log.info("forwarding other names to %s", ", ".join(map(str, config.upstreams)))
-        async with self.life as life:
-            self.source = await start_source(
-                config, life, self.publish, lambda: self.current.synced, self.builder
-            )
-            await start_http(
-                config,
-                life.stack,
-                self.not_ready,
-                lambda: (self.current, self.resolver, config.autopath),
-                self.exposition,
-            )
-            life.catch_signals()
-            family = socket.AF_INET6 if ":" in config.bind.host else socket.AF_INET
-            reserved = bind_pair(
-                family, config.bind.host, config.bind.port, reuse_port=True, listen=False
-            )
+        self.source = source
+        reserved: list[socket.socket] = []
+        try:
+            host = config.bind.host
+            reserved += bind_pair(family_of(host), host, config.bind.port, True, listen=False)
             self.port = int(reserved[0].getsockname()[1])
-            report_server(config, self.port)
+            for address, blocks in config.servers().items():
+                pair = bind_address(address, None, blocks[0].place, True, listen=False)
+                reserved += pair
+                self.other_ports[address] = int(pair[0].getsockname()[1])
             udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
-            life.stack.push_async_callback(self.end_workers)
+            self.life.stack.push_async_callback(self.end_workers)
             self.probes = {self.loops.probe(upstream): upstream for upstream in config.upstreams}
-            try:
-                for slot in range(1, config.workers + 1):
-                    await self.spawn(slot)
-                await self.until_serving()
-            finally:
-                for sock in reserved:
-                    sock.close()
-            self.started = True
-            log.info(
-                "serving DNS on %s:%d (udp, tcp) for %s (%d workers)",
-                config.bind.host,
-                self.port,
-                zones(config),
-                config.workers,
-            )
-            if self.probes:
-                # CoreDNS's `loop`: the probes go out from here; the worker one comes back to
-                # says so (a `Looped` message).
-                server = f"{config.bind.host}:{self.port}"
-                check = self.loops.send_probes(self.probes, server)
-                life.start(check, "loop check", ending=False)
-            if self.corefile is not None and config.reload.enabled:
-                path, read = self.corefile
-                watch = watch_corefile(
-                    path, self.read_bytes, lambda: self.config.reload, read, self.reconfigure
-                )
-                life.start(watch, "reload", ending=False)
-            await life.main_loop()
-            lameduck = self.config.health.lameduck
-            log.info("shutting down: answering for %gs more (lameduck)", lameduck)
-            await self.stop_workers()
-            log.info("stopped")
+            for slot in range(1, config.workers + 1):
+                await self.spawn(slot)
+            await self.until_serving()
+        finally:
+            for sock in reserved:
+                sock.close()
+        self.started = True
+        return self.port
+
+    def ports(self) -> dict[ListenOptions, int]:
+        return dict(self.other_ports)
+
+    def check_loops(self, server: str) -> None:
+        if self.probes:
+            # CoreDNS's `loop`: the probes go out from here; the worker one comes back to says
+            # so (a `Looped` message).
+            check = self.loops.send_probes(self.probes, server)
+            self.life.start(check, "loop check", ending=False)
+
+    async def stop(self) -> None:
+        await self.stop_workers()
 
     # ----- the data
 
     def publish(self, snapshot: Snapshot) -> None:
         """The source's new snapshot: served by the supervisor, and sent to every worker."""
-        report_invalid_policies(self.current, snapshot)
-        SOURCE_SYNCED.set(snapshot.synced)
-        report_conflicts(self.current, snapshot)
-        previous, self.current = self.current, snapshot
+        previous, self.current_snapshot = self.current_snapshot, snapshot
         self.batch += 1
         message: Message
         if self.builder is not None and snapshot.follows(previous):
@@ -241,14 +231,13 @@ class Supervisor:
                 # a copy each. Forked again from it, they share it (copy-on-write).
                 self.life.start(self.renew(), "renewal", ending=False)
 
-    def reconfigure(self, config: ServeConfig) -> None:
+    def reconfigure(self, config: ServeConfig) -> list[str]:
         """A reloaded Corefile: every worker answers by it from now on, and every worker
         forked later starts with it (what says where to serve waits for a restart)."""
-        report_restart([k for k, v in where(config).items() if v != where(self.config)[k]])
-        self.config = kept_where(config, self.config)
+        self.config, waiting = restart_only(config, self.config)
         self.resolver = replace(config.kubernetes, ns_addresses=self.resolver.ns_addresses)
-        report_server(self.config, self.port)
         self.broadcast(Reconfigure(self.config))
+        return waiting
 
     def broadcast(self, message: Message) -> None:
         data = frame(message)
@@ -261,13 +250,22 @@ class Supervisor:
         """Fork a worker from the data as it is now, and follow it."""
         ours, theirs = socket.socketpair()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        # From here to the fork nothing else runs: the worker starts from `self.current`
+        # From here to the fork nothing else runs: the worker starts from `self.current_snapshot`
         # exactly, and each later change reaches it as a message.
         if self.source is not None and self.builder is not None:
-            self.source.flush()  # what the builder has, `self.current` has
+            self.source.flush()  # what the builder has, `self.current_snapshot` has
             self.builder.start_journal()
         config, resolver, probes = self.config, self.resolver, self.probes
-        start = Start(slot, config, resolver, self.port, self.current, self.builder, probes)
+        start = Start(
+            slot,
+            config,
+            resolver,
+            self.port,
+            self.other_ports,
+            self.current_snapshot,
+            self.builder,
+            probes,
+        )
         try:
             pid = fork_worker(start, theirs)
         finally:
@@ -431,7 +429,7 @@ class Supervisor:
         """/ready: None when the data has synced and every worker serves the latest."""
         if self.life.stopping:
             return "Shutting down"
-        if not self.current.synced:
+        if not self.current_snapshot.synced:
             return "kubernetes"
         behind = [
             self.describe(slot)
@@ -450,7 +448,7 @@ class Supervisor:
             return str(slot)
         return f"{slot} (ended soon after its start; starting again in {left:.0f}s of {delay:g}s)"
 
-    async def exposition(self) -> bytes:
+    async def summed(self) -> bytes:
         """/metrics: the supervisor's metrics and every worker's, summed, and each worker's
         request count apart (`toposdns_worker_requests_total{worker}`)."""
         loop = asyncio.get_running_loop()

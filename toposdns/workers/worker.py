@@ -2,7 +2,8 @@
 port the workers share and applies the changes the supervisor sends.
 
 A worker starts with the supervisor's data as it was at the fork (copy-on-write memory, never
-sent), binds the DNS port with SO_REUSEPORT, and says `Serving`. After that it reads the
+sent), binds the DNS port (and each other port of server blocks) with SO_REUSEPORT, and says
+`Serving`. After that it reads the
 supervisor's messages in order: changes to replay on its copy of the store builder (so its
 caches drop only what a change touched, as in one process), whole snapshots, metric scrapes,
 and `Stop`. It takes no signals: SIGTERM and SIGINT go to the supervisor, which tells the
@@ -24,12 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from prometheus_client import CollectorRegistry
-
 from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import ANSWERING
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.listen import ListenOptions
 from toposdns.serve.upstream import Upstream
 from toposdns.server import DnsServer, run
 from toposdns.store.builder import StoreBuilder
@@ -64,6 +64,9 @@ class Start:
     config: ServeConfig
     resolver: ResolverConfig
     port: int
+    #: The ports of the other addresses of server blocks, by address (the supervisor's
+    #: reservations, which every worker binds).
+    ports: dict[ListenOptions, int]
     snapshot: Snapshot
     #: The cluster's store builder (its copy of the supervisor's); None for a snapshot file.
     builder: StoreBuilder | None
@@ -151,11 +154,6 @@ async def work(start: Start, channel: socket.socket) -> None:
     """Answer DNS on the shared port and follow the supervisor, until told to stop."""
     config = start.config
     dns = DnsServer(config, start.resolver, start.snapshot)
-    responder = dns.responder
-    registry = CollectorRegistry()
-    if dns.metrics is not None:
-        for collector in (dns.metrics, responder.topology_counts, *ANSWERING):
-            registry.register(collector)
     reader, writer = await asyncio.open_unix_connection(sock=channel)
 
     def send(message: Message) -> None:
@@ -168,9 +166,10 @@ async def work(start: Start, channel: socket.socket) -> None:
         if dns.forwarder is not None:
             dns.forwarder.loops.probes.update(start.probes)
             dns.forwarder.loops.on_probe = lambda question: send(Looped(question))
-        await dns.start(life.stack, start.port, reuse_port=True)
+        dns.register(life.stack)
+        await dns.start(life.stack, start.port, reuse_port=True, ports=start.ports)
         send(Serving())
-        follow = _follow(reader, send, dns, start.builder, registry, life)
+        follow = _follow(reader, send, dns, start.builder, life)
         following = life.start(follow, "supervisor")
         await life.main_loop()
         if following.done():
@@ -184,7 +183,6 @@ async def _follow(
     send: Callable[[Message], None],
     dns: DnsServer,
     builder: StoreBuilder | None,
-    registry: CollectorRegistry,
     life: Lifecycle,
 ) -> None:
     """Do what the supervisor says, in order, until it closes its end."""
@@ -200,6 +198,6 @@ async def _follow(
         elif isinstance(message, Reconfigure):
             dns.reconfigure(message.config)
         elif isinstance(message, Scrape):
-            send(Families(message.request, list(registry.collect())))
+            send(Families(message.request, list(ANSWERING.collect())))
         elif isinstance(message, Stop):
             life.stop(now=message.now)
