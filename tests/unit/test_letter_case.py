@@ -19,7 +19,7 @@ from tests.objects import SHOP_WEB, headless, service
 from toposdns.resolve.answer import Answer
 from toposdns.serve.cache import Cached
 from toposdns.serve.responder import TCP4, TCP6, UDP4, UDP6, Responder, Transport
-from toposdns.wire.case import NOT_RECASED, case_runs, compress, recase
+from toposdns.wire.case import NOT_RECASED, PACKS, case_runs, compress, recase, signature
 from toposdns.wire.codes import AAAA, CNAME, MX, NOERROR, NS, PTR, SOA, SRV, TXT, A, Name
 from toposdns.wire.decode import Edns, Query, record_spans
 from toposdns.wire.edns import split_query
@@ -267,3 +267,64 @@ def test_case_runs_find_the_copies_of_the_name() -> None:
     assert case_runs(ours, ours[:-5] + b"xxxxx", wire_name(name)) is None  # differs elsewhere
     zero = ("a\0b", "cluster", "local")  # a zero byte in a label hides where its name ends
     assert case_runs(ours, theirs, wire_name(zero)) is None
+
+
+# A reply cut and compressed: made once for the spellings that compress alike, recased for each.
+
+
+@pytest.mark.parametrize(
+    ("name", "qtype"),
+    [
+        ("_http._tcp.big.shop.svc.cluster.local", "SRV"),  # targets and glue under the service
+        ("big.shop.svc.cluster.local", "A"),
+        ("mid.shop.svc.cluster.local", "A"),  # over 512 and 1000 bytes, not over 1232
+    ],
+)
+def test_spellings_that_compress_alike_share_one_compressed_form(name: str, qtype: str) -> None:
+    responder = Responder(CONFIG, SNAPSHOT, max_udp_size=4096)
+    cache = responder.cache
+    labels = name.split(".")
+    # The labels the objects spell in lower case, asked in lower case or not: they decide
+    # which suffixes point where.
+    crafted = [
+        ".".join(label.upper() if i in upper else label for i, label in enumerate(labels))
+        for upper in ({0}, {1}, {2}, {3}, {0, 1}, {len(labels) - 1}, set(range(len(labels))))
+    ]
+    asked = [name, name, *crafted, *spellings(name, 60, 7)]
+    for size in (512, 1232, 1000):
+        for i, spelled in enumerate(asked):
+            data = query(spelled, qtype, size, qid=i)
+            served = responder.respond(data, UDP4, SOURCE)
+            assert served == reference(responder, data, UDP4), (spelled, size)
+    (entry,) = cache.table.values()
+    assert isinstance(entry, Cached) and entry.case is not None
+    assert 0 < len(entry.case.packs) <= PACKS
+    # What the compressed forms take is counted: the bound holds what the entry says it holds.
+    key = split_query(query(name, qtype, 1232))
+    assert key is not None
+    held = cache.bytes_held
+    cache.drop(key[0])
+    assert held - cache.bytes_held == entry.size + len(key[0]) > entry.case.size > 0
+
+
+def test_a_label_like_an_objects_changes_the_signature() -> None:
+    responder = Responder(CONFIG, SNAPSHOT)
+    srv = "_http._tcp.big.shop.svc.cluster.local"
+    for spelled in (srv, srv.upper()):
+        responder.respond(query(spelled, "SRV", 1232), UDP4, SOURCE)
+    (entry,) = responder.cache.table.values()
+    assert isinstance(entry, Cached) and entry.case is not None
+    case = entry.case
+    # `big`, `shop` and `svc` are spelled by the glue's owners too; `cluster.local` only ever
+    # copied from the name asked.
+    texts = {label for _, _, label in case.fixed}
+    assert {b"big", b"shop", b"svc"} <= texts and b"cluster" not in texts
+
+    def wire(text: str) -> bytes:
+        return b"".join(bytes((len(lb),)) + lb.encode() for lb in text.split(".")) + b"\0"
+
+    lower, upper = wire(srv), wire(srv.replace("big", "BIG"))
+    assert signature(case, lower) != signature(case, upper)
+    # `_http` is no object's: its case changes nothing.
+    http = srv.replace("big", "BIG").replace("_http", "_HTTP")
+    assert signature(case, upper) == signature(case, wire(http))

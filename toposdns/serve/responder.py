@@ -79,6 +79,8 @@ from toposdns.wire.case import (
     Runs,
     case_runs,
     compress,
+    label_facts,
+    packed,
     recase,
     rotation_runs,
 )
@@ -345,15 +347,21 @@ class Responder:
             cached = entry  # type: ignore[assignment]
         question_end = plain_question_end(data, key)
         name = None
+        case = None
+        held = 0
         if cached.question != data[12:question_end]:
             # Asked in another letter case: the reply is written with the query's letters.
             if cached.case is None:
                 self.recasing(data, key, echo, source, entry, cached)
-            if cached.case is NOT_RECASED:
+            case = cached.case
+            if case is None or case is NOT_RECASED:
                 return None  # its names are written anew
             name = data[12 : question_end - 4]
+            held = case.size
         options = echo.scoped if via_ecs else echo.plain
         reply = self.rendered(data, key, cached, options, transport, name)
+        if case is not None and case.size != held:  # a compressed form kept, or let go
+            self.cache.grow(entry, cached, case.size - held)
         if reply is None:
             return None
         hits = None if cached.hits is None else cached.hits[transport.slot]
@@ -415,7 +423,7 @@ class Responder:
                 theirs = theirs[:-11] + ours[-11:]
             runs = case_runs(ours, theirs, name)
             if runs is not None and cached.rotation is None:
-                found = Recasing(runs)
+                found = Recasing(runs, None, label_facts(ours, runs, name))
             elif runs is not None and cached.rotation is not None:
                 rotation = Rotation.of(theirs)
                 parts = None if rotation is None else rotation_runs(cached.rotation, rotation, name)
@@ -470,11 +478,12 @@ class Responder:
         query's name in wire form, when it is asked in another case than the reply's; None when
         only a new encoding fits."""
         serial = self.snapshot.serial
+        case = cached.case
         runs: Runs = ()
         if name is None or cached.rotation is None:
             body = cached.current(serial)
-            if name is not None:  # recased below, as far as it is sent
-                runs = cached.case.runs  # type: ignore[union-attr]
+            if name is not None and case is not None:  # recased below, as far as it is sent
+                runs = case.runs
         else:
             body = cached.recased(serial, name)
         opt = b""
@@ -498,8 +507,10 @@ class Responder:
         if name is not None:
             if reply is not None:
                 reply = recase(reply, runs, name)
-            else:  # compressed as this query's names compress
-                reply = compress(body, opt, limit, runs, name)
+            elif case is not None and runs:  # compressed as its names compress, made once
+                reply = packed(case, body, cached.serial, opt, limit, name)  # for those alike
+            else:  # rotated and recased already
+                reply = compress(body, opt, limit)
         return None if reply is None else data[:2] + reply
 
     def built(
