@@ -9,6 +9,9 @@ and edns0.go's behaviour, plugin/cache/README.md), not from their code:
   address the query came from, cut to V4 or V6 bits, SCOPE 0, by `set` and `replace`, and left
   as it is by `append`. Only the first: a later one stays as the client wrote it. Without one,
   `set` and `append` add one. `unset` removes every Client Subnet option. (`revert` is refused.)
+  This is toposdns's own `rewrite` (serve/rewrite.py `client_subnet`, `rewrite_subnet`), played
+  here on the query as dnspython holds it: the tables of tests/unit/test_coredns_forwarder.py
+  hold both to CoreDNS's.
 - `cache [TTL]` or `cache { success CAPACITY [TTL [MINTTL]] / denial ... }`: replies are kept
   under the name in lower case, the type, the class and the DO and CD bits, and nothing else:
   not the Client Subnet. NOERROR with records and NXDOMAIN or NODATA with an SOA are kept for
@@ -31,7 +34,6 @@ and port, one query at a time on each, in a thread each; every socket read has a
 from __future__ import annotations
 
 import copy
-import ipaddress
 import socket
 import struct
 import threading
@@ -50,6 +52,7 @@ import dns.rcode
 import dns.rdatatype
 
 from toposdns.corefile import expand, lex, server_blocks
+from toposdns.serve.rewrite import client_subnet, rewrite_subnet
 
 #: What a directive of a server block is here: its words, and the words of each line of its
 #: own block.
@@ -119,30 +122,19 @@ class SubnetRewrite:
             raise ValueError(f"rewrite edns0 subnet: prefix lengths out of range: {words}")
         return cls(action, v4, v6)
 
-    def subnet(self, client: str) -> dns.edns.ECSOption:
-        """A Client Subnet option for the address the query came from."""
-        ip = ipaddress.ip_address(client)
-        length = self.v4 if ip.version == 4 else self.v6
-        network = ipaddress.ip_network(f"{ip}/{length}", strict=False)
-        return dns.edns.ECSOption(str(network.network_address), length, 0)
-
     def apply(self, query: dns.message.Message, client: str) -> None:
         """Rewrite `query`'s Client Subnet options as CoreDNS does for a query from `client`."""
         if query.edns < 0:
             query.use_edns(0, 0, 4096)
-        options = list(query.options)
-        if self.action == "unset":
-            options = [o for o in options if o.otype != dns.edns.OptionType.ECS]
-        else:
-            for index, option in enumerate(options):
-                if option.otype == dns.edns.OptionType.ECS:
-                    if self.action in ("set", "replace"):
-                        options[index] = self.subnet(client)
-                    break  # only the first: `append` leaves it, a later one is not looked at
-            else:
-                if self.action in ("set", "append"):
-                    options.append(self.subnet(client))
-        query.use_edns(query.edns, query.ednsflags, query.payload, options=options)
+        options = [(int(option.otype), option.to_wire()) for option in query.options]
+        value = b""
+        if self.action != "unset":
+            subnet = client_subnet(client, self.v4, self.v6)
+            assert subnet is not None, f"the client {client!r} is no address"
+            value = subnet
+        rewrite_subnet(options, self.action, value)
+        written = [dns.edns.option_from_wire(code, data, 0, len(data)) for code, data in options]
+        query.use_edns(query.edns, query.ednsflags, query.payload, options=written)
 
 
 @dataclass

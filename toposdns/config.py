@@ -48,6 +48,7 @@ from toposdns.serve.http import (
 from toposdns.serve.listen import BIND, ListenOptions
 from toposdns.serve.query_log import LOG, LogOptions
 from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
+from toposdns.serve.rewrite import REWRITE, RewriteOptions
 from toposdns.serve.tcp import TCP, TcpOptions
 from toposdns.serve.template import TEMPLATE, TemplateOptions
 from toposdns.source.kube import CLUSTER, ClusterOptions
@@ -201,10 +202,11 @@ PLUGINS: tuple[Plugin[Any], ...] = (
     LOG,
     HOSTS,
     TEMPLATE,
+    REWRITE,
 )
 #: The plugins a server block without kubernetes may hold (serve/blocks.py); `bind` only on a
 #: port of its own.
-BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, TEMPLATE, BIND)
+BLOCK_PLUGINS: tuple[Plugin[Any], ...] = (FORWARD, CACHE, HOSTS, TEMPLATE, REWRITE, BIND)
 #: The plugins `toposdns explain` takes: those that change answers (of toposdns's own
 #: settings, which PodLocators are believed).
 LOCATOR_TRUST: Plugin[ToposdnsOptions] = Plugin(
@@ -240,6 +242,7 @@ class ServeConfig:
     log: LogOptions = field(default_factory=LogOptions)
     hosts: HostsOptions = field(default_factory=HostsOptions)
     template: TemplateOptions = field(default_factory=TemplateOptions)
+    rewrite: RewriteOptions = field(default_factory=RewriteOptions)
     #: The kubernetes server block's zones, its keys (`.` unless a Corefile says otherwise).
     block_zones: tuple[Name, ...] = ((),)
     #: The other server blocks: beside it on its port (stub domains), or on ports of their own.

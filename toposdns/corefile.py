@@ -56,7 +56,7 @@ def _plugins_by_directive() -> dict[str, tuple[Plugin[Any], ...]]:
 
 
 #: Directives a server block may hold more than once, as CoreDNS allows.
-REPEATABLE = ("acl", "template")
+REPEATABLE = ("acl", "template", "rewrite")
 #: The directives toposdns reads, by name.
 DIRECTIVES = _plugins_by_directive()
 SUPPORTED = sorted([*DIRECTIVES, *ACCEPTED])
@@ -181,6 +181,7 @@ def read_block(
         options["cache"] if "cache" in seen else cache_off(options["cache"]),
         hosts=options["hosts"],
         template=options["template"],
+        rewrite=options["rewrite"],
         port=None if where == MAIN else port,
         bind=bind,
         plugins=tuple(sorted((word for word in seen if word != "bind"), key=ORDER.index)),

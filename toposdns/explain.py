@@ -30,7 +30,7 @@ from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, reso
 from toposdns.store.model import NODE_NAME, PodLocator
 from toposdns.store.placement import EVERY_NAMESPACE
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels, Policy
+from toposdns.store.topology import ROTATION, Labels, Policy
 from toposdns.wire.codes import RCODE_NAMES, Name
 from toposdns.wire.records import name_text, type_code, type_name
 
@@ -262,6 +262,29 @@ def _believed_text(result: Explanation) -> str:
     return f"namespace {namespace} is in --locator-namespaces={listed}"
 
 
+def _soft_text(decision: Decision) -> list[str]:
+    """Soft topology: the tiers taken, and what SRV and the rotation of A and AAAA carry."""
+    selection, candidates = decision.selection, decision.candidates
+    lines = []
+    if selection.taken:
+        lines.append(f"  tiers taken: {', '.join(selection.taken)}")
+    if selection.srv:
+        lines.append("  SRV (priority, group weight):")
+        lines.extend(
+            f"    {','.join(candidates[i][0].addresses):18} priority {priority}, "
+            f"group {group} shares {share}"
+            for i, priority, group, share in selection.srv
+        )
+    if selection.rotation:
+        # The shares are worked out; A and AAAA do not rotate by them yet (docs/topology.md).
+        lines.append(
+            "  weights for A/AAAA: "
+            + ", ".join(f"{share}/{ROTATION}" for share, _ in selection.rotation)
+            + " (not applied yet: A and AAAA answer the nearest tier)"
+        )
+    return lines
+
+
 def _ignored_text(result: Explanation) -> list[str]:
     """A line per ignored PodLocator claiming the client (a few), and the count of the rest."""
     listed = ",".join(sorted(result.believed))
@@ -298,13 +321,15 @@ def render_text(result: Explanation) -> str:
         else:
             service, policy = result.idle_policy
             lines.append(f"service {service} (headless): policy {policy.describe()}")
-            lines.extend(f"  ignored: {error}" for error in policy.errors)
+            lines.extend(f"  ignored: {error}" for error in (*policy.errors, *policy.soft_errors))
             lines.append("  not applied: no ready endpoint to choose from, or not the service name")
     for decision in result.decisions:
         svc, policy = decision.service, decision.policy
         lines.append(f"service {svc.namespace}/{svc.name} (headless): policy {policy.describe()}")
-        for error in policy.errors:
+        for error in (*policy.errors, *policy.soft_errors):
             lines.append(f"  ignored: {error}")
+        if policy.active:
+            lines.append(f"  mode: {policy.mode}")
         chosen = set(decision.selection.chosen)
         lines.append("  candidates:")
         for i, (endpoint, labels) in enumerate(decision.candidates):
@@ -312,6 +337,7 @@ def render_text(result: Explanation) -> str:
             address = ",".join(endpoint.addresses)
             lines.append(f"    {mark:6} {address:18} {_labels_text(labels)}")
         lines.append(f"  rule: {decision.selection.rule}")
+        lines.extend(_soft_text(decision))
     if result.autopath is not None:
         lines.extend(_autopath_text(result))
     answer = result.answer
@@ -385,6 +411,9 @@ def render_json(result: Explanation) -> dict[str, Any]:
                     "node_hints": d.policy.node_hints,
                     "valid": not d.policy.errors,
                     "errors": list(d.policy.errors),
+                    "mode": d.policy.mode,
+                    "weights": list(d.policy.weights),
+                    "soft_errors": list(d.policy.soft_errors),
                 },
                 "candidates": [
                     {
@@ -396,6 +425,18 @@ def render_json(result: Explanation) -> dict[str, Any]:
                 ],
                 "rule": d.selection.rule,
                 "tier": d.selection.tier,
+                "tiers_taken": list(d.selection.taken),
+                "srv": [
+                    {"addresses": list(d.candidates[i][0].addresses), "priority": p, "share": w}
+                    for i, p, _, w in d.selection.srv
+                ],
+                "rotation": [
+                    {
+                        "share": share,
+                        "addresses": [a for i in held for a in d.candidates[i][0].addresses],
+                    }
+                    for share, held in d.selection.rotation
+                ],
             }
             for d in result.decisions
         ],

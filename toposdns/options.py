@@ -256,6 +256,17 @@ def _go_duration(text: str) -> float | None:
     return -total if text.startswith("-") else total
 
 
+def go_duration(text: str, origin: Origin, example: str = "5s") -> float:
+    """Seconds from a duration as Go's `time.ParseDuration` reads it, where CoreDNS does: each
+    number with its unit (`30s`, `1h20m`, `100ms`), a sign before them; a bare `0` is the only
+    number without one (`20` is refused, as by CoreDNS)."""
+    unsigned = text[1:] if text[:1] in ("+", "-") else text
+    value = 0.0 if unsigned == "0" else _go_duration(text)
+    if value is None or not math.isfinite(value):
+        raise origin.error(f"{text!r} is not a duration: a number and its unit, e.g. {example}")
+    return value
+
+
 def size(words: Sequence[str], origin: Origin) -> int:
     """Bytes from `1048576`, `512Ki`, `64Mi` or `1Gi` (Kubernetes quantity suffixes)."""
     text = one(words, origin, "64Mi")

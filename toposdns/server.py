@@ -49,6 +49,7 @@ from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
+from toposdns.serve.rewrite import make_rewrite
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.template import make_template
 from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
@@ -101,6 +102,8 @@ def plugins(config: ServeConfig) -> list[str]:
         names.append("hosts")
     if config.template.enabled:
         names.append("template")
+    if config.rewrite.enabled:
+        names.append("rewrite")
     return names
 
 
@@ -131,13 +134,24 @@ def report_invalid_policies(old: Snapshot, new: Snapshot) -> None:
     changed = None if words is None else [(w[1], w[2]) for w in words if w[0] == "svc"]
     for (namespace, name), policy in invalid_changes(old.policies, new.policies, changed):
         INVALID_POLICIES.inc()
-        log.warning(
-            "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
-            namespace,
-            name,
-            policy.source,
-            "; ".join(policy.errors),
-        )
+        if policy.errors:
+            log.warning(
+                "Service %s/%s: %s policy ignored, answering with every ready endpoint: %s",
+                namespace,
+                name,
+                policy.source,
+                "; ".join(policy.errors),
+            )
+        else:
+            log.warning(
+                "Service %s/%s: soft-topology annotation ignored, answering by the %s "
+                "(mode: %s): %s",
+                namespace,
+                name,
+                "hard policy" if policy.active else "service without a policy",
+                policy.mode,
+                "; ".join(policy.soft_errors),
+            )
 
 
 def report_conflicts(old: Snapshot, new: Snapshot) -> None:
@@ -219,6 +233,10 @@ class PortServer:
         """Its blocks' forwarders, their plugins' handlers, and the responder that routes to
         their chains."""
         forwarders, blocks, handlers = make_blocks(config, self.label, self.lookup, self.address)
+        if self.metrics is not None:  # what its forward caches do counts in its metrics
+            for forwarder in forwarders:
+                if forwarder is not None:
+                    forwarder.cache.counts = self.metrics.forward_counts
         responder = Responder(
             self.resolver,
             Snapshot(),
@@ -274,6 +292,7 @@ class DnsServer:
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.count_forward_caches()
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
@@ -313,9 +332,15 @@ class DnsServer:
 
     def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
         """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (template, hosts), in its order, and their chain, which ends in the responder's turn;
-        None without any."""
+        (rewrite, template, hosts), in its order, and their chain, which ends in the
+        responder's turn; None without any."""
         handlers: list[Handler] = []
+        rewrite = make_rewrite(config.rewrite, config.block_zones)
+        if rewrite is not None:
+            # A query it changed, passed on by the rest, gets the kubernetes block's own answer
+            # (whichever responder serves then), never a cached one: serve/rewrite.py says why.
+            rewrite.kubernetes = lambda request: self.responder.answer(request)
+            handlers.append(rewrite)
         template = make_template(config.template, config.block_zones, self.label, self.lookup)
         if template is not None:
             handlers.append(template)
@@ -370,14 +395,15 @@ class DnsServer:
                 forwarders, handlers = other.reconfigure(config)
                 retired += forwarders
                 replaced += handlers
+            self.count_forward_caches()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
                     self.retiring.add(task)
                     task.add_done_callback(self.retiring.discard)
         # The front's plugins, and the cache that caps their replies' TTLs.
-        front = (config.hosts, config.template, config.cache, config.block_zones)
-        if (old.hosts, old.template, old.cache, old.block_zones) != front:
+        front = (config.hosts, config.template, config.rewrite, config.cache, config.block_zones)
+        if (old.hosts, old.template, old.rewrite, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
             self.front_handlers, self.front = self.make_front(config)
         if replaced:
@@ -392,6 +418,15 @@ class DnsServer:
             protocol.screen = self.screen
         self.config = config
         return restart
+
+    def count_forward_caches(self) -> None:
+        """Count what the forward caches do (prefetches, stale replies, evictions) in this
+        server's metrics, which go on across reloads."""
+        if self.metrics is None:
+            return
+        for forwarder in (self.forwarder, *self.block_forwarders):
+            if forwarder is not None:
+                forwarder.cache.counts = self.metrics.forward_counts
 
     def replaced(self, handlers: list[Handler]) -> None:
         """Handlers a reload replaced: their watches stopped, their series dropped (those of

@@ -14,7 +14,7 @@ import pytest
 
 from tests.differential import Frontends, reference_reply
 from tests.helpers import config_of
-from toposdns.metrics import LOCATOR_CONFLICTS
+from toposdns.metrics import LOCATOR_CONFLICTS, UNPLACED_SUBNETS
 from toposdns.resolve.client import identify
 from toposdns.serve.placement import Placer
 from toposdns.serve.responder import UDP4, UDP6, Responder
@@ -219,3 +219,39 @@ def test_node_cidrs_answer_as_pod_locators_do() -> None:
         return compared
 
     assert asyncio.run(ask()) == len(sources) * len(questions) * 3 * 2
+
+
+def test_an_unplaced_subnet_is_reported_once_per_forwarder_and_length(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    trust = (ipaddress.ip_network("127.0.0.52/31"),)
+    placer = Placer(trust, build_snapshot(LOCATORS, serial=1))
+    before = UNPLACED_SUBNETS._value.get()
+    with caplog.at_level(logging.WARNING, logger="toposdns"):
+        for _ in range(2):
+            placer.place("127.0.0.53", ("10.0.0.0", 7))
+            placer.place("127.0.0.53", ("11.0.0.0", 7))  # the same length: said already
+            placer.place("127.0.0.53", ("fd00:10:244::", 56))
+            # A second forwarder sending a prefix the first one sent: its own line.
+            placer.place("127.0.0.52", ("10.0.0.0", 7))
+    assert [r.getMessage().split(" sends ")[:2] for r in caplog.records] == [
+        [
+            "forwarder 127.0.0.53",
+            "/7 Client Subnets that no PodLocator CIDR holds whole: its "
+            "clients are unplaced; have it send /32 and /128 (CoreDNS: rewrite edns0 subnet set 32 "
+            "128), or give the locators the node CIDRs that hold those prefixes",
+        ],
+        [
+            "forwarder 127.0.0.53",
+            "/56 Client Subnets that no PodLocator CIDR holds whole: its "
+            "clients are unplaced; have it send /32 and /128 (CoreDNS: rewrite edns0 subnet set 32 "
+            "128), or give the locators the node CIDRs that hold those prefixes",
+        ],
+        [
+            "forwarder 127.0.0.52",
+            "/7 Client Subnets that no PodLocator CIDR holds whole: its "
+            "clients are unplaced; have it send /32 and /128 (CoreDNS: rewrite edns0 subnet set 32 "
+            "128), or give the locators the node CIDRs that hold those prefixes",
+        ],
+    ]
+    assert UNPLACED_SUBNETS._value.get() - before == 3

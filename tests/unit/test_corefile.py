@@ -293,7 +293,7 @@ def test_server_blocks_on_ports_of_their_own(tmp_path: Path) -> None:
 
 # Each: a Corefile CoreDNS would reject, or one toposdns cannot serve, and the line it gets.
 REFUSED = [
-    (".:53 {\n    kubernetes\n    rewrite name a b\n}\n", "Corefile:3: rewrite: unknown plugin;"),
+    (".:53 {\n    kubernetes\n    file db.example.org\n}\n", "Corefile:3: file: unknown plugin;"),
     (".:53 {\n    kubernetes {\n        tls a b c\n    }\n}\n", "Corefile:3: tls: not an option"),
     (".:53 {\n  kubernetes {\n    ttl 3601\n  }\n}\n", "Corefile:3: ttl 3601: must be between"),
     (".:53 {\n  kubernetes {\n    pods maybe\n  }\n}\n", "Corefile:3: pods maybe: expected one"),
@@ -335,7 +335,7 @@ REFUSED = [
     (
         ".:53 {\n  kubernetes\n}\nconsul.local {\n  acl\n}\n",
         "Corefile:5: acl: not supported in a server block without kubernetes; supported there: "
-        "bind, cache, errors, forward, hosts, log, loop, prometheus, template",
+        "bind, cache, errors, forward, hosts, log, loop, prometheus, rewrite, template",
     ),
     (
         ".:53 {\n  kubernetes\n}\nconsul.local {\n  log\n}\n",
@@ -352,7 +352,7 @@ REFUSED = [
     ("tls://.:853 {\n  kubernetes\n}\n", "Corefile:1: tls://.:853: tls:// servers are not"),
     (".:53 {\n  kubernetes\n  forward example.org 1.1.1.1\n}\n", "only is not supported"),
     (".:53 {\n  kubernetes\n  reload 1s\n}\n", "Corefile:3: reload 1s: the interval must be"),
-    (".:53 {\n  kubernetes\n  cache 30 example.org\n}\n", "caching only some zones"),
+    (".:53 {\n  kubernetes\n  cache 30 example..org\n}\n", "Corefile:3: cache 30 example..org"),
     (".:53 {\n  kubernetes\n  health :8080 :8081\n}\n", "expected at most one address"),
     (".:53 {\n  kubernetes {\n    kubeconfig /k ctx\n  }\n}\n", "Corefile:3: kubeconfig /k ctx"),
     (".:53 {\n  kubernetes\n  loop 1\n}\n", "Corefile:3: loop: takes no arguments"),

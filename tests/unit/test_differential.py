@@ -257,6 +257,14 @@ UPSTREAM = {
 R = TypeVar("R", bound=Record)
 
 
+#: Soft-topology annotations (min-endpoints, srv, weights) the random services draw from.
+SOFT_VALUES: tuple[tuple[str, ...], ...] = (
+    ("1", "2", "3", "50%", "100%", "0"),
+    ("priority", "priority", "weighted"),
+    ("80,20", "60,30,10", "100", "0,100", "50,50,0", "70,30,0,0", "x"),
+)
+
+
 class Cluster:
     """A random cluster kept in a StoreBuilder, changed at random one object at a time."""
 
@@ -357,6 +365,11 @@ class Cluster:
             annotation = rng.choice(KEY_LISTS)
         elif policy < 0.75:
             distribution = rng.choice(DISTRIBUTIONS)
+        # Soft topology, valid or not for the policy drawn (weights count its tiers).
+        soft: list[str | None] = [None, None, None]
+        if rng.random() < 0.4:
+            at = rng.randrange(3)
+            soft[at] = rng.choice(SOFT_VALUES[at])
         return Service(
             namespace,
             name,
@@ -368,6 +381,9 @@ class Cluster:
             topology_annotation=annotation,
             traffic_distribution=distribution,
             external_traffic_policy="Local" if rng.random() < 0.1 else "",
+            topology_min_endpoints=soft[0],
+            topology_srv=soft[1],
+            topology_weights=soft[2],
         )
 
     def random_slice(

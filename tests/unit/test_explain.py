@@ -274,3 +274,83 @@ def test_explain_names_the_rule_that_placed_the_client_and_what_it_ignored(
         "  believed: --locator-namespaces=* believes the PodLocators of every namespace",
     ]
     assert "  answer     web.shop.svc.cluster.local.\t5\tIN\tA\t10.244.3.10" in lines
+
+
+SOFT_SNAPSHOT = (
+    "- {apiVersion: v1, kind: Namespace, metadata: {name: shop}}\n"
+    "- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: shop,\n"
+    "   annotations: {%s}},\n"
+    "   spec: {clusterIP: None, ports: [{name: http, port: 80, protocol: TCP}],\n"
+    "          topologyKeys: [topology.kubernetes.io/zone, '*']}}\n"
+    "- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, addressType: IPv4,\n"
+    "   metadata: {name: web-1, namespace: shop,\n"
+    "              labels: {kubernetes.io/service-name: web}},\n"
+    "   ports: [{name: http, port: 80, protocol: TCP}],\n"
+    "   endpoints: [{addresses: [10.0.0.1], zone: z1}, {addresses: [10.0.0.2], zone: z2},\n"
+    "               {addresses: [10.0.0.3], zone: z2}]}\n"
+    "- {apiVersion: toposdns.io/v1alpha1, kind: PodLocator,\n"
+    "   metadata: {name: client, namespace: toposdns}, addresses: [10.0.0.9], nodeName: n1,\n"
+    "   nodeLabels: {topology.kubernetes.io/zone: z1}}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "qtype", "expected"),
+    [
+        (
+            "toposdns.io/topology-min-endpoints: '2'",
+            "A",
+            [
+                "  mode: spill-over to 2 endpoints",
+                "  rule: spill-over to 2 endpoints: topology.kubernetes.io/zone + * hold 3",
+                "  tiers taken: topology.kubernetes.io/zone, *",
+            ],
+        ),
+        (
+            "toposdns.io/topology-srv: priority",
+            "SRV",
+            [
+                "  mode: SRV priorities by tier",
+                "    10.0.0.1           priority 0, group 0 shares 100",
+                "    10.0.0.2           priority 1, group 1 shares 100",
+                "web.shop.svc.cluster.local.\t5\tIN\tSRV\t1 50 80 ",
+            ],
+        ),
+        (
+            "toposdns.io/topology-weights: '80,20'",
+            "SRV",
+            [
+                "  mode: weights 80,20",
+                "  rule: weighted: topology.kubernetes.io/zone 80, * 20",
+                "    10.0.0.3           priority 0, group 1 shares 20",
+                "  weights for A/AAAA: 80/100, 20/100 (not applied yet: A and AAAA answer the "
+                "nearest tier)",
+            ],
+        ),
+        (
+            "toposdns.io/topology-weights: '80'",
+            "A",
+            [
+                "  ignored: metadata.annotations[toposdns.io/topology-weights]: Invalid value: "
+                '"80": must have one weight per tier, 2 for [topology.kubernetes.io/zone, *]',
+                "  mode: hard",
+                "  rule: topology.kubernetes.io/zone=z1",
+            ],
+        ),
+    ],
+)
+def test_soft_topology_is_shown(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    annotations: str,
+    qtype: str,
+    expected: list[str],
+) -> None:
+    snapshot = tmp_path / "soft.yaml"
+    snapshot.write_text(SOFT_SNAPSHOT % annotations)
+    args = ["explain", "--snapshot", str(snapshot), "--client", "10.0.0.9"]
+    code = main([*args, "web.shop.svc.cluster.local", qtype])
+    out = capsys.readouterr().out
+    assert code == 0
+    for line in expected:
+        assert line in out, out

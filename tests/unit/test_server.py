@@ -63,6 +63,24 @@ def test_a_reload_applies_answers_now_and_where_to_serve_at_the_restart(
     asyncio.run(run())
 
 
+def test_the_forwarders_of_a_reload_count_in_the_same_cache_metrics() -> None:
+    async def run() -> None:
+        first = config_of(**{"--upstream": "192.0.2.1", "--http": "127.0.0.1:0"})
+        dns = DnsServer(first, answering(first), Snapshot(synced=True))
+        assert dns.metrics is not None and dns.forwarder is not None
+        counts = dns.metrics.forward_counts
+        assert dns.forwarder.cache.counts is counts
+        second = config_of(
+            **{"--upstream": "192.0.2.1", "--http": "127.0.0.1:0", "--cache-prefetch": "2"}
+        )
+        dns.reconfigure(second)
+        assert dns.forwarder.cache.counts is counts  # a new forwarder, the same counts
+        assert dns.forwarder.refresher is not None
+        await dns.close()
+
+    asyncio.run(run())
+
+
 # Each: a flag changed by a reload, and the name the warning gives it (None: applied at once).
 RELOADED = [
     ({"--explain": "127.0.0.1:9999"}, "explain"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from toposdns.store.topology import (
     Policy,
     endpoint_labels,
     policy_for,
+    rotation_schedule,
     select,
     validate_keys,
 )
@@ -907,3 +909,271 @@ def test_tier_names_what_was_chosen(client: dict[str, str], star: bool) -> None:
     else:
         key = selection.tier
         assert chosen == [c for c in PROPERTY_CANDIDATES if _same(c[1], client, key)] != []
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Soft topology (docs/topology.md, "Soft topology"): spill-over, SRV priorities by tier and
+# weights between tiers, for each policy source; invalid annotations fall back to the hard policy.
+# --------------------------------------------------------------------------------------------
+
+MIN_ANNOTATION = "metadata.annotations[toposdns.io/topology-min-endpoints]"
+SRV_FIELD = "metadata.annotations[toposdns.io/topology-srv]"
+WEIGHTS_FIELD = "metadata.annotations[toposdns.io/topology-weights]"
+
+# node-a z1: .1; node-b z1: .2, .3; node-c z2: .4, .5, .6
+SOFT_NODES = {"a": node("node-a", "z1"), "b": node("node-b", "z1"), "c": node("node-c", "z2")}
+SOFT_CANDIDATES: Candidates = [
+    (
+        Endpoint(
+            addresses=(f"10.0.0.{i}",),
+            node_name=f"node-{n}",
+            zone=SOFT_NODES[n][ZONE],
+            hint_zones=(SOFT_NODES[n][ZONE],),
+        ),
+        {**SOFT_NODES[n], NODE_NAME: f"node-{n}"},
+    )
+    for i, n in enumerate("abbccc", start=1)
+]
+CLIENT_A = {**SOFT_NODES["a"], NODE_NAME: "node-a"}
+CLIENT_Z3 = {HOSTNAME: "node-z", ZONE: "z3", NODE_NAME: "node-z"}
+
+# The policy sources, with their tiers: each soft case runs on each of them.
+SOFT_SOURCES: dict[str, dict[str, Any]] = {
+    "topologyKeys": {"topology_keys": (HOSTNAME, ZONE, "*")},
+    "annotation": {"topology_annotation": (HOSTNAME, ZONE, "*")},
+    "trafficDistribution": {"traffic_distribution": "PreferSameNode"},
+}
+
+
+def soft(source: str, **annotations: str) -> Policy:
+    fields = {f"topology_{k}": v for k, v in annotations.items()}
+    return policy_for(
+        svc(**SOFT_SOURCES[source], **fields), [eps(*(c[0] for c in SOFT_CANDIDATES))]
+    )
+
+
+def last_octets(indexes: Sequence[int]) -> list[int]:
+    return [int(SOFT_CANDIDATES[i][0].addresses[0].rsplit(".", 1)[1]) for i in indexes]
+
+
+# (min-endpoints, client, the tiers taken, the endpoints chosen (last octets), spilled)
+SPILL_CASES = [
+    ("1", CLIENT_A, ["first"], [1], False),  # the node's one replica is enough
+    ("2", CLIENT_A, ["first", "zone"], [1, 2, 3], True),  # the zone, added whole
+    ("3", CLIENT_A, ["first", "zone"], [1, 2, 3], True),
+    ("4", CLIENT_A, ["first", "zone", "*"], [1, 2, 3, 4, 5, 6], True),
+    ("50%", CLIENT_A, ["first", "zone"], [1, 2, 3], True),  # ceil(6 * 50%) = 3
+    ("51%", CLIENT_A, ["first", "zone", "*"], [1, 2, 3, 4, 5, 6], True),  # ceil(3.06) = 4
+    ("10000", CLIENT_A, ["first", "zone", "*"], [1, 2, 3, 4, 5, 6], True),  # all there is
+    ("2", CLIENT_Z3, ["*"], [1, 2, 3, 4, 5, 6], False),  # no node, no zone: "*" only
+    ("2", {}, ["*"], [1, 2, 3, 4, 5, 6], False),  # unknown client, last key "*"
+]
+
+
+@pytest.mark.parametrize("source", list(SOFT_SOURCES))
+@pytest.mark.parametrize(("minimum", "client", "taken", "want", "spilled"), SPILL_CASES)
+def test_spill_over(
+    source: str,
+    minimum: str,
+    client: dict[str, str],
+    taken: list[str],
+    want: list[int],
+    spilled: bool,
+) -> None:
+    policy = soft(source, min_endpoints=minimum)
+    assert not policy.soft_errors and policy.min_endpoints
+    first = policy.keys[0]
+    selection = select(policy, client, SOFT_CANDIDATES)
+    assert list(selection.taken) == [
+        first if t == "first" else ZONE if t == "zone" else t for t in taken
+    ]
+    assert last_octets(selection.chosen) == want
+    assert selection.spilled is spilled
+    assert selection.tier == selection.taken[-1]
+
+
+def test_spill_over_stops_at_the_last_key() -> None:
+    # A hard policy without "*" never goes past its last key.
+    policy = policy_for(
+        svc(topology_keys=(HOSTNAME, ZONE), topology_min_endpoints="5"),
+        [eps(*(c[0] for c in SOFT_CANDIDATES))],
+    )
+    selection = select(policy, CLIENT_A, SOFT_CANDIDATES)
+    assert last_octets(selection.chosen) == [1, 2, 3]
+    assert selection.taken == (HOSTNAME, ZONE)
+    assert select(policy, CLIENT_Z3, SOFT_CANDIDATES).chosen == ()  # NODATA, as hard
+    assert select(policy, {}, SOFT_CANDIDATES).chosen == ()
+
+
+def test_spill_over_with_hints() -> None:
+    hinted_eps = [c[0] for c in SOFT_CANDIDATES]
+    policy = policy_for(svc(topology_min_endpoints="4"), [eps(*hinted_eps)])
+    assert policy.source == "hints" and policy.tiers == (ZONE, "*")
+    selection = select(policy, CLIENT_A, SOFT_CANDIDATES)
+    assert (selection.taken, last_octets(selection.chosen)) == ((ZONE, "*"), [1, 2, 3, 4, 5, 6])
+    policy = policy_for(svc(topology_min_endpoints="3"), [eps(*hinted_eps)])
+    assert last_octets(select(policy, CLIENT_A, SOFT_CANDIDATES).chosen) == [1, 2, 3]
+
+
+# SRV priorities: (min-endpoints or None, client, A's endpoints, (last octet, priority, group
+# size) for SRV)
+PRIORITY_CASES = [
+    (None, CLIENT_A, [1], [(1, 0), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2)]),
+    ("2", CLIENT_A, [1, 2, 3], [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1)]),
+    (None, CLIENT_Z3, [1, 2, 3, 4, 5, 6], [(i, 0) for i in range(1, 7)]),
+]
+
+
+@pytest.mark.parametrize("source", list(SOFT_SOURCES))
+@pytest.mark.parametrize(("minimum", "client", "want", "srv"), PRIORITY_CASES)
+def test_srv_priority(
+    source: str,
+    minimum: str | None,
+    client: dict[str, str],
+    want: list[int],
+    srv: list[tuple[int, int]],
+) -> None:
+    extra = {} if minimum is None else {"min_endpoints": minimum}
+    policy = soft(source, srv="priority", **extra)
+    assert policy.srv_priority and not policy.soft_errors
+    selection = select(policy, client, SOFT_CANDIDATES)
+    assert last_octets(selection.chosen) == want
+    got = [(last_octets([i])[0], priority) for i, priority, _, _ in selection.srv]
+    assert got == srv
+    assert all(share == 100 for *_, share in selection.srv)
+
+
+def test_srv_priority_with_hints() -> None:
+    policy = policy_for(svc(topology_srv="priority"), [eps(*(c[0] for c in SOFT_CANDIDATES))])
+    selection = select(policy, CLIENT_A, SOFT_CANDIDATES)
+    got = [(last_octets([i])[0], priority) for i, priority, _, _ in selection.srv]
+    assert got == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1)]
+
+
+# Weights: (weights, client, SRV (last octet, group share), rotation (share, last octets))
+WEIGHT_CASES = [
+    (
+        "60,30,10",
+        CLIENT_A,
+        [(1, 60), (2, 30), (3, 30), (4, 10), (5, 10), (6, 10)],
+        [(60, [1]), (30, [2, 3]), (10, [4, 5, 6])],
+    ),
+    # No node, no zone for this client: their shares go to the next tier, "*".
+    ("60,30,10", CLIENT_Z3, [(i, 100) for i in range(1, 7)], [(100, [1, 2, 3, 4, 5, 6])]),
+    # A tier without share keeps its endpoints in SRV with weight 0.
+    ("80,0,20", CLIENT_A, [(1, 80), (2, 0), (3, 0), (4, 20), (5, 20), (6, 20)], None),
+]
+
+
+@pytest.mark.parametrize("source", list(SOFT_SOURCES))
+@pytest.mark.parametrize(("weights", "client", "srv", "rotation"), WEIGHT_CASES)
+def test_weights(
+    source: str,
+    weights: str,
+    client: dict[str, str],
+    srv: list[tuple[int, int]],
+    rotation: list[tuple[int, list[int]]] | None,
+) -> None:
+    policy = soft(source, weights=weights)
+    assert policy.weights == tuple(map(int, weights.split(","))) and not policy.soft_errors
+    selection = select(policy, client, SOFT_CANDIDATES)
+    assert [(last_octets([i])[0], share) for i, priority, _, share in selection.srv] == srv
+    assert all(priority == 0 for _, priority, _, _ in selection.srv)
+    if rotation is not None:
+        assert [(share, last_octets(held)) for share, held in selection.rotation] == rotation
+    # A and AAAA without rotation: the nearest tier, as the hard policy.
+    hard = select(replace(policy, weights=()), client, SOFT_CANDIDATES)
+    assert selection.chosen == hard.chosen
+
+
+def test_weights_with_hints() -> None:
+    policy = policy_for(svc(topology_weights="70,30"), [eps(*(c[0] for c in SOFT_CANDIDATES))])
+    assert policy.weights == (70, 30) and policy.tiers == (ZONE, "*")
+    selection = select(policy, CLIENT_A, SOFT_CANDIDATES)
+    assert [(share, last_octets(held)) for share, held in selection.rotation] == [
+        (70, [1, 2, 3]),
+        (30, [4, 5, 6]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shares", "counts"),
+    [
+        ((80, 20), [80, 20]),
+        ((60, 30, 10), [60, 30, 10]),
+        ((100,), [100]),
+        ((1, 99), [1, 99]),
+        ((33, 33, 34), [33, 33, 34]),
+    ],
+)
+def test_rotation_schedule_shares_over_100_replies(
+    shares: tuple[int, ...], counts: list[int]
+) -> None:
+    schedule = rotation_schedule(shares)
+    assert len(schedule) == 100
+    assert [schedule.count(i) for i in range(len(shares))] == counts
+    assert rotation_schedule(shares) == schedule  # deterministic
+    # Spread out: in any 10 replies in a row, each tier answers within one of its share.
+    for start in range(0, 91):
+        window = schedule[start : start + 10]
+        for i, share in enumerate(shares):
+            assert abs(window.count(i) - share / 10) < 1 + 1e-9
+
+
+SOFT_INVALID = [
+    ({"min_endpoints": "0"}, MIN_ANNOTATION, 'Invalid value: "0"'),
+    ({"min_endpoints": "x"}, MIN_ANNOTATION, 'Invalid value: "x"'),
+    ({"min_endpoints": "101%"}, MIN_ANNOTATION, 'Invalid value: "101%"'),
+    ({"min_endpoints": "10001"}, MIN_ANNOTATION, 'Invalid value: "10001"'),
+    ({"srv": "weighted"}, SRV_FIELD, 'Unsupported value: "weighted": supported values: "priority"'),
+    (
+        {"weights": "80,20"},
+        WEIGHTS_FIELD,
+        "must have one weight per tier, 3 for "
+        "[kubernetes.io/hostname, topology.kubernetes.io/zone, *]",
+    ),
+    ({"weights": "80,20,x"}, WEIGHTS_FIELD + "[2]", 'Invalid value: "x"'),
+    ({"weights": "80,20,10"}, WEIGHTS_FIELD, "must add up to 100, not 110"),
+    ({"weights": "80,20,0", "srv": "priority"}, SRV_FIELD, "may not be specified with"),
+    ({"weights": "80,20,0", "min_endpoints": "2"}, MIN_ANNOTATION, "may not be specified with"),
+]
+
+
+@pytest.mark.parametrize(("annotations", "field", "message"), SOFT_INVALID)
+def test_invalid_soft_annotation_falls_back_to_the_hard_policy(
+    annotations: dict[str, str], field: str, message: str
+) -> None:
+    policy = soft("topologyKeys", **annotations)
+    assert policy.active and not policy.errors
+    assert any(e.startswith(field + ":") and message in e for e in policy.soft_errors), (
+        policy.soft_errors
+    )
+    hard = policy_for(svc(**SOFT_SOURCES["topologyKeys"]), [])
+    assert (
+        select(policy, CLIENT_A, SOFT_CANDIDATES).chosen
+        == select(hard, CLIENT_A, SOFT_CANDIDATES).chosen
+    )
+    # The valid one of a pair still applies.
+    if "weights" in annotations and "may not" in message:
+        assert policy.weights
+
+
+def test_soft_annotation_without_a_policy_is_reported() -> None:
+    policy = policy_for(svc(topology_weights="100"), [])
+    assert not policy.active and policy.weights == ()
+    assert policy.soft_errors == (
+        f"{WEIGHTS_FIELD}: Forbidden: needs a valid topology policy (topologyKeys, the "
+        "toposdns.io/topology-keys annotation, trafficDistribution or hints)",
+    )
+    # An invalid policy is ignored whole: its own errors say so.
+    bad = policy_for(svc(topology_keys=("*", HOSTNAME), topology_weights="100"), [])
+    assert bad.errors and not bad.soft_errors
+
+
+def test_mode_is_described() -> None:
+    assert soft("topologyKeys").mode == "hard"
+    assert soft("topologyKeys", min_endpoints="3").mode == "spill-over to 3 endpoints"
+    assert soft("topologyKeys", min_endpoints="50%", srv="priority").mode == (
+        "spill-over to 50% endpoints, SRV priorities by tier"
+    )
+    assert soft("topologyKeys", weights="80,20,0").mode == "weights 80,20,0"

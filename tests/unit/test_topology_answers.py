@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import dnslib
@@ -14,7 +15,8 @@ from tests.objects import forwarder_service, headless, namespace, pod_locator, s
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import UDP4, Responder
-from toposdns.store.builder import StoreBuilder
+from toposdns.source.snapshot_file import load_records
+from toposdns.store.builder import StoreBuilder, build_snapshot
 from toposdns.store.convert import convert_object
 from toposdns.store.model import PodLocator
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
@@ -114,6 +116,24 @@ def test_no_tier_is_nodata_with_soa_and_depends_on_the_client() -> None:
     answer = resolve(("zonal", "shop", "svc", "cluster", "local"), A, SNAPSHOT, CONFIG, NODE_D)
     assert answer.rcode == NOERROR and not answer.answer and answer.authority
     assert answer.policy is not None
+    # A negative TTL of 0: a resolver that ignores its ECS scope cannot spread it.
+    (soa,) = answer.authority
+    assert (soa.ttl, soa.rdata.minimum) == (0, 0)
+    # The same name's NODATA for a type it does not hold, for every client, keeps its TTL.
+    txt = resolve(("zonal", "shop", "svc", "cluster", "local"), TXT, SNAPSHOT, CONFIG, NODE_D)
+    assert (txt.authority[0].ttl, txt.authority[0].rdata.minimum) == (5, 5)
+
+
+def test_topology_nodata_through_the_caches_has_ttl_0() -> None:
+    responder = Responder(CONFIG, SNAPSHOT)
+    for _ in range(2):
+        reply = ask(responder, "zonal.shop.svc.cluster.local", "127.0.0.5")  # node-d: none
+        assert reply.header.rcode == NOERROR and not reply.rr
+        assert [(rr.ttl, rr.rdata.times[-1]) for rr in reply.auth] == [(0, 0)]
+        # Another client is answered from its own signature's reply.
+        assert addresses(ask(responder, "zonal.shop.svc.cluster.local", "127.0.0.2")) == [
+            "10.1.0.1"
+        ]
 
 
 def test_txt_of_a_filtered_name_is_nodata_for_every_client() -> None:
@@ -404,3 +424,185 @@ def test_a_reply_rendered_for_one_client_is_not_replayed_to_another() -> None:
             assert got == reference_reply(data, UDP4, source, SNAPSHOT, CONFIG), source
             assert addresses(dnslib.DNSRecord.parse(got)) == want, source
     assert responder.cache.renders[UDP4.slot]
+
+
+# Soft topology through the resolver and the responder's caches (docs/topology.md,
+# "Soft topology"). Endpoints: web-0 on node-a (z1); web-1, web-2 on node-c (z2).
+
+SOFT_OBJECTS = [
+    namespace("shop"),
+    *headless(
+        "spill",
+        "shop",
+        ENDPOINTS,
+        topologyKeys=KEYS,
+        annotations={"toposdns.io/topology-min-endpoints": "2"},
+    ),
+    *headless(
+        "prio",
+        "shop",
+        ENDPOINTS,
+        trafficDistribution="PreferSameNode",
+        annotations={"toposdns.io/topology-srv": "priority"},
+    ),
+    *headless(
+        "weighted",
+        "shop",
+        ENDPOINTS,
+        annotations={
+            "toposdns.io/topology-keys": "topology.kubernetes.io/zone,*",
+            "toposdns.io/topology-weights": "80,20",
+        },
+    ),
+    *headless(
+        "exact",
+        "shop",
+        ENDPOINTS[:2],
+        topologyKeys=["topology.kubernetes.io/zone", "*"],
+        annotations={"toposdns.io/topology-weights": "57,43"},
+    ),
+    *headless(
+        "hard",
+        "shop",
+        ENDPOINTS,
+        topologyKeys=KEYS,
+        annotations={"toposdns.io/topology-weights": "80,20"},  # 2 weights for 3 tiers
+    ),
+    *OBJECTS[-4:],  # the clients' locators
+]
+SOFT_SNAPSHOT = snapshot_of(SOFT_OBJECTS)
+
+
+def srv_texts(service: str, client: dict[str, str]) -> list[str]:
+    name = ("_http", "_tcp", service, "shop", "svc", "cluster", "local")
+    answer = resolve(name, SRV, SOFT_SNAPSHOT, CONFIG, client)
+    return [rr.rdata_text() for rr in answer.answer]
+
+
+def soft_ips(service: str, client: dict[str, str]) -> list[str]:
+    answer = resolve((service, "shop", "svc", "cluster", "local"), A, SOFT_SNAPSHOT, CONFIG, client)
+    return sorted(str(rr.rdata) for rr in answer.answer)
+
+
+@pytest.mark.parametrize(
+    ("service", "client", "a", "srv"),
+    [
+        # Spill-over: node-a's one replica is not enough, its zone holds no other: "*".
+        (
+            "spill",
+            NODE_A,
+            ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
+            ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
+        ),
+        # node-c's two replicas are enough.
+        ("spill", NODE_C, ["10.3.0.1", "10.3.0.2"], ["0 50 80 web-1", "0 50 80 web-2"]),
+        # SRV priorities by tier: A keeps the nearest tier.
+        ("prio", NODE_A, ["10.1.0.1"], ["0 100 80 web-0", "1 50 80 web-1", "1 50 80 web-2"]),
+        ("prio", NODE_B, ["10.1.0.1"], ["0 100 80 web-0", "1 50 80 web-1", "1 50 80 web-2"]),
+        (
+            "prio",
+            NODE_C,
+            ["10.3.0.1", "10.3.0.2"],
+            ["1 100 80 web-0", "0 50 80 web-1", "0 50 80 web-2"],
+        ),
+        (
+            "prio",
+            NODE_D,
+            ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
+            ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
+        ),
+        # Weights: SRV in priority 0, the zone's endpoints sharing 80, the others 20.
+        ("weighted", NODE_A, ["10.1.0.1"], ["0 80 80 web-0", "0 10 80 web-1", "0 10 80 web-2"]),
+        (
+            "weighted",
+            NODE_C,
+            ["10.3.0.1", "10.3.0.2"],
+            ["0 20 80 web-0", "0 40 80 web-1", "0 40 80 web-2"],
+        ),
+        # No endpoint in z3: the zone's share goes to "*".
+        (
+            "weighted",
+            NODE_D,
+            ["10.1.0.1", "10.3.0.1", "10.3.0.2"],
+            ["0 33 80 web-0", "0 33 80 web-1", "0 33 80 web-2"],
+        ),
+        # Weights are whole: 57, not the 56 that float arithmetic would give.
+        ("exact", NODE_A, ["10.1.0.1"], ["0 57 80 web-0", "0 43 80 web-1"]),
+        # An invalid annotation: the hard policy.
+        ("hard", NODE_A, ["10.1.0.1"], ["0 100 80 web-0"]),
+    ],
+)
+def test_soft_answers(service: str, client: dict[str, str], a: list[str], srv: list[str]) -> None:
+    assert soft_ips(service, client) == a
+    suffix = f".{service}.shop.svc.cluster.local."
+    assert srv_texts(service, client) == [text + suffix for text in srv]
+
+
+def test_soft_answers_through_the_caches_agree_with_the_reference() -> None:
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    for _ in range(2):  # the second round is served from the caches
+        for name in ("spill", "prio", "weighted", "hard"):
+            for qtype in ("A", "SRV"):
+                for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.9"):
+                    prefix = "_http._tcp." if qtype == "SRV" else ""
+                    q = dnslib.DNSRecord.question(
+                        f"{prefix}{service}.shop.svc.cluster.local", qtype
+                    )
+                    data = bytes(q.pack())
+                    got = responder.respond(data, UDP4, source)
+                    want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG)
+                    assert got == want, (name, qtype, source)
+
+
+def test_spillovers_and_weighted_answers_are_counted_cached_or_not() -> None:
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    for _ in range(2):  # built, then from the cache
+        ask(responder, "spill.shop.svc.cluster.local", "127.0.0.2")  # node-a: spills to "*"
+        ask(responder, "spill.shop.svc.cluster.local", "127.0.0.4")  # node-c: enough
+        srv = dnslib.DNSRecord.question("_http._tcp.weighted.shop.svc.cluster.local", "SRV")
+        assert isinstance(responder.respond(bytes(srv.pack()), UDP4, "127.0.0.4"), bytes)
+        ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")  # A: the nearest tier
+    assert responder.topology_counts.rows == {
+        ("topologyKeys", "*", "spill-over"): [2, 0],
+        ("topologyKeys", "kubernetes.io/hostname"): [2, 0],
+        ("annotation", "topology.kubernetes.io/zone", "weighted"): [2, 0],
+        ("annotation", "topology.kubernetes.io/zone"): [2, 0],
+    }
+
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "topology-soft.yaml"
+
+
+@pytest.mark.parametrize(
+    ("name", "qtype", "client", "want"),
+    [
+        ("api", A, NODE_A, ["10.244.1.10", "10.244.2.10"]),
+        ("api", A, NODE_C, ["10.244.3.10", "10.244.3.11"]),
+        (
+            "_grpc._tcp.grpc",
+            SRV,
+            NODE_A,
+            ["0 100 9000 grpc-0", "1 100 9000 grpc-1", "2 100 9000 grpc-2"],
+        ),
+        ("grpc", A, NODE_A, ["10.244.1.20"]),
+        (
+            "_http._tcp.search",
+            SRV,
+            NODE_C,
+            ["0 20 80 search-0", "0 40 80 search-1", "0 40 80 search-2"],
+        ),
+        ("search", A, NODE_C, ["10.244.3.30", "10.244.3.31"]),
+    ],
+)
+def test_the_readme_soft_example(
+    name: str, qtype: int, client: dict[str, str], want: list[str]
+) -> None:
+    snapshot = build_snapshot(load_records(EXAMPLE), serial=1)
+    answer = resolve(
+        tuple(f"{name}.shop.svc.cluster.local".split(".")), qtype, snapshot, CONFIG, client
+    )
+    if qtype == SRV:
+        suffix = "." + name.split(".")[-1] + ".shop.svc.cluster.local."
+        assert [rr.rdata_text() for rr in answer.answer] == [text + suffix for text in want]
+    else:
+        assert sorted(str(rr.rdata) for rr in answer.answer) == want

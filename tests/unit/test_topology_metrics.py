@@ -50,3 +50,20 @@ def test_scrape_adds_up_the_rows() -> None:
         'toposdns_topology_answers_total{policy="trafficDistribution",tier="none"} 1.0',
         "toposdns_unplaced_client_queries_total 2.0",
     ]
+
+
+def test_spillovers_and_weighted_answers_are_counted_apart() -> None:
+    counts = TopologyCounts()
+    count(counts.row(A, KEYS, ZONE), unplaced=False)
+    for _ in range(2):
+        count(counts.row(A, KEYS, ZONE, "spill-over"), unplaced=False)
+    count(counts.row(SRV, SAME_ZONE, ZONE, "weighted"), unplaced=True)
+    assert counts.row(A, KEYS, ZONE) is not counts.row(A, KEYS, ZONE, "spill-over")
+    zone = 'tier="topology.kubernetes.io/zone"'
+    assert scrape(counts) == [
+        f'toposdns_topology_answers_total{{policy="topologyKeys",{zone}}} 3.0',
+        f'toposdns_topology_answers_total{{policy="trafficDistribution",{zone}}} 1.0',
+        f'toposdns_topology_spillovers_total{{policy="topologyKeys",{zone}}} 2.0',
+        f'toposdns_topology_weighted_answers_total{{policy="trafficDistribution",{zone}}} 1.0',
+        "toposdns_unplaced_client_queries_total 1.0",
+    ]

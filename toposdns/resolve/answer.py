@@ -41,6 +41,9 @@ class Answer(NamedTuple):
     policy: Policy | None = None
     #: The tier of that policy the answer came from (`Selection.tier`); empty without a policy.
     tier: str = ""
+    #: Soft topology: "spill-over" when tiers past the nearest one were added, "weighted" for
+    #: an SRV answer that carries weights between tiers; empty otherwise (metrics count them).
+    soft: str = ""
     #: Set when the answer ends in a CNAME to a name outside the zones.
     chase: Chase | None = None
     #: What of the snapshot the answer read: a cached reply is dropped when one changes.

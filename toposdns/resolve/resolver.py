@@ -336,8 +336,17 @@ def resolve(
         return Answer(rcode, authority=(soa,), depends=depends)
     depends = frozenset(lookup.depends)
     if not records:
+        if lookup.policy is not None:
+            # A NODATA for this client only: a negative TTL of 0, so that a resolver that
+            # ignores the ECS scope of negative answers cannot serve it to other clients.
+            soa = zone_soa(zone, snapshot.serial, 0)
         return Answer(
-            NOERROR, authority=(soa,), policy=lookup.policy, tier=lookup.tier, depends=depends
+            NOERROR,
+            authority=(soa,),
+            policy=lookup.policy,
+            tier=lookup.tier,
+            soft=lookup.soft,
+            depends=depends,
         )
     chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
     return Answer(
@@ -347,6 +356,7 @@ def resolve(
         _dedup(extra),
         policy=lookup.policy,
         tier=lookup.tier,
+        soft=lookup.soft,
         chase=chase,
         depends=depends,
     )
@@ -545,7 +555,7 @@ class _Lookup:
     # One is made per query that misses the cache.
     __slots__ = (
         "snap", "cfg", "zone", "zone_lower", "ttl", "client", "trace", "policy", "tier", "chase",
-        "depends", "room",
+        "depends", "room", "qtype", "srv_groups", "soft",
     )  # fmt: skip
 
     def __init__(
@@ -569,6 +579,13 @@ class _Lookup:
         self.policy: Policy | None = None
         #: The tier of that policy that matched (Selection.tier).
         self.tier = ""
+        #: The question's type: soft topology answers SRV with more tiers than A and AAAA.
+        self.qtype = 0
+        #: SRV priorities or weights by tier: id(endpoint) -> (priority, group, the weight
+        #: its group shares), from `Selection.srv`; empty when SRV answers as CoreDNS does.
+        self.srv_groups: dict[int, tuple[int, int, int]] = {}
+        #: What soft topology did (Answer.soft).
+        self.soft = ""
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
         #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
@@ -583,6 +600,7 @@ class _Lookup:
 
     def dispatch(self, name: Name, lower: Name, qtype: int) -> tuple[list[RR], list[RR]]:
         """The qtype switch of handler.go; raises NotFound/InvalidName for NXDOMAIN."""
+        self.qtype = qtype
         if qtype in (A, AAAA):
             return self.address(name, lower, qtype, []), []
         if qtype == TXT:
@@ -754,6 +772,15 @@ class _Lookup:
             return entries
         self.policy = policy
         self.tier = selection.tier
+        self.soft = "spill-over" if selection.spilled else ""
+        if selection.srv and self.qtype == SRV:
+            if policy.weights:
+                self.soft = "weighted"
+            groups = self.srv_groups = {
+                id(candidates[i][0]): (priority, group, share)
+                for i, priority, group, share in selection.srv
+            }
+            return [entry for entry in entries if id(entry.endpoint) in groups]
         chosen = {id(candidates[i][0]) for i in selection.chosen}
         return [entry for entry in entries if id(entry.endpoint) in chosen]
 
@@ -854,6 +881,13 @@ class _Lookup:
         for entry in entries:
             count += len(entry.ports)
         weight = max(1, int(100.0 / (100.0 * count) * 100.0)) if count else 0
+        groups = self.srv_groups
+        # Soft topology: each group's weight is shared as CoreDNS shares 100 among a name's
+        # entries (floor(100/N) for a group of N entries, priority by tier).
+        counts: dict[int, int] = {}
+        for entry in entries if groups else ():
+            group = groups[id(entry.endpoint)][1]
+            counts[group] = counts.get(group, 0) + len(entry.ports)
         records: list[RR] = []
         extra: list[RR] = []
         targets: set[tuple[Name, int]] = set()
@@ -864,12 +898,20 @@ class _Lookup:
         for entry in entries:
             key = entry.key
             least = 0
+            priority = 0
+            if groups:
+                priority, group, share = groups[id(entry.endpoint)]
+                n = counts[group]
+                if share == 100:  # CoreDNS's own arithmetic, float rounding and all
+                    weight = max(1, int(100.0 / (100.0 * n) * 100.0))
+                else:  # exact: in floats 57/100*100 is 56.99999999999999
+                    weight = max(1, share // n) if share else 0
             for port in entry.ports:
                 if port == -1:
                     continue
                 if (key, port) not in targets:
                     targets.add((key, port))
-                    records.append(RR(name, SRV, self.ttl, Srv(0, weight, port, key)))
+                    records.append(RR(name, SRV, self.ttl, Srv(priority, weight, port, key)))
                     # SRV rdata: priority, weight, port and the target, never compressed.
                     least = least or _RR_LEAST + 6 + _name_length(key)
                     used += least

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from toposdns.options import Network
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions
 from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.rewrite import RewriteOptions, make_rewrite
 from toposdns.serve.template import TemplateOptions, make_template
 from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
@@ -46,6 +47,7 @@ class BlockConfig:
     cache: CacheSettings = field(default_factory=cache_off)
     hosts: HostsOptions = field(default_factory=HostsOptions)
     template: TemplateOptions = field(default_factory=TemplateOptions)
+    rewrite: RewriteOptions = field(default_factory=RewriteOptions)
     #: The port of its keys; None: the kubernetes block's (a stub domain beside it).
     port: int | None = None
     #: Its own `bind` address; None: the kubernetes block's.
@@ -132,11 +134,7 @@ def block_forwarder(
     options = config.forward
     if not options.upstreams:
         return None
-    settings = CacheSettings(
-        success=config.cache.success,
-        denial=config.cache.denial,
-        max_bytes=cache_max_bytes,
-    )
+    settings = replace(config.cache, max_bytes=cache_max_bytes)
     return Forwarder(
         list(options.upstreams),
         max_concurrent=options.max_concurrent,
@@ -155,6 +153,9 @@ def block_chain(
     server runs the `watch` of those that have one). `server` is the metrics' server label,
     `lookup` how a plugin asks the whole server a query."""
     handlers: list[Handler] = []
+    rewrite = make_rewrite(config.rewrite, config.zones)
+    if rewrite is not None:
+        handlers.append(rewrite)
     template = make_template(config.template, config.zones, server, lookup)
     if template is not None:
         handlers.append(template)

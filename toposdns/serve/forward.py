@@ -42,7 +42,7 @@ from toposdns.metrics import (
     PROXY_DURATION,
 )
 from toposdns.options import Network, Origin, Plugin, Setting, integer, networks, sets
-from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache
+from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache, Refresher
 from toposdns.serve.loop import LoopGuard
 from toposdns.serve.upstream import (
     HEADER_SIZE,
@@ -221,6 +221,8 @@ class Forwarder:
         self.max_concurrent = max_concurrent
         self.clock = clock
         self.cache = ForwardCache(cache or CacheSettings(), clock)
+        #: prefetch, serve_stale, keepttl: what a cache hit does beyond its reply.
+        self.refresher = Refresher(self.cache, self) if self.cache.settings.refreshing else None
         self.loops = LoopGuard()
         #: Forwarded queries in flight, and those on their way upstream by cache key.
         self.outstanding = 0
@@ -264,8 +266,11 @@ class Forwarder:
         if cached is not None:
             if hits is not None:
                 hits[1 if cached.kind == "success" else 2] += 1
+            now, hit = self.clock(), True
+            if self.refresher is not None:
+                cached, now, hit = await self.refresher.serve(cached, key, data, end, tcp, now)
             return truncate(
-                cached.render(data[:2], self.clock(), opt, ad, True, data[HEADER_SIZE:end]), limit
+                cached.render(data[:2], now, opt, ad, hit, data[HEADER_SIZE:end]), limit
             )
         if self.outstanding >= self.max_concurrent:
             FORWARD_MAX_CONCURRENT_REJECTS.inc()
@@ -290,8 +295,25 @@ class Forwarder:
             outcome.render(data[:2], self.clock(), opt, ad, False, data[HEADER_SIZE:end]), limit
         )
 
+    async def refetch(
+        self, key: bytes, data: bytes, end: int, tcp: bool, background: bool
+    ) -> Entry | int | None:
+        """The upstreams' answer to refresh a cached reply (forward_cache.py `Refresher`),
+        counted in the queries in flight as a client's; None when `max_concurrent` are, or
+        half of it for a refresh in the `background`, so that clients keep the rest."""
+        limit = max(1, self.max_concurrent // 2) if background else self.max_concurrent
+        if self.outstanding >= limit:
+            return None
+        self.outstanding += 1
+        try:
+            return await self._once(key, data, end, tcp)
+        finally:
+            self.outstanding -= 1
+
     async def close(self) -> None:
-        """Stop health probes."""
+        """Stop health probes and cache refreshes."""
+        if self.refresher is not None:
+            await self.refresher.close()
         tasks = [task for upstream in self.upstreams for task in upstream.stop_probes()]
         await asyncio.gather(*tasks, return_exceptions=True)
 

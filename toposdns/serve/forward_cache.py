@@ -16,20 +16,44 @@
 - Besides CoreDNS's capacities in entries, both caches together hold at most `max_bytes`
   (each entry counted as its key, its reply and `ENTRY_OVERHEAD`, measured), least recently
   used first out; a reply larger than `max_reply_bytes` is not kept.
+- `cache [TTL] ZONES`: only names under ZONES are kept.
+- `prefetch AMOUNT [DURATION [PERCENTAGE%]]`: an entry hit AMOUNT times, with no gap of
+  DURATION (1m) between the hits, is asked of the upstreams again once PERCENTAGE (10%) of its
+  TTL or less is left, in the background (`Refresher`).
+- `serve_stale [DURATION [immediate|verify ...]]`: an expired entry is kept DURATION (1h) more,
+  and served with TTL 0 (or RESPONSE_TTL) while a refresh runs in the background (`immediate`),
+  or when a refresh asked first fails (`verify`, waiting at most VERIFY_TIMEOUT); after a failed
+  refresh none is tried for FAILURE_RECHECK. Such an entry counts in the bounds as any other.
+  Only NOERROR and NXDOMAIN refresh an entry (RFC 8767 section 4): a SERVFAIL never replaces a
+  reply the cache holds. `serve_stale_policy` is not supported.
+- `keepttl`: replies from the cache carry the TTL they were cached with, not counted down.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from struct import pack, unpack_from
+from typing import Protocol
 
 import dnslib
 from cachetools import TLRUCache
 
-from toposdns.options import Origin, Plugin, Setting, check_range, domain, duration_value
+from toposdns.options import (
+    Origin,
+    Plugin,
+    Setting,
+    check_range,
+    domain,
+    go_duration,
+    none,
+    sets,
+)
 from toposdns.serve.chain import PASSED, Next, Reply, Request
 from toposdns.wire.codes import (
     AA,
@@ -50,6 +74,8 @@ from toposdns.wire.codes import (
 )
 from toposdns.wire.decode import record_spans
 
+log = logging.getLogger("toposdns")
+
 RRSIG = 46
 NOTIFY, UPDATE = 4, 5  # opcodes
 #: The lowest TTL CoreDNS uses: for replies without records and for referrals.
@@ -62,7 +88,7 @@ FORWARD_SHARE = 16
 #: What Python spends on an entry beyond its key and reply: the `Entry`, the bytes objects'
 #: headers, its TTL offsets and the LRU's links and slots. Measured with tracemalloc
 #: (tests/unit/test_cache.py holds it to that) and rounded up.
-ENTRY_OVERHEAD = 450
+ENTRY_OVERHEAD = 490
 
 
 class ReplyType(Enum):
@@ -91,10 +117,45 @@ class CachePolicy:
     min_ttl: int = MINIMAL_TTL
     #: Zones (lower-case) whose replies this cache does not keep; `()` for the root: none kept.
     disabled: tuple[Name, ...] = field(default=())
+    #: The zones whose replies it keeps (`cache ZONES`); the root: every one.
+    zones: tuple[Name, ...] = field(default=((),))
 
     def keeps(self, name: Name) -> bool:
-        """False if the name is in a zone where this cache is disabled."""
-        return not any(name[len(name) - len(zone) :] == zone for zone in self.disabled)
+        """False if the name is outside the cache's zones, or in a zone where it is disabled."""
+        return _under(name, self.zones) and not _under(name, self.disabled)
+
+
+def _under(name: Name, zones: tuple[Name, ...]) -> bool:
+    return any(name[len(name) - len(zone) :] == zone for zone in zones)
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """`prefetch AMOUNT [DURATION [PERCENTAGE%]]`, CoreDNS's defaults."""
+
+    #: Hits that make an entry popular, each within `window` seconds of the one before; 0: off.
+    amount: int = 0
+    window: float = 60.0
+    #: A popular entry is refreshed once this share of its TTL, in percent, or less is left.
+    percentage: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ServeStale:
+    """`serve_stale [DURATION [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify
+    [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]]`; `up_to` 0: off."""
+
+    #: Seconds an expired entry is still served.
+    up_to: float = 0.0
+    #: Ask the upstreams first, serving the expired entry only when they fail (`verify`);
+    #: else serve it at once and refresh it in the background (`immediate`).
+    verify: bool = False
+    #: `verify` waits this long for the upstreams at most (0: as long as forwarding takes).
+    verify_timeout: float = 0.0
+    #: The TTL of an expired entry's records (0 unless `keepttl`: its own).
+    ttl: int = 0
+    #: Seconds after a failed refresh before another is tried (0: at the next query).
+    recheck: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +168,15 @@ class CacheSettings:
     servfail_ttl: int = 5
     #: Bytes both caches hold at most, together.
     max_bytes: int = FORWARD_MAX_BYTES
+    prefetch: Prefetch = Prefetch()
+    stale: ServeStale = ServeStale()
+    #: Replies from the cache carry the TTL they were cached with (`keepttl`).
+    keepttl: bool = False
+
+    @property
+    def refreshing(self) -> bool:
+        """Whether a hit does more than render the entry: prefetch, serve_stale or keepttl."""
+        return bool(self.prefetch.amount or self.stale.up_to or self.keepttl)
 
     @property
     def max_reply_bytes(self) -> int:
@@ -118,12 +188,18 @@ MAX_TTL = 2**31 - 1  # RFC 2181 section 8
 #: `disable` for the root: every zone.
 OFF: tuple[Name, ...] = ((),)
 MAX_CAPACITY = 1_000_000
-#: CoreDNS caps `servfail` at 5 minutes.
+#: CoreDNS caps `servfail` at 5 minutes, and serve_stale's FAILURE_RECHECK too.
 MAX_SERVFAIL_TTL = 300
+MAX_RECHECK = 300
+#: serve_stale's RESPONSE_TTL is a record's TTL: 32 bits.
+MAX_STALE_TTL = 2**32 - 1
+#: The earliest time, for entries never hit nor refreshed.
+NEVER = float("-inf")
 
 
 def _cache_ttl(settings: CacheSettings, words: Sequence[str], origin: Origin) -> CacheSettings:
-    """`cache [TTL] [ZONES...]`: TTL caps both caches; the zones must be `.`, all of them."""
+    """`cache [TTL] [ZONES...]`: TTL caps both caches; with zones, only names under them are
+    kept (none: the server block's, which are all the names it is given)."""
     rest = list(words)
     if rest and rest[0].lstrip("-").isdigit():
         ttl = check_range(_number(rest.pop(0), origin), 1, MAX_TTL, origin, "TTL")
@@ -132,10 +208,12 @@ def _cache_ttl(settings: CacheSettings, words: Sequence[str], origin: Origin) ->
             success=replace(settings.success, max_ttl=ttl),
             denial=replace(settings.denial, max_ttl=ttl),
         )
-    if any(domain(word, origin) != () for word in rest):
-        raise origin.error(
-            "caching only some zones is not supported: every forwarded reply is cached; "
-            "use `disable success|denial ZONES` to leave zones out"
+    if rest:
+        zones = tuple(domain(word, origin) for word in rest)
+        settings = replace(
+            settings,
+            success=replace(settings.success, zones=zones),
+            denial=replace(settings.denial, zones=zones),
         )
     return settings
 
@@ -182,10 +260,69 @@ def _servfail(settings: CacheSettings, words: Sequence[str], origin: Origin) -> 
     """`servfail DURATION`: how long SERVFAIL is kept, at most 5m (0: not at all)."""
     if len(words) != 1:
         raise origin.error("expected a duration, e.g. servfail 5s")
-    ttl = duration_value(words[0], origin)
-    if ttl > MAX_SERVFAIL_TTL:
-        raise origin.error(f"must be at most {MAX_SERVFAIL_TTL // 60}m")
+    ttl = _duration(words[0], origin, "servfail 5s", MAX_SERVFAIL_TTL)
     return replace(settings, servfail_ttl=int(ttl))
+
+
+def _duration(word: str, origin: Origin, example: str, most: float | None = None) -> float:
+    """A Go duration, not negative, at most `most` seconds."""
+    value = go_duration(word, origin, example)
+    if value < 0:
+        raise origin.error(f"{word}: must not be negative, e.g. {example}")
+    if most is not None and value > most:
+        raise origin.error(f"{word}: must be at most {most / 60:g}m")
+    return value
+
+
+def _prefetch(words: Sequence[str], origin: Origin) -> Prefetch:
+    """`prefetch AMOUNT [DURATION [PERCENTAGE%]]`."""
+    example = "prefetch 10 1m 10%"
+    if not 1 <= len(words) <= 3:
+        raise origin.error(f"expected AMOUNT [DURATION [PERCENTAGE%]], e.g. {example}")
+    amount = check_range(_number(words[0], origin), 0, MAX_CAPACITY, origin, "AMOUNT")
+    prefetch = Prefetch(amount)
+    if len(words) > 1:
+        prefetch = replace(prefetch, window=_duration(words[1], origin, example))
+    if len(words) > 2:
+        text = words[2]
+        if not text.endswith("%") or not text[:-1].isdigit():
+            raise origin.error(f"{text}: expected a percentage with its %, e.g. {example}")
+        percentage = check_range(int(text[:-1]), 10, 90, origin, "PERCENTAGE")
+        prefetch = replace(prefetch, percentage=percentage)
+    return prefetch
+
+
+def _serve_stale(words: Sequence[str], origin: Origin) -> ServeStale:
+    """`serve_stale [DURATION [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify
+    [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]]`, as CoreDNS's setup.go reads it."""
+    example = "serve_stale 1h verify 100ms 30s 30s"
+    stale = ServeStale(up_to=3600.0)
+    if words:
+        stale = replace(stale, up_to=_duration(words[0], origin, "serve_stale 1h"))
+    if len(words) < 2:
+        return stale
+    mode = words[1].lower()
+    if mode not in ("immediate", "verify"):
+        raise origin.error(f"{words[1]}: expected immediate or verify, e.g. {example}")
+    rest = list(words[2:])
+    if mode == "verify":
+        stale = replace(stale, verify=True)
+        if rest:
+            stale = replace(stale, verify_timeout=_duration(rest.pop(0), origin, example))
+    if len(rest) > 2:
+        raise origin.error(f"{rest[2]}: too many words, e.g. {example}")
+    if rest:
+        ttl = _duration(rest[0], origin, "serve_stale 1h immediate 30s")
+        if ttl != int(ttl) or ttl > MAX_STALE_TTL:
+            raise origin.error(
+                f"{rest[0]}: the TTL of stale replies must be whole seconds, at most "
+                f"{MAX_STALE_TTL}s, e.g. 30s"
+            )
+        stale = replace(stale, ttl=int(ttl))
+    if len(rest) > 1:
+        recheck = _duration(rest[1], origin, "serve_stale 1h immediate 30s 30s", MAX_RECHECK)
+        stale = replace(stale, recheck=recheck)
+    return stale
 
 
 def _disable_words(text: str) -> list[str]:
@@ -240,6 +377,26 @@ CACHE: Plugin[CacheSettings] = Plugin(
             flag_words=_disable_words,
         ),
         Setting("servfail", _servfail),
+        Setting(
+            "prefetch",
+            sets("prefetch", _prefetch),
+            "--cache-prefetch",
+            "AMOUNT[,DURATION[,PERCENTAGE%]]",
+            "ask the upstreams again for a forwarded answer asked AMOUNT times, with no gap of "
+            "DURATION (1m), once PERCENTAGE (10%) of its TTL is left, before it expires, as "
+            "CoreDNS cache's `prefetch` (default: off)",
+        ),
+        Setting(
+            "serve_stale",
+            sets("stale", _serve_stale),
+            "--cache-serve-stale",
+            "DURATION[,immediate|verify[,...]]",
+            "serve an expired forwarded answer for DURATION more (1h) while it is refreshed "
+            "(immediate), or when the upstreams fail (verify), as CoreDNS cache's `serve_stale` "
+            "(default: off)",
+            optional=True,
+        ),
+        Setting("keepttl", sets("keepttl", none)),
     ),
 )
 
@@ -256,9 +413,27 @@ class Entry:
     kind: str = ""
     #: What it costs in memory, key included, as the bound counts it.
     size: int = 0
+    #: Whether it may replace an expired entry: NOERROR or NXDOMAIN, whole (RFC 8767 section
+    #: 4), what CoreDNS's serve_stale takes for a refresh.
+    refreshes: bool = False
+    #: prefetch's count of hits, each within its DURATION of the one before, and the last's time.
+    hits: int = 0
+    last: float = NEVER
+    #: A refresh from the upstreams is under way; none starts before `retry_after`.
+    refreshing: bool = False
+    retry_after: float = NEVER
 
     def fits(self, limit: int, opt: bytes) -> bool:
         return len(self.reply) + len(opt) <= limit
+
+    def may_refresh(self, now: float) -> bool:
+        """True if no refresh is under way, nor a failed one's FAILURE_RECHECK."""
+        return not self.refreshing and now >= self.retry_after
+
+    def refreshed(self, now: float, recheck: float, done: bool) -> None:
+        """A refresh ended at `now`; when it failed, the next waits `recheck` seconds."""
+        self.retry_after = now + recheck if recheck and not done else NEVER
+        self.refreshing = False
 
     def render(
         self, qid: bytes, now: float, opt: bytes, ad: bool, hit: bool, question: bytes = b""
@@ -285,18 +460,32 @@ class Entry:
         return bytes(out)
 
 
+class CacheCounts:
+    """What CoreDNS's cache counts besides hits: prefetches, replies served stale, and
+    evictions by cache. The DNS server's metrics (serve/query_metrics.py) keep one, which every
+    forward cache counts in, those a reload makes included."""
+
+    __slots__ = ("prefetches", "served_stale", "evictions")
+
+    def __init__(self) -> None:
+        self.prefetches = 0
+        self.served_stale = 0
+        self.evictions = {"success": 0, "denial": 0}
+
+
 class ForwardCache:
     """The success and denial caches of forwarded replies, bounded in entries (each, as
-    CoreDNS's) and in bytes (together)."""
+    CoreDNS's) and in bytes (together). An expired entry stays for serve_stale's DURATION."""
 
     def __init__(
         self, settings: CacheSettings = CacheSettings(), clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.success = _lru(settings.max_bytes, clock)
-        self.denial = _lru(settings.max_bytes, clock)
-        self.evictions = 0
+        stale = settings.stale.up_to
+        self.success = _lru(settings.max_bytes, clock, stale)
+        self.denial = _lru(settings.max_bytes, clock, stale)
+        self.counts = CacheCounts()
 
     @property
     def bytes_held(self) -> int:
@@ -307,8 +496,11 @@ class ForwardCache:
         return self.success.get(key) or self.denial.get(key)
 
     def store(self, key: bytes, reply: bytes, message: dnslib.DNSRecord) -> Entry:
-        """The entry for a checked reply to the query keyed `key`; kept if the rules allow."""
-        kind, ttl = placement(message, self.settings, time.time())
+        """The entry for a checked reply to the query keyed `key`; kept if the rules allow. A
+        reply that is no refresh (SERVFAIL, NOTIMP) does not replace the entry held for the key
+        (a refresh's, while it is about to expire or expired), as none does in CoreDNS."""
+        reply_type = classify(message, time.time())
+        kind, ttl = _placement(message, reply_type, self.settings)
         body = without_opt(reply)
         offsets = tuple(at for _, at, _, _, _ in record_spans(body))
         stamp = pack("!I", ttl)
@@ -316,8 +508,15 @@ class ForwardCache:
         for offset in offsets:
             out[offset : offset + 4] = stamp
         size = len(key) + len(out) + 4 * len(offsets) + ENTRY_OVERHEAD
-        entry = Entry(bytes(out), ttl, self.clock(), offsets, kind, size)
+        refreshes = (
+            not message.header.tc
+            and message.header.rcode in (NOERROR, NXDOMAIN)
+            and reply_type not in (ReplyType.OTHER_ERROR, ReplyType.META, ReplyType.UPDATE)
+        )
+        entry = Entry(bytes(out), ttl, self.clock(), offsets, kind, size, refreshes)
         if len(out) > self.settings.max_reply_bytes:
+            entry.kind = ""
+        if entry.kind and not refreshes and (key in self.success or key in self.denial):
             entry.kind = ""
         if entry.kind:
             self.success.pop(key, None)
@@ -329,7 +528,7 @@ class ForwardCache:
             )
             if len(keeping) >= policy.capacity:  # CoreDNS's capacity: the least recent goes
                 keeping.popitem()
-                self.evictions += 1
+                self.counts.evictions[kind] += 1
             self.make_room(size)
             keeping[key] = entry
         return entry
@@ -344,22 +543,163 @@ class ForwardCache:
         while self.bytes_held + size > self.settings.max_bytes and (self.success or self.denial):
             larger = self.success if self.success.currsize >= self.denial.currsize else self.denial
             larger.popitem()
-            self.evictions += 1
+            self.counts.evictions["success" if larger is self.success else "denial"] += 1
 
 
-def _lru(max_bytes: int, clock: Callable[[], float]) -> TLRUCache[bytes, Entry]:
+def _lru(max_bytes: int, clock: Callable[[], float], stale: float) -> TLRUCache[bytes, Entry]:
+    """A cache whose entries go `stale` seconds after they expire, the least recent first when
+    it is full."""
     return TLRUCache(
         maxsize=max_bytes,
-        ttu=lambda _key, entry, _now: entry.stored + entry.ttl,
+        ttu=lambda _key, entry, _now: entry.stored + entry.ttl + stale,
         timer=clock,
         getsizeof=lambda entry: entry.size,
     )
 
 
+class Fetcher(Protocol):
+    """What refreshing an entry needs of the forwarder (serve/forward.py)."""
+
+    async def refetch(
+        self, key: bytes, data: bytes, end: int, tcp: bool, background: bool
+    ) -> Entry | int | None:
+        """The upstreams' answer to the query `data` (cache key `key`, question ending at
+        `end`), stored in the cache as a client's would be, or the rcode when none came; None
+        when too many queries are in flight to send it."""
+        ...
+
+
+class Refresher:
+    """CoreDNS cache's prefetch, serve_stale and keepttl: what a hit on a forwarded entry is
+    answered with, and the refreshes from the upstreams it starts. A refresh of an entry runs
+    one at a time, in the background (but for serve_stale's `verify`, which a client waits
+    for), counted in the forwarder's queries in flight, where those no client waits for may
+    take half of `max_concurrent` at most; it never delays a reply from the cache."""
+
+    def __init__(self, cache: ForwardCache, fetcher: Fetcher) -> None:
+        self.cache = cache
+        self.fetcher = fetcher
+        settings = cache.settings
+        self.prefetch = settings.prefetch
+        self.stale = settings.stale
+        self.keepttl = settings.keepttl
+        #: The refreshes under way, until they end (cancelled by `close`).
+        self.tasks: set[asyncio.Task[Entry | None]] = set()
+        #: An unexpected error in a refresh was logged (once).
+        self.faulted = False
+
+    async def serve(
+        self, entry: Entry, key: bytes, data: bytes, end: int, tcp: bool, now: float
+    ) -> tuple[Entry, float, bool]:
+        """The answer to the query `data` (cache key `key`, question ending at `end`, asked
+        over TCP or not) that hit `entry` at `now`: the entry to render, the time to render it
+        at (its TTLs count down to that), and whether it is served from the cache (AA)."""
+        left = entry.ttl - int(now - entry.stored)  # as CoreDNS counts: whole seconds
+        stale = self.stale
+        if left > 0 or not stale.up_to:
+            if self.prefetch.amount and self.popular(entry, now, left):
+                self.start(entry, key, data, end, tcp, now, 0.0)
+            return entry, entry.stored if self.keepttl else now, True
+        if stale.verify:
+            fresh = await self.verify(entry, key, data, end, tcp, now)
+            if fresh is not None:
+                return fresh, self.cache.clock(), False
+        else:
+            self.start(entry, key, data, end, tcp, now, stale.recheck)
+        self.cache.counts.served_stale += 1
+        expired = entry.stored + entry.ttl  # rendered then, its records' TTL is 0
+        if stale.ttl:
+            return entry, expired - stale.ttl, True
+        return entry, entry.stored if self.keepttl else expired, True
+
+    def popular(self, entry: Entry, now: float, left: int) -> bool:
+        """Count a hit on a live entry; True once it is popular and its TTL is low enough to
+        prefetch it (CoreDNS's `shouldPrefetch`)."""
+        prefetch = self.prefetch
+        entry.hits = entry.hits + 1 if entry.last >= now - prefetch.window else 1
+        entry.last = now
+        # In CoreDNS's float arithmetic: 10% of a 70 s TTL rounds up to 8 s.
+        threshold = math.ceil(prefetch.percentage / 100 * entry.ttl)
+        return entry.hits >= prefetch.amount and left <= threshold
+
+    def start(
+        self, entry: Entry, key: bytes, data: bytes, end: int, tcp: bool, now: float, recheck: float
+    ) -> None:
+        """Refresh `entry` in the background, unless a refresh is under way or waits."""
+        if not entry.may_refresh(now):
+            return
+        entry.refreshing = True
+        self._run(self.refresh(entry, key, data, end, tcp, now, recheck, True))
+
+    async def verify(
+        self, entry: Entry, key: bytes, data: bytes, end: int, tcp: bool, now: float
+    ) -> Entry | None:
+        """serve_stale's `verify`: the entry the upstreams refresh `entry` with, waited for
+        (at most VERIFY_TIMEOUT, the refresh going on after it); None when they do not."""
+        stale = self.stale
+        if stale.recheck:  # as CoreDNS: refreshes are one at a time only with FAILURE_RECHECK
+            if not entry.may_refresh(now):
+                return None
+            entry.refreshing = True
+        task = self._run(self.refresh(entry, key, data, end, tcp, now, stale.recheck, False))
+        try:
+            if stale.verify_timeout:
+                return await asyncio.wait_for(asyncio.shield(task), stale.verify_timeout)
+            return await asyncio.shield(task)
+        except TimeoutError:
+            return None
+
+    async def refresh(
+        self,
+        entry: Entry,
+        key: bytes,
+        data: bytes,
+        end: int,
+        tcp: bool,
+        now: float,
+        recheck: float,
+        background: bool,
+    ) -> Entry | None:
+        """Ask the upstreams again for `entry`: the new entry if their answer refreshes it (the
+        cache then holds it, with the hits counted so far), else None (it stays)."""
+        fresh = None
+        try:
+            outcome = await self.fetcher.refetch(key, data, end, tcp, background)
+            if outcome is not None and background:
+                self.cache.counts.prefetches += 1
+            if isinstance(outcome, Entry) and outcome.refreshes:
+                fresh = outcome
+                outcome.hits, outcome.last = entry.hits, now
+        except Exception:
+            if not self.faulted:
+                self.faulted = True
+                log.exception("refreshing a cached forwarded reply failed (logged once)")
+        finally:
+            entry.refreshed(self.cache.clock(), recheck, fresh is not None)
+        return fresh
+
+    def _run(self, refresh: Coroutine[None, None, Entry | None]) -> asyncio.Task[Entry | None]:
+        task = asyncio.get_running_loop().create_task(refresh)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        """Stop the refreshes under way."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
 def placement(message: dnslib.DNSRecord, settings: CacheSettings, now: float) -> tuple[str, int]:
     """Which cache keeps a reply ("success", "denial", or "" for neither) and the TTL its
     records get. `now` is wall-clock time, for RRSIG validity."""
-    kind = classify(message, now)
+    return _placement(message, classify(message, now), settings)
+
+
+def _placement(
+    message: dnslib.DNSRecord, kind: ReplyType, settings: CacheSettings
+) -> tuple[str, int]:
     ttl = cache_ttl(message, kind, settings)
     if ttl <= 0 or not cacheable(message, kind):
         return "", ttl

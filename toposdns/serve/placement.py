@@ -93,6 +93,10 @@ class Placer:
         placement = self.placed.get(where)
         if placement is None:
             placement = self.learn_place(where, source)
+        elif placement.locator is None and type(where) is tuple and not placement.conflict:
+            # Placements are remembered per prefix, reports per forwarder: another forwarder
+            # sending a prefix already seen is reported too (a set lookup, for these only).
+            self.report(source, where[1])
         return placement.locator, via_ecs
 
     def where(self, source: str, subnet: tuple[str, int] | None) -> tuple[Where, bool]:

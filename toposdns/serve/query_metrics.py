@@ -17,7 +17,9 @@ Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `ser
 
 And what a CoreDNS `cache` plugin in the server block would count (`coredns_cache_entries`,
 `coredns_cache_requests_total`, `coredns_cache_hits_total`, `coredns_cache_misses_total`,
-labels `server`, `type` (success or denial), `zones` and `view`): a query reaches it once it
+labels `server`, `type` (success or denial), `zones` and `view`; and the forward caches'
+`coredns_cache_prefetch_total`, `coredns_cache_served_stale_total` and
+`coredns_cache_evictions_total`, which they count in `forward_counts`): a query reaches it once it
 has passed what CoreDNS answers before `cache` (the server's own checks, `acl`, `any`); it is a
 hit when answered from a cached reply of a kind that cache keeps (`CachePolicy.keeps`: a zone
 `disable`d for it, or no `cache` at all, makes every reply from it a miss), from either cache:
@@ -33,6 +35,7 @@ from time import perf_counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from toposdns.serve.forward_cache import CacheCounts
 from toposdns.wire.codes import RCODE_NAMES
 from toposdns.wire.records import type_name
 
@@ -93,6 +96,8 @@ class QueryMetrics:
         self.cache_passes = 0
         #: Cached replies by kind, read when scraped (the server points it at its caches).
         self.cache_entries: Callable[[], list[int]] = lambda: [0, 0, 0]
+        #: The forward caches' prefetches, stale replies and evictions (they count here).
+        self.forward_counts = CacheCounts()
 
     def observe(self, labels: Labels, started: float, query_size: int, reply_size: int) -> None:
         """Count one query answered since `started` (perf_counter)."""
@@ -155,6 +160,24 @@ class QueryMetrics:
             labels=["server", "zones", "view"])  # fmt: skip
         misses.add_metric([*base, ZONE, ""], requests - hits[SUCCESS] - hits[DENIAL])
         yield misses
+        counts = self.forward_counts
+        prefetch = CounterMetricFamily(
+            "coredns_cache_prefetch", "The number of times the cache has prefetched a cached item.",
+            labels=["server", "zones", "view"])  # fmt: skip
+        prefetch.add_metric([*base, ZONE, ""], counts.prefetches)
+        yield prefetch
+        stale = CounterMetricFamily(
+            "coredns_cache_served_stale", "The number of requests served from stale cache entries.",
+            labels=["server", "zones", "view"])  # fmt: skip
+        stale.add_metric([*base, ZONE, ""], counts.served_stale)
+        yield stale
+        evictions = CounterMetricFamily(
+            "coredns_cache_evictions", "The count of cache evictions.",
+            labels=["server", "type", "zones", "view"])  # fmt: skip
+        for kind in (SUCCESS, DENIAL):
+            name = CACHE_TYPES[kind]
+            evictions.add_metric([*base, name, ZONE, ""], counts.evictions[name])
+        yield evictions
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         """Build the metric families from the rows (called by prometheus_client on scrape)."""

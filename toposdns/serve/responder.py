@@ -652,7 +652,7 @@ class Responder:
             body = whole[2:]
             row = None
             if answer.policy is not None:
-                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier, answer.soft)
             carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
             cached = Cached(
                 body,
@@ -772,11 +772,69 @@ class Responder:
                 return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
             reply = self.balanced(self.encoded(query, answer, transport, scope))
             if answer.policy is not None:
-                row = self.topology_counts.row(qtype, answer.policy, answer.tier)
+                row = self.topology_counts.row(qtype, answer.policy, answer.tier, answer.soft)
                 count_topology(row, labels is NO_LABELS)
         except Exception:
             reply = self.failed(query)
         return self.counted(data, reply, transport, started, qtype)
+
+    def answer(self, request: Request) -> Reply:
+        """The kubernetes block's own answer to a request that a plugin before it changed
+        (rewrite's new question or options), as `decoded` gives one after those plugins: from
+        the zones (with autopath), or from the upstreams. It stays in this block, as CoreDNS
+        keeps a query in its server block, whatever its new name. Never cached, nor looked up
+        in the caches (its question is not the one asked); not counted either: the query as
+        asked is, with the reply it gets in the end."""
+        query = request.query
+        data, transport, source = request.data, request.transport, request.source
+        where = route(query, self.config.zones, self.forwarder is not None)
+        if where is BADVERS:
+            return encode_badvers(query)
+        if where is REFUSE:
+            return encode_bare(query, REFUSED)
+        if where is UPSTREAMS:
+            return self.relayed(request)
+        try:
+            if self.autopath is not None:
+                completion = self.autopath.complete(data, query, transport, source)
+                if completion is not None:
+                    request.written_by = "autopath"
+                    if isinstance(completion, bytes):
+                        return self.balanced(completion)
+                    return completion
+            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
+            labels, via_ecs = self.placer.place(source, subnet)
+            room = self.reply_limit(query, transport)
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+            )
+            if answer.fallthrough and self.forwarder is not None:
+                return self.relayed(request)
+            scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
+            request.written_by = "kubernetes"
+            if answer.chase is not None and self.admits(source):
+                return self.chased(query, answer, transport, scope)
+            reply = self.balanced(self.encoded(query, answer, transport, scope))
+            if answer.policy is not None:
+                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
+                count_topology(row, labels is NO_LABELS)
+            return reply
+        except Exception:
+            return self.failed(query)
+
+    def relayed(self, request: Request) -> Reply:
+        """A changed request's name for the upstreams, as `upstreams` sends a query's but not
+        counted: REFUSED outside `--forward-allow`, RFC 8482's minimal answer to ANY (unless
+        `--forward-any`), else the upstream's reply."""
+        assert self.forwarder is not None
+        query = request.query
+        if not self.forwarder.admits(request.source):
+            return encode_bare(query, REFUSED)
+        if query.qtype == ANY and not self.forward_any:
+            request.written_by = "any"
+            return encode_minimal_any(query)
+        request.written_by = "forward"
+        return self.forwarded(request.data, query, request.transport)
 
     def chained(self, request: Request, reply: Reply, started: float) -> Reply:
         """A chain's reply to `request`, counted (under the plugin that wrote it) when it is

@@ -9,6 +9,11 @@
   client with unknown labels under a list ending in `*`, zone hints with none for the client's
   zone), `none` when no tier matched and the answer was NODATA. Zone hints that matched count
   as `topology.kubernetes.io/zone`.
+- `toposdns_topology_spillovers_total{policy,tier}`: of those, the answers of a Service with
+  `toposdns.io/topology-min-endpoints` that took tiers past the nearest one with an endpoint;
+  `tier` is the last tier taken.
+- `toposdns_topology_weighted_answers_total{policy,tier}`: of those, the SRV answers that
+  carried weights between tiers (`toposdns.io/topology-weights`); `tier` is the nearest one.
 - `toposdns_unplaced_client_queries_total`: those of them asked by a client whose address (the
   source, or a trusted EDNS Client Subnet address) no PodLocator holds.
 
@@ -40,16 +45,20 @@ class TopologyCounts:
     """Rows of counts per (policy, tier); a prometheus_client collector reads them on scrape."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str], Row] = {}
+        #: (policy, tier) for hard answers; (policy, tier, soft) for Answer.soft's kinds.
+        self.rows: dict[tuple[str, ...], Row] = {}
         #: The row of replies that are not counted, so that the hot path never asks.
         self.uncounted: Row = [0, 0]
 
-    def row(self, qtype: int, policy: Policy, tier: str) -> Row:
-        """The row that counts answers of this type that `policy` gave from `tier`."""
+    def row(self, qtype: int, policy: Policy, tier: str, soft: str = "") -> Row:
+        """The row that counts answers of this type that `policy` gave from `tier` (`soft`:
+        what soft topology did, `Answer.soft`)."""
         if qtype not in COUNTED_TYPES:
             return self.uncounted
         # "trafficDistribution PreferSameZone" is counted as trafficDistribution.
-        key = (policy.source.partition(" ")[0], tier)
+        key: tuple[str, ...] = (policy.source.partition(" ")[0], tier)
+        if soft:
+            key += (soft,)
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = [0, 0]
@@ -63,11 +72,33 @@ class TopologyCounts:
             'tier that answered ("*": every endpoint; "none": no tier matched, NODATA).',
             labels=["policy", "tier"],
         )
+        spillovers = CounterMetricFamily(
+            "toposdns_topology_spillovers",
+            "Topology-filtered answers that took tiers past the nearest one with an endpoint "
+            "(toposdns.io/topology-min-endpoints), by policy source and the last tier taken.",
+            labels=["policy", "tier"],
+        )
+        weighted = CounterMetricFamily(
+            "toposdns_topology_weighted_answers",
+            "Topology-filtered SRV answers carrying weights between tiers "
+            "(toposdns.io/topology-weights), by policy source and the nearest tier.",
+            labels=["policy", "tier"],
+        )
+        kinds = {"spill-over": spillovers, "weighted": weighted}
+        totals: dict[tuple[str, str], int] = {}
         unplaced = 0
-        for (policy, tier), row in sorted(self.rows.items()):
-            answers.add_metric([policy, tier], row[ANSWERS])
+        for key, row in self.rows.items():
+            policy, tier = key[0], key[1]
+            totals[policy, tier] = totals.get((policy, tier), 0) + row[ANSWERS]
             unplaced += row[UNPLACED]
+        for (policy, tier), total in sorted(totals.items()):
+            answers.add_metric([policy, tier], total)
+        for key, row in sorted(self.rows.items()):
+            if len(key) == 3:
+                kinds[key[2]].add_metric([key[0], key[1]], row[ANSWERS])
         yield answers
+        yield spillovers
+        yield weighted
         yield CounterMetricFamily(
             "toposdns_unplaced_client_queries",
             "Topology-filtered queries from an address (source or trusted ECS) that no "

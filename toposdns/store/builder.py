@@ -272,7 +272,8 @@ class StoreBuilder:
         policy = None
         if svc is not None and svc.kind == HEADLESS:
             found = policy_for(svc, self._by_service.get(key, ()))
-            policy = found if found.source != "none" else None
+            # Kept without a source only to report soft annotations that have nothing to soften.
+            policy = found if found.source != "none" or found.soft_errors else None
         if self._policies.get(key) != policy:
             if policy is None:
                 self._policies = self._policies.delete(key)

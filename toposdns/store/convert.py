@@ -31,6 +31,10 @@ from toposdns.store.model import (
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 TOPOLOGY_KEYS_ANNOTATION = "toposdns.io/topology-keys"
+#: Soft topology (docs/topology.md, "Soft topology"): spill-over, SRV priorities, weights.
+MIN_ENDPOINTS_ANNOTATION = "toposdns.io/topology-min-endpoints"
+SRV_ANNOTATION = "toposdns.io/topology-srv"
+WEIGHTS_ANNOTATION = "toposdns.io/topology-weights"
 
 _POD_LOCATOR_VERSION = POD_LOCATOR.api_version
 _SLICE_VERSION = "discovery.k8s.io/v1"
@@ -161,7 +165,16 @@ def _service(
         external_traffic_policy=_str(
             spec.get("externalTrafficPolicy"), obj, "spec.externalTrafficPolicy"
         ),
+        topology_min_endpoints=_annotation(annotations, MIN_ENDPOINTS_ANNOTATION, obj),
+        topology_srv=_annotation(annotations, SRV_ANNOTATION, obj),
+        topology_weights=_annotation(annotations, WEIGHTS_ANNOTATION, obj),
     )
+
+
+def _annotation(annotations: Mapping[str, Any], name: str, obj: Any) -> str | None:
+    """An annotation's text, None when absent; its meaning is checked with the policy."""
+    value = annotations.get(name)
+    return None if value is None else _str(value, obj, f"metadata.annotations[{name}]")
 
 
 def _endpoint_slice(

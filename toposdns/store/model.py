@@ -97,6 +97,11 @@ class Service:
     topology_annotation: tuple[str, ...] | None = None
     traffic_distribution: str = ""
     external_traffic_policy: str = ""
+    #: The soft-topology annotations as written (None when absent), validated in
+    #: store/topology.py: `toposdns.io/topology-min-endpoints`, `-srv` and `-weights`.
+    topology_min_endpoints: str | None = None
+    topology_srv: str | None = None
+    topology_weights: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

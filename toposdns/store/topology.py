@@ -16,16 +16,26 @@ ignored (every endpoint is returned) and its errors are kept for logs and `expla
 Selection by keys is kube-proxy's `FilterTopologyEndpoint` (kubernetes/kubernetes
 pkg/proxy/topology.go, 1.17-1.21): the first tier with any endpoint wins whole, tiers never mix,
 and a client whose labels are unknown gets everything only if the last key is "*".
+
+Three annotations soften that (docs/topology.md, "Soft topology"): spill-over to a minimum of
+endpoints, SRV priorities by tier, and weights between tiers. Each is validated on its own; an
+invalid one is ignored (the hard policy answers) and its errors are kept for logs and `explain`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from toposdns.kube.names import qualified_name_errors
-from toposdns.store.convert import TOPOLOGY_KEYS_ANNOTATION
+from toposdns.store.convert import (
+    MIN_ENDPOINTS_ANNOTATION,
+    SRV_ANNOTATION,
+    TOPOLOGY_KEYS_ANNOTATION,
+    WEIGHTS_ANNOTATION,
+)
 from toposdns.store.model import (
     NODE_NAME,
     Endpoint,
@@ -42,6 +52,10 @@ ANY = "*"
 #: The tier of a selection that chose nothing.
 NO_TIER = "none"
 MAX_KEYS = 16
+#: The largest `topology-min-endpoints` count (a DNS answer holds far fewer anyway).
+MAX_MIN_ENDPOINTS = 10_000
+#: Weights are shares of this many replies.
+ROTATION = 100
 
 TRAFFIC_DISTRIBUTIONS = {
     # The same node is the same node name, as kube-proxy compares it (NODE_NAME).
@@ -67,6 +81,16 @@ class Policy:
     node_hints: bool = False
     #: Why the policy is ignored; empty when it is valid.
     errors: tuple[str, ...] = ()
+    #: Spill-over: take tiers until the answer holds this many endpoints (0: hard), or with
+    #: `min_percent` this percentage of the ready endpoints.
+    min_endpoints: int = 0
+    min_percent: bool = False
+    #: SRV priorities by tier (`toposdns.io/topology-srv: priority`).
+    srv_priority: bool = False
+    #: One weight per tier, summing to ROTATION; empty without weights.
+    weights: tuple[int, ...] = ()
+    #: Why soft-topology annotations are ignored (the hard policy answers); empty when none is.
+    soft_errors: tuple[str, ...] = ()
     #: The keys a client's labels are compared on ("*" compares nothing).
     match_keys: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -78,9 +102,34 @@ class Policy:
         """True when answers depend on the client."""
         return bool(self.keys or self.hints or self.node_hints) and not self.errors
 
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The tiers in order, as weights count them: the keys, or for hints the node hints,
+        the zone hints and every endpoint."""
+        if self.node_hints or self.hints:
+            kinds = ((self.node_hints, NODE_NAME), (self.hints, ZONE))
+            return tuple(key for used, key in kinds if used) + (ANY,)
+        return self.keys
+
+    @property
+    def mode(self) -> str:
+        """How the tiers are used: hard, spill-over, SRV priorities or weights."""
+        if self.weights:
+            return "weights " + ",".join(map(str, self.weights))
+        parts = []
+        if self.min_endpoints:
+            unit = "%" if self.min_percent else ""
+            parts.append(f"spill-over to {self.min_endpoints}{unit} endpoints")
+        if self.srv_priority:
+            parts.append("SRV priorities by tier")
+        return ", ".join(parts) or "hard"
+
     def signature(self, labels: Labels) -> tuple[object, ...]:
         """What of a client's labels decides its answer: clients with equal signatures get
-        equal answers, so answers are cached per signature, never per address."""
+        equal answers, so answers are cached per signature, never per address. The soft modes
+        read nothing more of the client: its values for the same tiers decide which tiers it
+        has, and the rest (the mode, the weights, the endpoints) is the service's, whose
+        change drops its cached answers."""
         if self.node_hints:
             return (labels.get(ZONE), labels.get(NODE_NAME))
         if self.hints:
@@ -103,8 +152,107 @@ class Policy:
 NO_POLICY = Policy("none")
 
 
+def _soft(policy: Policy, service: Service) -> Policy:
+    """The policy with the service's soft-topology annotations that are valid for it."""
+    given = (service.topology_min_endpoints, service.topology_srv, service.topology_weights)
+    if given == (None, None, None):
+        return policy
+    errors: list[str] = []
+    if not policy.active:
+        for name, value in zip(
+            (MIN_ENDPOINTS_ANNOTATION, SRV_ANNOTATION, WEIGHTS_ANNOTATION), given, strict=True
+        ):
+            if value is not None:
+                errors.append(
+                    f"metadata.annotations[{name}]: Forbidden: needs a valid topology policy "
+                    "(topologyKeys, the toposdns.io/topology-keys annotation, "
+                    "trafficDistribution or hints)"
+                )
+        return replace(policy, soft_errors=tuple(errors)) if policy.errors == () else policy
+    minimum, percent = 0, False
+    if service.topology_min_endpoints is not None:
+        minimum, percent = _min_endpoints(service.topology_min_endpoints, errors)
+    srv_priority = False
+    if service.topology_srv is not None:
+        field_name = f"metadata.annotations[{SRV_ANNOTATION}]"
+        if service.topology_srv != "priority":
+            errors.append(
+                f'{field_name}: Unsupported value: "{service.topology_srv}": '
+                'supported values: "priority"'
+            )
+        elif service.topology_weights is not None:
+            errors.append(
+                f"{field_name}: Forbidden: may not be specified with {WEIGHTS_ANNOTATION}, "
+                "which puts every tier in priority 0"
+            )
+        else:
+            srv_priority = True
+    weights: tuple[int, ...] = ()
+    if service.topology_weights is not None:
+        weights = _weights(service.topology_weights, policy.tiers, errors)
+        if weights and minimum:
+            field_name = f"metadata.annotations[{MIN_ENDPOINTS_ANNOTATION}]"
+            errors.append(
+                f"{field_name}: Forbidden: may not be specified with {WEIGHTS_ANNOTATION}, "
+                "whose tiers each answer their share"
+            )
+            minimum, percent = 0, False
+    return replace(
+        policy,
+        min_endpoints=minimum,
+        min_percent=percent,
+        srv_priority=srv_priority,
+        weights=weights,
+        soft_errors=tuple(errors),
+    )
+
+
+def _min_endpoints(text: str, errors: list[str]) -> tuple[int, bool]:
+    """`N` or `P%`; (0, False) with an error when it is neither."""
+    field_name = f"metadata.annotations[{MIN_ENDPOINTS_ANNOTATION}]"
+    number, percent = (text[:-1], True) if text.endswith("%") else (text, False)
+    top = 100 if percent else MAX_MIN_ENDPOINTS
+    if number.isascii() and number.isdigit() and 1 <= int(number) <= top:
+        return int(number), percent
+    errors.append(
+        f'{field_name}: Invalid value: "{text}": must be a number of endpoints from 1 to '
+        f'{MAX_MIN_ENDPOINTS} ("3") or a percentage of the ready endpoints from 1% to 100% '
+        '("50%")'
+    )
+    return 0, False
+
+
+def _weights(text: str, tiers: tuple[str, ...], errors: list[str]) -> tuple[int, ...]:
+    """One whole number per tier, summing to ROTATION; () with errors otherwise."""
+    field_name = f"metadata.annotations[{WEIGHTS_ANNOTATION}]"
+    parts = [part.strip() for part in text.split(",")]
+    found = len(errors)
+    if len(parts) != len(tiers):
+        errors.append(
+            f'{field_name}: Invalid value: "{text}": must have one weight per tier, '
+            f"{len(tiers)} for [{', '.join(tiers)}]"
+        )
+    for i, part in enumerate(parts):
+        if not (part.isascii() and part.isdigit() and int(part) <= ROTATION):
+            errors.append(
+                f'{field_name}[{i}]: Invalid value: "{part}": must be a whole number from 0 '
+                f"to {ROTATION}"
+            )
+    if len(errors) == found and sum(map(int, parts)) != ROTATION:
+        errors.append(
+            f'{field_name}: Invalid value: "{text}": the weights must add up to {ROTATION}, '
+            f"not {sum(map(int, parts))}"
+        )
+    return tuple(map(int, parts)) if len(errors) == found else ()
+
+
 def policy_for(service: Service, slices: Iterable[EndpointSlice]) -> Policy:
-    """The policy a headless service asks for (first source that applies)."""
+    """The policy a headless service asks for (first source that applies), with its
+    soft-topology annotations."""
+    return _soft(_hard_policy_for(service, slices), service)
+
+
+def _hard_policy_for(service: Service, slices: Iterable[EndpointSlice]) -> Policy:
     if service.topology_keys:
         return _keys_policy(service, "topologyKeys", service.topology_keys, "spec.topologyKeys")
     if service.topology_annotation is not None:
@@ -142,7 +290,7 @@ def invalid_changes(
     found = []
     for key in new.keys() if keys is None else keys:
         policy = new.get(key)
-        if policy is not None and policy.errors and old.get(key) != policy:
+        if policy is not None and (policy.errors or policy.soft_errors) and old.get(key) != policy:
             found.append((key, policy))
     return found
 
@@ -208,8 +356,20 @@ class Selection:
     rule: str
     #: The tier that matched: a label key, "*" for every endpoint (the catch-all, hints falling
     #: back, or no policy to apply), or "none" when no tier matched (the answer is NODATA).
-    #: Zone hints that matched count as the zone key's tier.
+    #: Zone hints that matched count as the zone key's tier. With spill-over, the last tier
+    #: taken.
     tier: str
+    #: Soft topology (empty for a hard policy): the tiers taken into `chosen`, in order.
+    taken: tuple[str, ...] = ()
+    #: True when spill-over took more than the nearest tier with an endpoint.
+    spilled: bool = False
+    #: SRV priorities or weights: (candidate index, its SRV priority, its group, the weight
+    #: its group shares) for every endpoint the policy allows; empty when SRV answers as A
+    #: and AAAA do. A group's weight is shared among the SRV records of its endpoints.
+    srv: tuple[tuple[int, int, int, int], ...] = ()
+    #: Weights: (share of ROTATION replies, the candidates that answer it) per tier that has
+    #: endpoints, in the policy's order; an empty tier's share already moved to the next.
+    rotation: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def _by_hints(
@@ -241,6 +401,146 @@ def select(
     policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
 ) -> Selection:
     """Choose among candidates (endpoint, its topology labels); returns indexes into them."""
+    hard = _select_hard(policy, client, candidates)
+    if not policy.active or not (policy.min_endpoints or policy.srv_priority or policy.weights):
+        return hard
+    return _soften(policy, hard, client_tiers(policy, client, candidates), len(candidates))
+
+
+def client_tiers(
+    policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
+) -> list[tuple[str, tuple[int, ...]]]:
+    """Each tier of an active policy for this client, in order: (its key, the candidates it
+    holds). A tier the client has no value for holds none; "*" holds every candidate."""
+    everyone = tuple(range(len(candidates)))
+    tiers: list[tuple[str, tuple[int, ...]]] = []
+    if policy.node_hints or policy.hints:
+        kinds = ((policy.node_hints, NODE_NAME, "hint_nodes"), (policy.hints, ZONE, "hint_zones"))
+        for used, key, field_name in kinds:
+            if used:
+                value = client.get(key)
+                hinted = tuple(
+                    i
+                    for i, (ep, _) in enumerate(candidates)
+                    if value and value in (getattr(ep, field_name) or ())
+                )
+                tiers.append((key, hinted))
+        return [*tiers, (ANY, everyone)]
+    for key in policy.keys:
+        value = client.get(key) if client else None
+        if key == ANY:
+            tiers.append((key, everyone))
+        elif value is None:
+            tiers.append((key, ()))
+        else:
+            tiers.append(
+                (
+                    key,
+                    tuple(
+                        i for i, (_, labels) in enumerate(candidates) if labels.get(key) == value
+                    ),
+                )
+            )
+    return tiers
+
+
+def rotation_schedule(shares: Sequence[int]) -> tuple[int, ...]:
+    """Which of the shares answers each of ROTATION turns: share i answers exactly shares[i]
+    turns, spread out (smooth weighted round robin, as nginx's upstream module), so that any
+    run of replies is near the shares too. Deterministic: the same shares, the same order."""
+    total = sum(shares)
+    if total <= 0:
+        return ()
+    current = [0] * len(shares)
+    order = []
+    for _ in range(total):
+        for i, share in enumerate(shares):
+            current[i] += share
+        best = max(range(len(shares)), key=lambda i: (current[i], -i))
+        current[best] -= total
+        order.append(best)
+    return tuple(order)
+
+
+def _soften(
+    policy: Policy, hard: Selection, tiers: list[tuple[str, tuple[int, ...]]], ready: int
+) -> Selection:
+    """The soft selection from the client's tiers (docs/topology.md, "Soft topology")."""
+    # Each endpoint counts in the nearest tier that holds it.
+    seen: set[int] = set()
+    own: list[tuple[str, tuple[int, ...]]] = []
+    for key, held in tiers:
+        fresh = tuple(i for i in held if i not in seen)
+        seen.update(fresh)
+        own.append((key, fresh))
+    if policy.weights:
+        return _weighted(policy, hard, own)
+    # Spill-over: tiers in order, added together, until the answer holds the minimum (without
+    # one, the nearest tier with an endpoint, as the hard policy takes).
+    minimum = policy.min_endpoints
+    if policy.min_percent:
+        minimum = math.ceil(ready * policy.min_endpoints / 100)
+    chosen: set[int] = set()
+    taken: list[str] = []
+    beyond: list[tuple[int, ...]] = []
+    for key, fresh in own:
+        if not fresh:
+            continue
+        if len(chosen) >= max(minimum, 1):
+            beyond.append(fresh)
+        else:
+            chosen.update(fresh)
+            taken.append(key)
+    rule, tier = hard.rule, hard.tier
+    if minimum and chosen:
+        rule = f"spill-over to {minimum} endpoints: {' + '.join(taken)} hold {len(chosen)}"
+        tier = taken[-1]
+    srv: tuple[tuple[int, int, int, int], ...] = ()
+    if policy.srv_priority and chosen:
+        groups = [tuple(sorted(chosen)), *beyond]
+        srv = tuple(
+            sorted(
+                (i, priority, priority, 100) for priority, group in enumerate(groups) for i in group
+            )
+        )
+    return Selection(tuple(sorted(chosen)), rule, tier, tuple(taken), len(taken) > 1, srv)
+
+
+def _weighted(policy: Policy, hard: Selection, own: list[tuple[str, tuple[int, ...]]]) -> Selection:
+    """Weights: SRV holds every tier in priority 0, A and AAAA rotate between tiers."""
+    shares = list(policy.weights)
+    # An empty tier's share goes to the next tier with endpoints (past the last, the last one
+    # before it that has some).
+    carried = 0
+    for i, (_, fresh) in enumerate(own):
+        if not fresh:
+            carried += shares[i]
+            shares[i] = 0
+        else:
+            shares[i] += carried
+            carried = 0
+    if carried:
+        for i in range(len(own) - 1, -1, -1):
+            if own[i][1]:
+                shares[i] += carried
+                break
+    rotation = tuple((shares[i], fresh) for i, (_, fresh) in enumerate(own) if fresh)
+    if not rotation:
+        return hard
+    srv = tuple(
+        sorted((i, 0, group, share) for group, (share, fresh) in enumerate(rotation) for i in fresh)
+    )
+    taken = tuple(key for key, fresh in own if fresh)
+    rule = "weighted: " + ", ".join(
+        f"{key} {share}" for (key, fresh), share in zip(own, shares, strict=True) if fresh
+    )
+    return Selection(hard.chosen, rule, hard.tier, taken, False, srv, rotation)
+
+
+def _select_hard(
+    policy: Policy, client: Labels, candidates: Sequence[tuple[Endpoint, Labels]]
+) -> Selection:
+    """The hard selection: the nearest tier with an endpoint, whole."""
     everyone = tuple(range(len(candidates)))
     if policy.errors:
         return Selection(everyone, "policy ignored (invalid): every endpoint", ANY)
