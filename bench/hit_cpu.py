@@ -11,9 +11,11 @@ neighbours still add some). The servers of one case run side by side and take tu
 burst, so what load remains falls on each alike: compare them within a case.
 
 Cases: `repeated` (each service's A name, no EDNS) on toposdns and its variants (metrics,
---loadbalance, topology filtering) and on Knot; `cookie` (the same names with a client
-COOKIE); `ecs` (trusted Client Subnet, clients in 3 zones). Every name is asked twice before
-the measured bursts, so every measured query is answered from the cache.
+--loadbalance, topology filtering) and on Knot; `random-case` (the same names, each in four
+random letter cases, as 0x20-randomizing resolvers ask: toposdns writes the cached reply, in
+the case first asked, in each other one); `cookie` (the same names with a client COOKIE);
+`ecs` (trusted Client Subnet, clients in 3 zones). Every name is asked twice before the
+measured bursts, so every measured query is answered from the cache.
 
 Run from the repository root:  python -m bench.hit_cpu  (see bench/README.md).
 """
@@ -47,6 +49,9 @@ CASES = (
     ("repeated", "toposdns-metrics"),
     ("repeated", "toposdns-loadbalance"),
     ("repeated", "toposdns-topology"),
+    ("random-case", "knot"),
+    ("random-case", "toposdns"),
+    ("random-case", "toposdns-loadbalance"),
     ("cookie", "knot"),
     ("cookie", "toposdns"),
     ("cookie", "toposdns-unbatched"),
@@ -129,6 +134,11 @@ def wire(name: str, cookie: bytes | None = None) -> bytes:
     return query.to_wire()
 
 
+def random_case(name: str, rng: random.Random) -> str:
+    """`name` with each letter in upper or lower case at random."""
+    return "".join(rng.choice((c.lower(), c.upper())) for c in name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bursts", type=int, default=300, help="bursts of 150 queries per round")
@@ -142,12 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         setup = prepare(args, workdir)
         names = [name for name, _ in repeated_queries(setup.cluster, False, args.seed)]
+        rng = random.Random(args.seed)
         queries = {
             "repeated": [wire(name) for name in names],
+            # Four spellings of each name: the cached reply is in the first one asked.
+            "random-case": [wire(random_case(name, rng)) for _ in range(4) for name in names],
             "cookie": [wire(name, setup.cookie) for name in names],
             "ecs": ecs_messages(setup.cluster, setup.clients, args.seed),
         }
-        print(f"{'case':9} {'server':21} {'CPU µs per query':>17}  rounds", file=sys.stderr)
+        print(f"{'case':11} {'server':21} {'CPU µs per query':>17}  rounds", file=sys.stderr)
         for case in dict.fromkeys(case for case, _ in CASES):
             names = [n for c, n in CASES if c == case and (wanted is None or n in wanted)]
             with contextlib.ExitStack() as stack:
@@ -159,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, rounds in zip(names, figures, strict=True):
                 shown = ", ".join(f"{f:.2f}" for f in rounds)
                 median = statistics.median(rounds)
-                print(f"{case:9} {name:21} {median:17.2f}  {shown}", flush=True)
+                print(f"{case:11} {name:21} {median:17.2f}  {shown}", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

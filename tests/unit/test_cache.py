@@ -7,6 +7,7 @@ import gc
 import random
 import tracemalloc
 from collections.abc import Callable
+from struct import pack
 from typing import Any
 
 import dnslib
@@ -17,6 +18,7 @@ from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB, headless
 from toposdns.serve.cache import (
     LABELS_OVERHEAD,
+    REMEMBERED_OPTIONS_BYTES,
     Cached,
     ReplyCache,
     TopologyReplies,
@@ -97,6 +99,10 @@ def test_the_bytes_counted_are_the_bytes_held(flood: str) -> None:
     for data in queries:  # the encoder's memory of names and records, filled before
         responder.respond(data, TCP4, "127.0.0.1")
     responder.cache.clear()
+    for data in queries:  # asked once more: a template reply is kept when asked again
+        responder.respond(data, TCP4, "127.0.0.1")
+    for key in list(responder.cache.table):
+        responder.cache.drop(key)
 
     def fill() -> None:
         for data in queries:
@@ -150,6 +156,75 @@ def test_the_labels_a_topology_reply_remembers_are_counted_and_bounded() -> None
     assert cache.bytes_held == 0
 
 
+def with_options(name: str, options: bytes, size: int = 1232, qid: int = 7) -> bytes:
+    """An A query whose OPT record carries the raw `options`."""
+    head = query(name, qid=qid)
+    opt = b"\0" + pack("!HHIH", 41, size, 0, len(options)) + options
+    return head[:11] + b"\x01" + head[12:] + opt
+
+
+def client_options(rng: random.Random, kind: str) -> bytes:
+    """Raw EDNS options a client might send: a cookie, a Client Subnet, or both."""
+    cookie = pack("!HH", 10, 8) + rng.randbytes(8)
+    subnet = pack("!HHHB", 8, 8, 1, 32) + b"\0" + bytes((10, *rng.randbytes(3)))
+    return {"cookie": cookie, "subnet": subnet, "both": subnet + cookie}[kind]
+
+
+@pytest.mark.parametrize("kind", ["cookie", "subnet", "both"])
+def test_the_options_remembered_are_counted_as_held(kind: str) -> None:
+    responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=256 << 20)
+    rng = random.Random(5)
+    queries = [
+        with_options("web.shop.svc.cluster.local", client_options(rng, kind)) for _ in range(5000)
+    ]
+    responder.respond(queries[0], TCP4, "127.0.0.1")
+    cache = responder.cache
+
+    def fill() -> None:
+        for data in queries[1:]:
+            responder.respond(data, TCP4, "127.0.0.1")
+
+    before = cache.bytes_held
+    held = traced(fill)
+    assert len(cache.options) == len(queries) + 1  # and the empty set
+    assert 0.8 <= held / (cache.bytes_held - before) <= 1.2, (held, cache.bytes_held - before)
+    assert cache.options_bytes < cache.bytes_held
+
+
+@pytest.mark.parametrize(
+    ("flood", "count", "length"),
+    [
+        ("large options, each once", 2000, 8000),  # never remembered, nor their replies
+        ("small options, each once", 16_000, 12),  # remembered within a sixteenth of the bound
+        ("options just over the memo's size", 8000, REMEMBERED_OPTIONS_BYTES - 3),
+    ],
+)
+def test_distinct_options_hold_no_more_than_the_bound(flood: str, count: int, length: int) -> None:
+    bound = 1 << 20
+    responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=bound)
+    rng = random.Random(6)
+    queries = [
+        with_options(
+            "web.shop.svc.cluster.local", pack("!HH", 65001, length) + rng.randbytes(length)
+        )
+        for _ in range(count)
+    ]
+    for data in queries[:2]:  # the reply and the encoder's memory, filled before
+        reply(responder, data)
+
+    def fill() -> None:
+        for data in queries:
+            responder.respond(data, UDP4, "127.0.0.1")
+
+    held = traced(fill)
+    assert held <= bound, (flood, held)
+    cache = responder.cache
+    assert cache.bytes_held <= bound and cache.options_bytes <= bound // 16, flood
+    assert cache.hits >= count  # every query was still a hit: only the memo is bounded
+    for data in queries[-3:]:
+        reply(responder, data)
+
+
 # Eviction: a flood never takes more than the bound.
 
 
@@ -171,6 +246,28 @@ def test_a_flood_of_names_stays_within_the_bound_and_keeps_the_index_in_step() -
     hits = cache.hits
     reply(responder, last)
     assert cache.hits == hits + 1
+
+
+def test_names_asked_once_hold_no_memory_past_the_bound() -> None:
+    bound = 1 << 20
+    responder = Responder(CONFIG, SNAPSHOT, cache_max_bytes=bound)
+    queries = [query(f"h{i}.example.com.shop.svc.cluster.local") for i in range(60_000)]
+    responder.respond(query("web.shop.svc.cluster.local"), UDP4, "127.0.0.1")
+
+    def fill() -> None:
+        for data in queries:
+            responder.respond(data, UDP4, "127.0.0.1")
+
+    held = traced(fill)
+    cache = responder.cache
+    # What marks them as asked is set aside in the bound; the few taken for asked again (and
+    # kept) are held within it.
+    assert held <= bound * 1.2 and cache.room + len(cache.seen) <= bound, held
+    assert cache.entries < len(queries) // 10
+    again = queries[-1]  # asked again: kept
+    assert again[2:] not in cache.table
+    reply(responder, again)
+    assert again[2:] in cache.table
 
 
 def test_a_template_reply_is_kept_when_its_name_is_asked_again() -> None:
@@ -284,8 +381,8 @@ def test_the_udp_frontend_folds_case_too() -> None:
             (got,) = frontends.over_udp(UDP4, data, "127.0.0.1")
             want = reference_reply(data, UDP4, "127.0.0.1", responder.snapshot, CONFIG)
             assert got == want
-        # web is served from the cache the second time; WEB, in another case, built anew.
-        assert responder.cache.entries == 1 and responder.cache.hits == 1
+        # Built once; every later query, in either case, is served from the cache.
+        assert responder.cache.entries == 1 and responder.cache.hits == 3
 
     import asyncio
 
@@ -318,10 +415,14 @@ def test_the_memory_limit_is_read_from_the_cgroup(
 
 
 @pytest.mark.parametrize("name", ["web.shop.svc.cluster.local", "nope.shop.svc.cluster.local"])
-def test_a_query_in_another_case_leaves_the_cached_reply_in_place(name: str) -> None:
+def test_a_query_in_another_case_is_a_hit_and_leaves_the_cached_reply_as_it_was(
+    name: str,
+) -> None:
     responder = Responder(CONFIG, SNAPSHOT)  # the second name: NXDOMAIN from a template
     first = (name,) if name.startswith("nope") else ()  # kept when asked again
     for asked in (*first, name, name.upper(), name, name.upper(), name):
         reply(responder, query(asked))
-    misses = 3 + len(first)
-    assert (responder.cache.entries, responder.cache.hits, responder.cache.misses) == (1, 2, misses)
+    misses = 1 + len(first)
+    assert (responder.cache.entries, responder.cache.hits, responder.cache.misses) == (1, 4, misses)
+    (entry,) = responder.cache.table.values()
+    assert isinstance(entry, Cached) and entry.question == query(name)[12:]

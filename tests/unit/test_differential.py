@@ -518,8 +518,13 @@ class Queries:
             | rng.choice((0, 0, 0x0020))
         )
         if self.questions and rng.random() < 0.3:
-            # A question asked before, with other flags and options (another cookie, subnet...).
+            # A question asked before, with other flags and options (another cookie, subnet...),
+            # and at times in another letter case (one cached reply is written in every case).
             labels, qtype, qclass = rng.choice(self.questions)
+            if rng.random() < 0.5:
+                labels = tuple(
+                    "".join(rng.choice((c.lower(), c.upper())) for c in label) for label in labels
+                )
         else:
             labels, qtype = self.question()
             qclass = rng.choices((1, 3, 4, 255, 254), (96, 1, 1, 1, 1))[0]

@@ -3,8 +3,11 @@ name they answer."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
+import tracemalloc
+from collections.abc import Callable
 from struct import pack
 
 import pytest
@@ -227,3 +230,39 @@ def test_a_query_read_off_its_bytes_is_read_as_the_decoder_reads_it(
         answer = resolve(decoded.name, decoded.qtype, snapshot, config, {})
         assert reply == encode_reply(decoded, answer, 512, 1480)
         assert (qtype, depends) == (decoded.qtype, answer.depends)
+
+
+def test_the_endpoint_names_kept_stay_within_their_bytes_and_are_counted_as_held() -> None:
+    # 400 services of 50 named endpoints: their labels take about 3 MB in all.
+    objects = [namespace("shop")]
+    for s in range(400):
+        endpoints = [{"addresses": [f"10.{s // 200}.{s % 200}.{i}"]} for i in range(1, 51)]
+        objects += headless(f"svc{s}", "shop", endpoints)
+    snapshot = snapshot_of(objects)
+    services = list(snapshot.services.values())
+    roomy = Negatives(config_of(), memory=64 << 20)
+
+    def fill() -> None:
+        for svc in services:
+            roomy.hostnames(svc, snapshot)
+
+    held = traced(fill)
+    assert len(roomy.known) == 400 and 0.8 <= held / roomy.known_bytes <= 1.2
+    bounded = Negatives(config_of(), memory=256 << 10)
+    for svc in services:
+        assert bounded.hostnames(svc, snapshot) == roomy.hostnames(svc, snapshot)
+        assert bounded.known_bytes <= 256 << 10
+    assert 0 < len(bounded.known) < 400
+
+
+def traced(fill: Callable[[], None]) -> int:
+    """Bytes Python holds after `fill` that it did not hold before."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        fill()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()

@@ -5,13 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from struct import pack
 
 import dnslib
 import pytest
 
+from tests.differential import reference_reply
 from tests.helpers import config_of, snapshot_of
-from tests.objects import SHOP_WEB
-from toposdns.serve.responder import TCP4, UDP4, Responder
+from tests.objects import SHOP_WEB, headless
+from toposdns.serve.responder import TCP4, UDP4, UDP6, Responder, Transport
+from toposdns.wire.decode import record_spans
+from toposdns.wire.edns import ECHOED_BYTES
 
 OBJECTS = SHOP_WEB
 
@@ -138,3 +142,71 @@ def test_short_and_response_packets_get_no_reply(responder: Responder) -> None:
     assert responder.respond(b"\x00\x01\x02", UDP4, "127.0.0.1") is None
     response = dnslib.DNSRecord.question("web.shop.svc.cluster.local").reply().pack()
     assert responder.respond(bytes(response), UDP4, "127.0.0.1") is None
+
+
+# PADDING and the other echoed options: as CoreDNS echoes them, within what every limit holds.
+
+#: A headless service of 60 addresses: its A reply passes 512 bytes, so it is cut to a limit.
+WIDE = [
+    *SHOP_WEB,
+    *headless("wide", "shop", [{"addresses": [f"10.3.0.{i + 1}"]} for i in range(60)]),
+]
+
+
+def opt_query(name: str, options: list[tuple[int, bytes]], size: int, qid: int = 7) -> bytes:
+    """An A query whose OPT record (buffer `size`) carries `options` as given."""
+    header = pack("!6H", qid, 0x0100, 1, 0, 0, 1)
+    question = b"".join(bytes((len(label),)) + label.encode() for label in name.split("."))
+    rdata = b"".join(pack("!HH", code, len(value)) + value for code, value in options)
+    return (
+        header
+        + question
+        + b"\0\0\x01\0\x01"
+        + b"\0"
+        + pack("!HHIH", 41, size, 0, len(rdata))
+        + rdata
+    )
+
+
+def echoed_options(reply: bytes) -> list[tuple[int, bytes]]:
+    """The options of a reply's OPT record, as (code, data)."""
+    for _, ttl_at, end, rtype, _ in record_spans(reply):
+        if rtype == 41:
+            rdata, options = reply[ttl_at + 6 : end], []
+            while rdata:
+                code, length = int.from_bytes(rdata[:2]), int.from_bytes(rdata[2:4])
+                options.append((code, rdata[4 : 4 + length]))
+                rdata = rdata[4 + length :]
+            return options
+    raise AssertionError("no OPT record")
+
+
+@pytest.mark.parametrize(
+    ("padding", "size", "transport", "limit", "echoed"),
+    [
+        (0, 1232, UDP4, 1232, True),  # an empty PADDING option, as clients send it
+        (100, 1232, UDP4, 1232, True),  # a query padded to a 128-byte block
+        (ECHOED_BYTES - 16, 512, UDP4, 512, True),  # with the cookie, the most echoed
+        (ECHOED_BYTES - 15, 512, UDP4, 512, False),  # one more byte: left out
+        (1200, 1232, UDP4, 1232, False),
+        (60_000, 1232, UDP4, 1232, False),  # larger than any UDP limit: left out
+        (60_000, 65535, UDP6, 1232, False),  # --max-udp-size bounds the buffer first
+        (60_000, 65535, TCP4, 65535, False),
+    ],
+)
+def test_padding_is_echoed_only_within_every_limit(
+    padding: int, size: int, transport: Transport, limit: int, echoed: bool
+) -> None:
+    responder = Responder(config_of(), snapshot_of(WIDE))
+    cookie = (10, b"c" * 8)
+    for name in ("web.shop.svc.cluster.local", "wide.shop.svc.cluster.local"):
+        for qid in (1, 2):  # built, then from the cache: both as the reference writes it
+            data = opt_query(name, [cookie, (12, bytes(padding))], size, qid)
+            reply = responder.respond(data, transport, "127.0.0.1")
+            assert isinstance(reply, bytes)
+            expected = reference_reply(
+                data, transport, "127.0.0.1", responder.snapshot, config_of()
+            )
+            assert reply == expected and len(reply) <= limit, (name, len(reply))
+            want = [cookie, (12, bytes(padding))] if echoed else [cookie]
+            assert echoed_options(reply) == want

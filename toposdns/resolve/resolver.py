@@ -455,6 +455,20 @@ def match_zone(lower: Name, zones: tuple[Name, ...]) -> int | None:
     return best
 
 
+def case_insensitive(lower: Name, zones: tuple[Name, ...]) -> bool:
+    """Whether a name in the zones gets the same answer in whatever letter case it is asked,
+    but for the case of the names the answer writes (so that a reply can be written anew for
+    another case from one built in the first: wire/case.py). True of every name but a zone's
+    apex and `ns.dns.<zone>`, which `_Lookup.dispatch` and `services` compare, lower-cased,
+    with the zone as asked (CoreDNS's quirk)."""
+    zone_len = match_zone(lower, zones)
+    if zone_len is None:
+        return False
+    return len(lower) != zone_len and not (
+        len(lower) == zone_len + 2 and lower[:2] == ("ns", "dns")
+    )
+
+
 def is_reverse(lower: Name) -> bool:
     """True for names under in-addr.arpa or ip6.arpa."""
     return lower[-2:] in REVERSE_ZONES

@@ -5,8 +5,10 @@ options (wire/edns.py `split_query`). A value is one of:
 
 - `Cached`: one reply (after its ID), whole, in the letter case of the query that built it,
   the same for every client: the frontends cut it to each query's size limit and give it the
-  query's ID and OPT record. It may carry the zone's SOA serial, rewritten in place when the
-  snapshot's serial moves on, and with `--loadbalance` a `Rotation` of its address records.
+  query's ID and OPT record, and the letters of a query in another case where it copies the
+  name asked (its `case`, wire/case.py). It may carry the zone's SOA serial, rewritten in
+  place when the snapshot's serial moves on, and with `--loadbalance` a `Rotation` of its
+  address records.
   It holds the counters of its hits (serve/query_metrics.py `Hits`), set and dropped with it;
 - `TopologyReplies`: one `Cached` per client signature, for names whose answer depends on the
   client (a headless service with a topology policy).
@@ -24,10 +26,13 @@ any other snapshot empties the cache.
 
 The cache holds at most `max_bytes`, counted as the bytes of keys, replies and names plus what
 Python spends on each entry and each dependency word (`ENTRY_OVERHEAD`, `WORD_OVERHEAD`,
-measured with tracemalloc: tests/unit/test_cache.py holds them to it). Past that, the oldest
-entries go first, an eighth of the bound at a time so that eviction costs little per insert;
-a reply larger than `max_reply_bytes` is never kept. A flood of names that are each asked once
-therefore costs CPU, never memory, and cannot push out more than the cache's bound.
+measured with tracemalloc: tests/unit/test_cache.py holds them to it), with the memos above
+(rendered replies, EDNS options, case maps). From the bound it first sets aside the bitmap
+that marks the names asked once (`again`) and the templates' share (serve/negative.py's
+endpoint names): the rest is its `room`. Past that, the oldest entries go first, an eighth of
+the room at a time so that eviction costs little per insert; a reply larger than
+`max_reply_bytes` is never kept. A flood of names that are each asked once therefore costs
+CPU, never memory, and cannot push out more than the cache's bound.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ from toposdns.serve.query_metrics import Hits
 from toposdns.serve.transport import TRANSPORTS
 from toposdns.store.snapshot import Dependency
 from toposdns.store.topology import Labels, Policy
+from toposdns.wire.case import Recasing, recase, rotated
 from toposdns.wire.decode import serial_offset
+from toposdns.wire.edns import NO_OPTIONS, EchoedOptions
 from toposdns.wire.shuffle import Rotation
 
 #: What Python spends on an entry beyond the bytes of its key, replies and question: the
@@ -61,6 +68,22 @@ LABELS_OVERHEAD = 92
 #: A `Rendered` reply beyond the bytes of its query and reply: the object, the bytes objects'
 #: headers and the table's slot.
 RENDERED_OVERHEAD = 250
+#: Queries longer than this (after the ID) get their reply rendered each time, never kept: a
+#: plain query with the options a client needs (a cookie, a Client Subnet) is under 420 bytes.
+RENDERED_QUERY_BYTES = 512
+#: EDNS options longer than this are read for each query, never remembered (a cookie and a
+#: Client Subnet take under 80 bytes).
+REMEMBERED_OPTIONS_BYTES = 128
+#: A remembered option set beyond its bytes and those it echoes: the `EchoedOptions`, the bytes
+#: objects' headers and the table's slot; and a Client Subnet's (address, prefix) beyond the
+#: address's characters.
+OPTIONS_OVERHEAD = 110
+SUBNET_OVERHEAD = 135
+
+#: Of the bound, the share of the bitmap of keys asked once (`ReplyCache.again`), and of the
+#: templates' memory of endpoint names (serve/negative.py), each set aside whole.
+SEEN_SHARE = 64
+NAMES_SHARE = 16
 
 #: The bound when the container sets none (and the floor of any derived one).
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
@@ -130,6 +153,7 @@ class Cached:
         "size",
         "small",
         "packed",
+        "case",
     )
 
     def __init__(
@@ -181,6 +205,9 @@ class Cached:
         #: finds it by the query's raw bytes: only a reply to a lower-case name qualifies).
         name = question[:-4]
         self.small = serial < 0 and len(reply) <= 510 and name == name.lower()
+        #: Where the reply copies the name asked, to write it for another letter case (found
+        #: when first asked so; `NOT_RECASED` when it cannot be), or None.
+        self.case: Recasing | None = None
 
     def current(self, serial: int) -> bytes:
         """The reply with this serial (rewritten once per serial, not per hit) and, with
@@ -189,6 +216,19 @@ class Cached:
             self.rewrite(serial)
         rotation = self.rotation
         return self.reply if rotation is None else rotation.next()
+
+    def recased(self, serial: int, name: bytes) -> bytes:
+        """The reply as `current` gives it, written for a query whose name, in wire form, is
+        `name` (its `case` found, not `NOT_RECASED`)."""
+        case = self.case
+        assert case is not None
+        if self.serial >= 0 and serial != self.serial:
+            self.rewrite(serial)
+        rotation = self.rotation
+        if rotation is None:
+            return recase(self.reply, case.runs, name)
+        turn = rotation.turn = rotation.turn + 1
+        return rotated(rotation, case.parts, name, turn)
 
     def rewrite(self, serial: int) -> None:
         """Give the reply (both forms) the new serial in place."""
@@ -274,8 +314,14 @@ class ReplyCache:
     `entries` and `bytes_held` are read off when needed, for metrics.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, set_aside: int = 0) -> None:
         self.max_bytes = max_bytes
+        #: The keys of template replies not kept yet (`again`): a bitmap of their hashes.
+        self.seen = bytearray(max(4096, max_bytes // SEEN_SHARE))
+        self.seen_count = 0
+        #: What the bound leaves to the entries and the memos below (`bytes_held`): the rest
+        #: after the bitmap and `set_aside` bytes that others count (the templates' memory).
+        self.room = max_bytes - len(self.seen) - set_aside
         #: Replies larger than this are not kept: a few must not take the room of many.
         self.max_reply_bytes = max(4096, min(65536, max_bytes // 256))
         #: Query key -> entry. Frontends hold a reference: it is only ever emptied in place.
@@ -292,6 +338,10 @@ class ReplyCache:
         self.renders: tuple[dict[bytes, Rendered], ...] = tuple({} for _ in TRANSPORTS)
         #: The bytes they take, counted in `bytes_held` too.
         self.rendered_bytes = 0
+        #: Raw EDNS options -> what a reply echoes of them (most clients repeat theirs), at
+        #: most a sixteenth of the bound; the bytes they take, counted in `bytes_held` too.
+        self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
+        self.options_bytes = 0
 
     @property
     def entries(self) -> int:
@@ -339,7 +389,7 @@ class ReplyCache:
             new = tuple(word for word in cached.words if word not in entry.words)
             entry.words += new
             self.index(key, new)
-        if self.bytes_held > self.max_bytes:
+        if self.bytes_held > self.room:
             self.evict()
         return True
 
@@ -360,15 +410,28 @@ class ReplyCache:
                 self.evict()
         return found
 
+    def grow(self, entry: Entry, cached: Cached, size: int) -> None:
+        """Count `size` more bytes held by `cached`, a reply of `entry` (itself, or one of a
+        `TopologyReplies`)."""
+        cached.size += size
+        if entry is not cached:
+            entry.size += size
+        self.bytes_held += size
+        if self.bytes_held > self.room:
+            self.evict()
+
     def remember(self, slot: int, query: bytes, rendered: Rendered) -> None:
-        """Keep a reply as rendered for a query (its bytes after the ID) on one transport."""
+        """Keep a reply as rendered for a query (its bytes after the ID) on one transport,
+        unless the query is longer than a client needs (`RENDERED_QUERY_BYTES`)."""
+        if len(query) > RENDERED_QUERY_BYTES:
+            return
         size = len(query) + len(rendered.reply) + RENDERED_OVERHEAD
         if self.rendered_bytes + size > self.max_bytes // 8:
             self.forget_rendered()
         self.renders[slot][query] = rendered
         self.rendered_bytes += size
         self.bytes_held += size
-        if self.bytes_held > self.max_bytes:
+        if self.bytes_held > self.room:
             self.evict()
 
     def forget_rendered(self) -> None:
@@ -377,6 +440,29 @@ class ReplyCache:
             renders.clear()
         self.bytes_held -= self.rendered_bytes
         self.rendered_bytes = 0
+
+    def remember_options(self, options: bytes, echo: EchoedOptions) -> None:
+        """Remember what a reply echoes of a query's raw EDNS options, unless they are longer
+        than a client needs (`REMEMBERED_OPTIONS_BYTES`)."""
+        if len(options) > REMEMBERED_OPTIONS_BYTES:
+            return
+        size = len(options) + len(echo.plain) + OPTIONS_OVERHEAD
+        if echo.subnet is not None:
+            size += len(echo.scoped) + len(echo.subnet[0]) + SUBNET_OVERHEAD
+        if self.options_bytes + size > self.max_bytes // 16:
+            self.forget_options()
+        self.options[options] = echo
+        self.options_bytes += size
+        self.bytes_held += size
+        if self.bytes_held > self.room:
+            self.evict()
+
+    def forget_options(self) -> None:
+        """Forget every remembered option set but the empty one."""
+        self.options.clear()
+        self.options[b""] = NO_OPTIONS
+        self.bytes_held -= self.options_bytes
+        self.options_bytes = 0
 
     def index(self, key: bytes, words: Iterable[Dependency]) -> None:
         """List a key under the words its answer read."""
@@ -408,9 +494,9 @@ class ReplyCache:
 
     def evict(self) -> None:
         """Forget the rendered replies, then drop the oldest entries until an eighth of the
-        bound is free."""
+        room is free."""
         self.forget_rendered()
-        target = self.max_bytes - self.max_bytes // 8
+        target = self.room - self.room // 8
         table = self.table
         while self.bytes_held > target and table:
             for key in list(islice(table, 256)):
@@ -430,12 +516,36 @@ class ReplyCache:
                 for key in list(keys):
                     self.drop(key)
 
+    def again(self, key: bytes) -> bool:
+        """Whether a key whose reply came from templates was asked before (since the bitmap
+        was last emptied, when a sixteenth of its bits were set: a key asked once is taken
+        for one asked again at most one time in sixteen). Most such names are asked once
+        (search-path expansions of names outside the cluster): keeping each would cost more
+        than its template (the insert, its dependencies, the eviction it causes) and push out
+        replies that are asked again. A name asked a second time is kept, and its next
+        queries are hits."""
+        seen = self.seen
+        bits = len(seen) << 3
+        at = hash(key) % bits  # cached in the key: its table lookup computed it
+        bit = 1 << (at & 7)
+        if seen[at >> 3] & bit:
+            return True
+        if self.seen_count >= bits >> 4:
+            seen = self.seen = bytearray(len(seen))
+            self.seen_count = 0
+        seen[at >> 3] |= bit
+        self.seen_count += 1
+        return False
+
     def clear(self) -> None:
-        """Drop everything."""
+        """Drop everything (a key asked after this counts as asked first)."""
         self.table.clear()
         self.dependents.clear()
         self.forget_rendered()
+        self.forget_options()
         self.bytes_held = 0
+        self.seen = bytearray(len(self.seen))
+        self.seen_count = 0
 
 
 def container_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:

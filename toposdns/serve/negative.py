@@ -45,8 +45,13 @@ _SVC = SVC.encode()
 _POD = POD.encode()
 _NS_DNS = name_wire(("ns", "dns"))[:-1]
 _NOTHING: frozenset[Dependency] = frozenset()
-#: Services whose endpoint labels are kept at most (`Negatives.hostnames`).
-KNOWN_SERVICES = 16_384
+#: What Python spends on a service's endpoint labels kept (`Negatives.hostnames`) beyond
+#: their characters: per service (its tuples, the set, the table's slot) and per label (the
+#: string's header, its slot in the set); measured with tracemalloc.
+KNOWN_OVERHEAD = 160
+LABEL_OVERHEAD = 115
+#: The bytes they may take by default (the responder gives them a share of the cache's bound).
+KNOWN_BYTES = 2 << 20
 
 
 def _wire(zone: Name) -> tuple[bytes, int]:
@@ -57,8 +62,11 @@ class Negatives:
     """Builds NXDOMAIN (SERVFAIL before the first sync), NODATA and pod-name replies from
     templates."""
 
-    def __init__(self, config: ResolverConfig) -> None:
+    def __init__(self, config: ResolverConfig, memory: int = KNOWN_BYTES) -> None:
         self.config = config
+        #: The bytes the endpoint labels kept (`known`) may take, and take.
+        self.memory = memory
+        self.known_bytes = 0
         #: The zones' lower-case wire forms and label counts, longest first: the zone a name is
         #: in is the longest that holds it (resolver `match_zone`).
         self.zones = sorted(map(_wire, config.zones), key=lambda zone: -zone[1])
@@ -67,7 +75,8 @@ class Negatives:
         self.soas: dict[tuple[bytes, int], bytes] = {}
         #: Endpoint labels by service, with the service and slices they were read from.
         self.known: dict[
-            tuple[str, str], tuple[Service, tuple[EndpointSlice, ...] | None, frozenset[str]]
+            tuple[str, str],
+            tuple[Service, tuple[EndpointSlice, ...] | None, frozenset[str], int],
         ] = {}
         #: An answer record's type, class, TTL and data length, by record type.
         self.heads = {
@@ -223,9 +232,16 @@ class Negatives:
         if known is not None and known[0] is svc and known[1] is slices:
             return known[2]
         names = endpoint_hostnames(svc, snapshot, self.config)
-        if len(self.known) >= KNOWN_SERVICES:
+        size = KNOWN_OVERHEAD + sum(len(name) + LABEL_OVERHEAD for name in names)
+        if known is not None:
+            self.known_bytes -= known[3]
+            del self.known[key]
+        if self.known_bytes + size > self.memory:
             self.known.clear()
-        self.known[key] = (svc, slices, names)
+            self.known_bytes = 0
+        if size <= self.memory:
+            self.known[key] = (svc, slices, names, size)
+            self.known_bytes += size
         return names
 
     def written(

@@ -15,8 +15,10 @@
    the key with what its answer read;
 4. **wire out** (`rendered`): the query's ID, its own OPT record (buffer size and the options
    it echoes, so cookies and Client Subnet never defeat the cache), the reply cut to its size
-   limit (wire/encode.py `fit`). A query in another letter case than the cached reply's is built
-   anew (its names are in its own case), not cached again.
+   limit (wire/encode.py `fit`). A query in another letter case than the cached reply's gets
+   it with its own letters wherever the reply copies the name asked (`recasing`: wire/case.py,
+   found once, from the reply to the name in the other case), compressed as its names compress;
+   a name whose answer depends on its case (a zone's apex, `ns.dns`) is built anew.
 
 Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
 plain queries, BADVERS, other classes, failures, and names for an upstream, which branch off
@@ -36,11 +38,12 @@ from toposdns.options import Plugin, Setting, none, sets
 from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
-from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
+from toposdns.resolve.resolver import ResolverConfig, case_insensitive, match_zone, resolve
 from toposdns.serve.autopath import AutoPath, Completion
 from toposdns.serve.blocks import Blocks
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
+    NAMES_SHARE,
     Cached,
     Entry,
     Rendered,
@@ -70,6 +73,17 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
+from toposdns.wire.case import (
+    NOT_RECASED,
+    Recasing,
+    Runs,
+    case_runs,
+    compress,
+    label_facts,
+    packed,
+    recase,
+    rotation_runs,
+)
 from toposdns.wire.codes import (
     AA,
     ANY,
@@ -118,15 +132,10 @@ from toposdns.wire.encode import (
     udp_limit,
 )
 from toposdns.wire.records import name_text, type_name
-from toposdns.wire.shuffle import shuffle_reply
+from toposdns.wire.shuffle import Rotation, shuffle_reply
 
 log = logging.getLogger("toposdns")
 
-#: Distinct EDNS option sets remembered (a forwarder's clients each send their own subnet).
-REMEMBERED_OPTIONS = 16_384
-#: Keys of first-time template replies remembered, to keep their reply when asked again
-#: (~60 bytes each).
-FIRST_SEEN = 65_536
 #: Replies larger than this are cached compressed too, for the queries they do not fit whole
 #: (the smallest limit, 512 bytes, less room for a query's EDNS options).
 COMPRESS_OVER = MIN_UDP_SIZE - 100
@@ -241,23 +250,20 @@ class Responder:
             else None
         )
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
-        #: nor when a name of the zones may be another server block's or none's.
+        #: nor when a name of the zones may be another server block's or none's. Their memory
+        #: of endpoint names takes a share of the cache's bound.
         shared = blocks is not None and not blocks.holds_whole(config.zones)
-        self.negatives = None if autopath.enabled or shared or front else Negatives(config)
+        names = cache_max_bytes // NAMES_SHARE
+        self.negatives = None if autopath.enabled or shared or front else Negatives(config, names)
         #: The reply cache, one for every transport: replies are cut per query.
-        self.cache = ReplyCache(cache_max_bytes)
+        self.cache = ReplyCache(cache_max_bytes, 0 if self.negatives is None else names)
         #: Topology-filtered answers by policy and tier (counted with or without --http).
         self.topology_counts = TopologyCounts()
-        #: Hashes of the keys of template replies not kept yet (`again`).
-        self.first_seen: set[int] = set()
-        #: Raw EDNS options -> what the reply echoes of them (most clients repeat theirs).
-        self.options: dict[bytes, EchoedOptions] = {b"": NO_OPTIONS}
 
     def clear(self) -> None:
         """Drop every cached reply: a plugin before the kubernetes block's own (a hosts file
         read again) may now answer a name whose reply the cache holds."""
         self.cache.clear()
-        self.first_seen.clear()
 
     def update(self, snapshot: Snapshot) -> None:
         """Serve from a new snapshot, dropping the cached replies it makes stale."""
@@ -270,7 +276,6 @@ class Responder:
             self.cache.forget_rendered()
         else:
             self.cache.clear()
-            self.first_seen.clear()  # asked again after this counts as asked first
 
     def respond(self, data: bytes, transport: Transport, source: str, started: float = 0) -> Reply:
         """The reply to one query message, None when it gets none, or a coroutine giving it
@@ -278,20 +283,39 @@ class Responder:
         rendered = self.cache.renders[transport.slot].get(data[2:])
         if rendered is not None and (rendered.source is None or rendered.source == source):
             return self.replayed(rendered, data, started)
-        if len(data) > 16 and not data[11] and self.negatives is not None:
-            first = self.first_time(data, transport, source, started)
-            if first is not False:
-                return first
+        if len(data) > 16 and not data[11]:
+            # Without OPT record: its key, if it is a plain query (wire/edns.py `plain_key`;
+            # only a plain query lowers to a plain query's key), is cached in another case.
+            key = data[2:-4].lower() + data[-4:]
+            if key in self.cache.table:
+                return self.answered(data, key, NO_OPTIONS, transport, source, started)
+            if self.negatives is not None:
+                first = self.first_time(data, transport, source, started)
+                if first is not False:
+                    return first
         split = split_query(data)
         if split is None:  # not a plain query: decoded in full, never cached
             return self.decoded(data, transport, source, started)
         key, options = split
-        echo = self.options.get(options)
+        echo = self.cache.options.get(options)
         if echo is None:
             try:
-                echo = self.remember_options(options)
+                echo = read_options(options)
             except ValueError:  # malformed options: the decoder's FORMERR
                 return self.decoded(data, transport, source, started)
+            self.cache.remember_options(options, echo)
+        return self.answered(data, key, echo, transport, source, started)
+
+    def answered(
+        self,
+        data: bytes,
+        key: bytes,
+        echo: EchoedOptions,
+        transport: Transport,
+        source: str,
+        started: float,
+    ) -> Reply:
+        """The reply to a plain query: found in the cache, else built."""
         reply = self.found(data, key, echo, transport, source, started)
         if reply is None:
             self.cache.misses += 1
@@ -323,9 +347,23 @@ class Responder:
             cached, row = found, found.row
         else:
             cached = entry  # type: ignore[assignment]
-        if cached.question != data[12 : plain_question_end(data, key)]:
-            return None  # asked in another letter case: its names are written anew
-        reply = self.rendered(data, key, cached, echo.scoped if via_ecs else echo.plain, transport)
+        question_end = plain_question_end(data, key)
+        name = None
+        case = None
+        held = 0
+        if cached.question != data[12:question_end]:
+            # Asked in another letter case: the reply is written with the query's letters.
+            if cached.case is None:
+                self.recasing(data, key, echo, source, entry, cached)
+            case = cached.case
+            if case is None or case is NOT_RECASED:
+                return None  # its names are written anew
+            name = data[12 : question_end - 4]
+            held = case.size
+        options = echo.scoped if via_ecs else echo.plain
+        reply = self.rendered(data, key, cached, options, transport, name)
+        if case is not None and case.size != held:  # a compressed form kept, or let go
+            self.cache.grow(entry, cached, case.size - held)
         if reply is None:
             return None
         hits = None if cached.hits is None else cached.hits[transport.slot]
@@ -333,7 +371,8 @@ class Responder:
         replay = Rendered(
             reply[2:], None if row is None else source, hits, whole, row, labels is NO_LABELS
         )
-        if cached.rotation is None and cached.compressed_rotation is None:  # the same each time
+        if name is None and cached.rotation is None and cached.compressed_rotation is None:
+            # The same each time (a query in random case is seldom asked again).
             self.cache.remember(transport.slot, data[2:], replay)
         self.count(replay, data, reply, started)
         return reply
@@ -358,12 +397,97 @@ class Responder:
                 metrics.observe(hits.labels, started, len(data), len(reply))
                 metrics.cache_hits[hits.kind] += 1
 
+    def recasing(
+        self,
+        data: bytes,
+        key: bytes,
+        echo: EchoedOptions,
+        source: str,
+        entry: Entry,
+        cached: Cached,
+    ) -> None:
+        """Find where a cached reply copies the name asked (wire/case.py), from the reply to its
+        name with each letter in the other case, built now (`twin`): `cached.case`, counted in
+        the cache's bound; NOT_RECASED when it cannot be written for another case so."""
+        serial = self.snapshot.serial
+        if cached.serial >= 0 and serial != cached.serial:
+            cached.rewrite(serial)  # as the reply to the other case has it
+        name = cached.question[:-4]
+        found = NOT_RECASED
+        twin = None
+        if not cached.packed:  # compressed whole: another case's names compress otherwise
+            twin = self.twin(
+                data[:12] + name.swapcase() + data[12 + len(name) :], key, echo, source
+            )
+        if twin is not None:
+            ours, theirs = cached.reply, twin[2:]
+            if data[11]:  # the OPT records: the buffer size may differ
+                theirs = theirs[:-11] + ours[-11:]
+            runs = case_runs(ours, theirs, name)
+            if runs is not None and cached.rotation is None:
+                found = Recasing(runs, None, label_facts(ours, runs, name))
+            elif runs is not None and cached.rotation is not None:
+                rotation = Rotation.of(theirs)
+                parts = None if rotation is None else rotation_runs(cached.rotation, rotation, name)
+                if parts is not None:
+                    found = Recasing(runs, parts)
+        cached.case = found
+        if found is not NOT_RECASED:
+            self.cache.grow(entry, cached, found.size)
+
+    def twin(self, data: bytes, key: bytes, echo: EchoedOptions, source: str) -> bytes | None:
+        """The whole reply (uncompressed, with its ID) to a plain query, from templates or the
+        resolver as `built` makes it, nothing cached or counted; None when its answer depends
+        on its letter case (resolver `case_insensitive`; the plugins before the kubernetes
+        block's own, which may match names by their case, are asked each time) or is not the
+        zones' alone."""
+        if self.front is not None:
+            return None
+        try:
+            query = self.bounded(decode_plain(data))
+            lower = tuple(label.lower() for label in query.name)
+            if not case_insensitive(lower, self.config.zones):
+                return None
+            if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
+                return None
+            if self.negatives is not None:
+                templated = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
+                if templated is not None:
+                    return templated[0]
+            if route(query, self.config.zones, self.forwarder is not None) is not ZONES:
+                return None
+            labels, _ = self.placer.place(source, echo.subnet)
+            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            if self.forwarder is not None and (answer.chase or not answer.authoritative):
+                return None
+            if self.autopath is not None and not self.autopath.shared(query, answer):
+                return None
+            return encode_forms(query, answer, MAX_TCP_SIZE)[0]
+        except Exception:
+            return None  # built anew, where the decoder's path says what failed
+
     def rendered(
-        self, data: bytes, key: bytes, cached: Cached, options: bytes, transport: Transport
+        self,
+        data: bytes,
+        key: bytes,
+        cached: Cached,
+        options: bytes,
+        transport: Transport,
+        name: bytes | None = None,
     ) -> bytes | None:
         """A cached reply as one query gets it: its ID, its OPT record (buffer size, options),
-        cut to its size limit (wire/encode.py `fit`); None when only a new encoding fits."""
-        body = cached.current(self.snapshot.serial)
+        cut to its size limit (wire/encode.py `fit`); written with the letters of `name`, the
+        query's name in wire form, when it is asked in another case than the reply's; None when
+        only a new encoding fits."""
+        serial = self.snapshot.serial
+        case = cached.case
+        runs: Runs = ()
+        if name is None or cached.rotation is None:
+            body = cached.current(serial)
+            if name is not None and case is not None:  # recased below, as far as it is sent
+                runs = case.runs
+        else:
+            body = cached.recased(serial, name)
         opt = b""
         limit = MIN_UDP_SIZE
         if data[11]:  # an OPT record: the buffer size, as CoreDNS's `bufsize` bounds it
@@ -375,11 +499,20 @@ class Responder:
         # A packed reply has one form, compressed already: the body, in its turn's order.
         compressed = body if cached.packed else cached.compressed
         turns = cached.compressed_rotation
+        if name is not None:  # compressed below as this query's names compress
+            compressed = turns = None
         if turns is not None:  # rotated only when this query gets that form
             size = len(body) - (11 if opt else 0) + len(opt) + 2
             if size > limit or transport.fragment_limit and size > transport.fragment_limit:
                 compressed = turns.next()
         reply = fit(body, compressed, opt, limit, transport.fragment_limit)
+        if name is not None:
+            if reply is not None:
+                reply = recase(reply, runs, name)
+            elif case is not None and runs:  # compressed as its names compress, made once
+                reply = packed(case, body, cached.serial, opt, limit, name)  # for those alike
+            else:  # rotated and recased already
+                reply = compress(body, opt, limit)
         return None if reply is None else data[:2] + reply
 
     def built(
@@ -401,7 +534,8 @@ class Responder:
             fronted = self.fronted(data, transport, source, started)
             if fronted is not False:
                 return fronted
-        # A reply kept in another letter case stays: this one is made for this query only.
+        # A reply kept in another letter case (one that cannot be written in this query's)
+        # stays: this one is made for this query only.
         kept = self.cache.table.get(key)
         keep = not isinstance(kept, Cached)
         if self.negatives is not None and templates:
@@ -435,14 +569,14 @@ class Responder:
         """(reply, qtype, the entry cached now) from templates (serve/negative.py): NXDOMAIN
         for a name that certainly does not exist, a pod name's address or NODATA; None when
         only the resolver can tell. Cached (if `keep`) the second time its key is asked
-        (`again`)."""
+        (`ReplyCache.again`)."""
         assert self.negatives is not None
         found = self.negatives.reply(data, key, self.snapshot, MAX_TCP_SIZE)
         if found is None:
             return None
         reply, qtype, depends = found
         cached = stored = None
-        if keep and self.again(key):
+        if keep and self.cache.again(key):
             cached = stored = self.template_entry(data, key, reply, qtype, depends)
             self.cache.store(key, cached)
         if data[11] or len(reply) > MIN_UDP_SIZE and not transport.tcp:
@@ -476,7 +610,7 @@ class Responder:
             return False  # to cut to its limit
         self.cache.misses += 1
         stored = None
-        if self.again(key):
+        if self.cache.again(key):
             stored = self.template_entry(data, key, reply, qtype, depends)
             self.cache.store(key, stored)
         self.count_miss(stored)
@@ -491,21 +625,6 @@ class Responder:
         # NXDOMAIN and NODATA carry the SOA (an authority record); a pod's address does not.
         serial = self.snapshot.serial if reply[9] else -1
         return Cached(reply[2:], None, question, tuple(depends), serial, False, hits)
-
-    def again(self, key: bytes) -> bool:
-        """Whether a key was asked before, among the last `FIRST_SEEN` keys whose reply came
-        from templates. Most of those names are asked once (search-path expansions of names
-        outside the cluster): keeping each would cost more than its template (the insert, its
-        dependencies, the eviction it causes) and push out replies that are asked again. A
-        name asked a second time is kept, and its next queries are hits."""
-        seen = self.first_seen
-        digest = hash(key)  # cached in the key: its table lookup computed it
-        if digest in seen:
-            return True
-        if len(seen) >= FIRST_SEEN:
-            seen.clear()
-        seen.add(digest)
-        return False
 
     def made(
         self, data: bytes, key: bytes, echo: EchoedOptions, source: str, keep: bool
@@ -771,14 +890,6 @@ class Responder:
     def reply_limit(self, query: Query, transport: Transport) -> int:
         """The largest reply to a decoded query (its buffer bounded already, `bounded`)."""
         return MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
-
-    def remember_options(self, options: bytes) -> EchoedOptions:
-        """Read a query's EDNS options once; ValueError when malformed."""
-        echo = read_options(options)
-        if len(self.options) >= REMEMBERED_OPTIONS:
-            self.options = {b"": NO_OPTIONS}
-        self.options[options] = echo
-        return echo
 
     def counted(
         self,

@@ -18,6 +18,14 @@ from struct import pack
 from toposdns.wire.codes import CLIENT_SUBNET, ECHOED_OPTIONS
 from toposdns.wire.decode import read_client_subnet, split_options
 
+#: The most bytes of options a reply echoes (each option with its code and length): what is
+#: left of 512 bytes, the smallest UDP limit, after the header, the longest question (a
+#: 255-octet name, type and class), the OPT record and the largest Client Subnet option it
+#: echoes (an IPv6 /128). Within it, no reply's OPT record can take it past its limit however
+#: large the query was; clients need far less (a cookie takes 44 bytes, a query padded to a
+#: 128-byte block less than 128).
+ECHOED_BYTES = 512 - 12 - (255 + 4) - 11 - (4 + 4 + 16)
+
 _ONE_QUESTION = b"\x00\x01\x00\x00\x00\x00\x00\x00"
 _ONE_QUESTION_OPT = b"\x00\x01\x00\x00\x00\x00\x00\x01"
 _ROOT_OPT = b"\x00\x00\x29"
@@ -99,10 +107,17 @@ NO_OPTIONS = EchoedOptions(b"", b"", None)
 
 def echoed(options: Iterable[tuple[int, bytes]]) -> bytes:
     """The options a reply echoes, as the OPT record's data: those of ECHOED_OPTIONS, in the
-    order asked (Client Subnet is echoed on its own, with its scope)."""
-    return b"".join(
-        pack("!HH", code, len(value)) + value for code, value in options if code in ECHOED_OPTIONS
-    )
+    order asked, each as it came (CoreDNS's `supportedOptions`), while they fit in
+    `ECHOED_BYTES` together: one that would pass it is left out, as RFC 7830 leaves out padding
+    that would pass the UDP payload size (Client Subnet is echoed on its own, with its
+    scope)."""
+    parts = []
+    size = 0
+    for code, value in options:
+        if code in ECHOED_OPTIONS and size + 4 + len(value) <= ECHOED_BYTES:
+            parts.append(pack("!HH", code, len(value)) + value)
+            size += 4 + len(value)
+    return b"".join(parts)
 
 
 def read_options(options: bytes) -> EchoedOptions:
