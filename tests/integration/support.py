@@ -103,6 +103,24 @@ def free_ports(*names: str) -> dict[str, int]:
     return ports
 
 
+def serve_corefile(tmp_path: Path, text: str) -> CorefileServer:
+    """`toposdns -conf` on a Corefile of `text` written in `tmp_path`, once it serves."""
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(text)
+    server = CorefileServer(corefile)
+    server.wait_ready(30)
+    return server
+
+
+def ask_port(
+    port: int, name: str, rtype: str = "A", tcp: bool = False, timeout: float = 3.0
+) -> dns.message.Message:
+    """A query for `name` to 127.0.0.1:`port` over UDP (or TCP), and its reply."""
+    query = dns.message.make_query(name, rtype)
+    send = dns.query.tcp if tcp else dns.query.udp
+    return send(query, "127.0.0.1", port=port, timeout=timeout)
+
+
 #: The `start_server` fixture: start_server(*args, snapshot=None) -> a running Server.
 StartServer = Callable[..., Server]
 

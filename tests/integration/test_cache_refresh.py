@@ -14,14 +14,15 @@ import dns.query
 import dns.rcode
 import pytest
 
+from tests.integration.support import ask_port as ask
 from tests.integration.support import (
-    CorefileServer,
     copy_snapshot,
     free_ports,
     metric_total,
     rrset_texts,
     wait_until,
 )
+from tests.integration.support import serve_corefile as serve
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -30,20 +31,8 @@ MAIN = {("www.example.test", "A"): ["www.example.test. 300 IN A 192.0.2.10"]}
 STUB = {("web.consul.local", "A"): ["web.consul.local. 300 IN A 192.0.2.53"]}
 
 
-def ask(port: int, name: str) -> dns.message.Message:
-    return dns.query.udp(dns.message.make_query(name, "A"), "127.0.0.1", port=port, timeout=3)
-
-
 def addresses(reply: dns.message.Message) -> list[str]:
     return [rr.to_text() for rrset in reply.answer for rr in rrset]
-
-
-def serve(tmp_path: Path, text: str) -> CorefileServer:
-    corefile = tmp_path / "Corefile"
-    corefile.write_text(text)
-    server = CorefileServer(corefile)
-    server.wait_ready(30)
-    return server
 
 
 def test_a_name_is_answered_from_the_stale_cache_while_its_upstream_is_down(

@@ -14,7 +14,13 @@ import dns.rcode
 import pytest
 
 from tests.certificates import make_certificates
-from tests.integration.support import CorefileServer, copy_snapshot, free_ports, rrset_texts
+from tests.integration.support import (
+    ask_port,
+    copy_snapshot,
+    free_ports,
+    rrset_texts,
+)
+from tests.integration.support import serve_corefile as serve
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -26,20 +32,6 @@ UPSTREAM = {
     ("web.consul.local", "A"): ["web.consul.local. 60 IN A 192.0.2.53"],
 }
 CLUSTER_NAME = "frontend.shop.svc.cluster.local"
-
-
-def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
-    query = dns.message.make_query(name, rtype)
-    send = dns.query.tcp if tcp else dns.query.udp
-    return send(query, "127.0.0.1", port=port, timeout=5)
-
-
-def serve(tmp_path: Path, text: str) -> CorefileServer:
-    corefile = tmp_path / "Corefile"
-    corefile.write_text(text)
-    server = CorefileServer(corefile)
-    server.wait_ready(30)
-    return server
 
 
 def test_from_and_except_leave_names_to_the_next_plugin(tmp_path: Path) -> None:
@@ -120,3 +112,7 @@ def test_dns_over_tls_with_its_servername(tmp_path: Path) -> None:
             assert "Traceback" not in server.log()
         finally:
             assert server.stop() == 0, server.log()
+
+
+def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
+    return ask_port(port, name, rtype, tcp, timeout=5)

@@ -13,8 +13,8 @@ import dns.rcode
 import dns.reversename
 import pytest
 
+from tests.integration.support import ask_port as ask
 from tests.integration.support import (
-    CorefileServer,
     copy_snapshot,
     free_ports,
     http_get,
@@ -22,6 +22,7 @@ from tests.integration.support import (
     rrset_texts,
     wait_until,
 )
+from tests.integration.support import serve_corefile as serve
 from tests.unit.test_hosts import HOSTS_EXAMPLE, LOOKUP_A
 from tests.upstream import stub_upstream
 
@@ -33,20 +34,6 @@ UPSTREAM = {
 }
 #: What k3s writes into the coredns ConfigMap's NodeHosts: one line per node.
 NODE_HOSTS = "172.18.0.2 k3s-server\n172.18.0.3 k3s-agent-1\n"
-
-
-def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
-    query = dns.message.make_query(name, rtype)
-    send = dns.query.tcp if tcp else dns.query.udp
-    return send(query, "127.0.0.1", port=port, timeout=3)
-
-
-def serve(tmp_path: Path, text: str) -> CorefileServer:
-    corefile = tmp_path / "Corefile"
-    corefile.write_text(text)
-    server = CorefileServer(corefile)
-    server.wait_ready(30)
-    return server
 
 
 def entries_gauge(port: int, path: Path) -> float | None:

@@ -13,7 +13,9 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
-from tests.integration.support import CorefileServer, copy_snapshot, free_ports
+from tests.integration.support import ask_port as ask
+from tests.integration.support import copy_snapshot, free_ports
+from tests.integration.support import serve_corefile as serve
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -22,12 +24,6 @@ UPSTREAM = {
     ("example.org", "A"): ["example.org. 300 IN A 192.0.2.80"],
     ("api.example.org", "A"): ["api.example.org. 300 IN A 192.0.2.81"],
 }
-
-
-def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
-    query = dns.message.make_query(name, rtype)
-    send = dns.query.tcp if tcp else dns.query.udp
-    return send(query, "127.0.0.1", port=port, timeout=3)
 
 
 def records(reply: dns.message.Message) -> set[tuple[str, str, str]]:
@@ -41,14 +37,6 @@ def records(reply: dns.message.Message) -> set[tuple[str, str, str]]:
 
 def renamed(found: set[tuple[str, str, str]], name: str) -> set[tuple[str, str, str]]:
     return {(name, rtype, rdata) for _, rtype, rdata in found}
-
-
-def serve(tmp_path: Path, text: str) -> CorefileServer:
-    corefile = tmp_path / "Corefile"
-    corefile.write_text(text)
-    server = CorefileServer(corefile)
-    server.wait_ready(30)
-    return server
 
 
 def test_cluster_names_under_the_names_asked(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import dns.rcode
 import pytest
 
 from tests.integration.support import CorefileServer, copy_snapshot, free_ports, rrset_texts
+from tests.integration.support import ask_port as ask
+from tests.integration.support import serve_corefile as serve
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -20,20 +22,6 @@ STUB = {
     ("web.consul.local", "A"): ["web.consul.local. 60 IN A 192.0.2.53"],
     ("example.org", "A"): ["example.org. 300 IN A 198.51.100.1"],
 }
-
-
-def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
-    query = dns.message.make_query(name, rtype)
-    send = dns.query.tcp if tcp else dns.query.udp
-    return send(query, "127.0.0.1", port=port, timeout=3)
-
-
-def serve(tmp_path: Path, blocks: str) -> CorefileServer:
-    corefile = tmp_path / "Corefile"
-    corefile.write_text(blocks)
-    server = CorefileServer(corefile)
-    server.wait_ready(30)
-    return server
 
 
 def test_a_stub_domain_goes_to_its_own_blocks_upstream(tmp_path: Path) -> None:

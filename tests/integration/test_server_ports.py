@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.support import (
     REPO,
     CorefileServer,
+    ask_port,
     copy_snapshot,
     free_ports,
     http_get,
@@ -41,12 +42,6 @@ SECOND = {
 THIRD = {("example.org", "A"): ["example.org. 300 IN A 192.0.2.3"]}
 #: Queries asked of each port, over each transport, in each test.
 ROUNDS = 6
-
-
-def ask(port: int, name: str, tcp: bool) -> dns.message.Message:
-    query = dns.message.make_query(name, "A")
-    send = dns.query.tcp if tcp else dns.query.udp
-    return send(query, "127.0.0.1", port=port, timeout=3)
 
 
 def corefile(tmp_path: Path, ports: dict[str, int], upstreams: list[int], workers: int) -> Path:
@@ -184,3 +179,7 @@ def test_a_port_that_cannot_be_bound_is_named(tmp_path: Path, workers: int) -> N
     assert found.group(1) == f"127.0.0.1:{ports['two']}"
     assert found.group(2) == f"{path}:13"  # the first block on the port
     assert "in use" in found.group(3)
+
+
+def ask(port: int, name: str, tcp: bool) -> dns.message.Message:
+    return ask_port(port, name, tcp=tcp)

@@ -18,6 +18,7 @@ from tests.integration.support import (
     metric_total,
     rrset_texts,
 )
+from tests.integration.support import ask_port as ask
 from tests.upstream import stub_upstream
 
 pytestmark = pytest.mark.integration
@@ -73,12 +74,6 @@ IP_TEMPLATE = """\
       fallthrough
     }
 """
-
-
-def ask(port: int, name: str, rtype: str = "A", tcp: bool = False) -> dns.message.Message:
-    query = dns.message.make_query(name, rtype)
-    send = dns.query.tcp if tcp else dns.query.udp
-    return send(query, "127.0.0.1", port=port, timeout=3)
 
 
 def test_aks_default_templates(tmp_path: Path) -> None:
