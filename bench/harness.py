@@ -22,7 +22,7 @@ from pathlib import Path
 # tests check the server with. Imported here only.
 from tests import glibc
 from tests.coredns_forwarder import CorefileForwarder, Directive, corefile_block, shown_corefile
-from tests.integration.support import metric_total
+from tests.integration.support import metric_total, recv_exact
 from tests.kubeapi import FakeApiServer
 from tests.objects import endpoint, endpoint_slice, headless, namespace, pod_locator, service
 from tests.server_process import REPO, ServerProcess, toposdns_command
@@ -46,6 +46,7 @@ __all__ = [
     "log",
     "machine",
     "metric_total",
+    "recv_exact",
     "namespace",
     "percentile",
     "pod_locator",

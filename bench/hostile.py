@@ -92,6 +92,7 @@ from bench.harness import (
     metric_total,
     namespace,
     pod_locator,
+    recv_exact,
     service,
     shown_corefile,
     toposdns_command,
@@ -344,16 +345,6 @@ class Target:
 
     def stop(self) -> None:
         self.proc.stop()
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
-        data += chunk
-    return bytes(data)
 
 
 def with_id(wire: bytes, qid: int | None = None) -> bytes:

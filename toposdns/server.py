@@ -15,7 +15,7 @@ import logging
 import platform
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -233,10 +233,7 @@ class PortServer:
         """Its blocks' forwarders, their plugins' handlers, and the responder that routes to
         their chains."""
         forwarders, blocks, handlers = make_blocks(config, self.label, self.lookup, self.address)
-        if self.metrics is not None:  # what its forward caches do counts in its metrics
-            for forwarder in forwarders:
-                if forwarder is not None:
-                    forwarder.cache.counts = self.metrics.forward_counts
+        count_forward_caches(forwarders, self.metrics)
         responder = Responder(
             self.resolver,
             Snapshot(),
@@ -292,7 +289,7 @@ class DnsServer:
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
-        self.count_forward_caches()
+        count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
@@ -395,7 +392,7 @@ class DnsServer:
                 forwarders, handlers = other.reconfigure(config)
                 retired += forwarders
                 replaced += handlers
-            self.count_forward_caches()
+            count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -418,15 +415,6 @@ class DnsServer:
             protocol.screen = self.screen
         self.config = config
         return restart
-
-    def count_forward_caches(self) -> None:
-        """Count what the forward caches do (prefetches, stale replies, evictions) in this
-        server's metrics, which go on across reloads."""
-        if self.metrics is None:
-            return
-        for forwarder in (self.forwarder, *self.block_forwarders):
-            if forwarder is not None:
-                forwarder.cache.counts = self.metrics.forward_counts
 
     def replaced(self, handlers: list[Handler]) -> None:
         """Handlers a reload replaced: their watches stopped, their series dropped (those of
@@ -773,6 +761,18 @@ def make_forwarder(config: ServeConfig) -> Forwarder | None:
         return None
     cache = replace(config.cache, max_bytes=cache_bounds(config)[1])
     return forwarder_for(config.forward, cache)
+
+
+def count_forward_caches(
+    forwarders: Sequence[Forwarder | None], metrics: QueryMetrics | None
+) -> None:
+    """Count what these forward caches do (prefetches, stale replies, evictions) in a server's
+    metrics, which go on across reloads."""
+    if metrics is None:
+        return
+    for forwarder in forwarders:
+        if forwarder is not None:
+            forwarder.cache.counts = metrics.forward_counts
 
 
 def make_blocks(

@@ -710,11 +710,17 @@ class Responder:
             return False
         if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
             return False
+        return self.ask_front(query, data, transport, source, started)
+
+    def ask_front(
+        self, query: Query, data: bytes, transport: Transport, source: str, started: float
+    ) -> Reply | Literal[False]:
+        """The reply of the plugins before the kubernetes block's own, counted; False when
+        they pass the query on."""
+        assert self.front is not None
         request = Request(query, data, transport, source)
         reply = self.front(request)
-        if reply is PASSED:
-            return False
-        return self.chained(request, reply, started)
+        return False if reply is PASSED else self.chained(request, reply, started)
 
     def decoded(
         self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
@@ -744,10 +750,9 @@ class Responder:
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         if self.front is not None and not fronted:
-            request = Request(query, data, transport, source)
-            reply = self.front(request)
-            if reply is not PASSED:
-                return self.chained(request, reply, started)
+            front = self.ask_front(query, data, transport, source, started)
+            if front is not False:
+                return front
         if where is UPSTREAMS:
             return self.upstreams(data, query, transport, source, started)
         self.passed()
