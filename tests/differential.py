@@ -41,7 +41,7 @@ from toposdns.serve.responder import (
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, A, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (
@@ -78,12 +78,16 @@ def reference_reply(
     ecs_trust: Sequence[Network] = (),
     max_udp_size: int = MAX_UDP_SIZE,
     blocks: Blocks | None = None,
+    turns: TurnCounts | None = None,
 ) -> bytes | None:
     """The reply a server without a forwarder owes to `data` from `source`, or None for none;
     with `blocks`, a name of another server block's zone gets that block's reply, and one of
     no block's REFUSED.
 
     Where the server answers an internal error with SERVFAIL, this raises: that is a bug to see.
+
+    `turns` holds where each rotation of topology weights stands: give the same one to every
+    query the server is asked, in the order it is asked them.
     """
     routed = first_step(data, config, max_udp_size, forwarding=False, blocks=blocks)
     if not isinstance(routed, tuple):
@@ -101,7 +105,7 @@ def reference_reply(
     # The server's one placement rule, with nothing remembered: a new Placer per query.
     subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
     labels, via_ecs = Placer(tuple(ecs_trust), snapshot).place(source, subnet)
-    answer = resolve(query.name, query.qtype, snapshot, config, labels)
+    answer = resolve(query.name, query.qtype, snapshot, config, labels, turns=turns)
     tcp, fragment_limit = LIMITS[transport]
     limit = MAX_TCP_SIZE if tcp else udp_limit(query.edns)
     # RFC 7871 §7.2.1: the scope is the source prefix only if the answer depended on it.
@@ -174,11 +178,13 @@ def reference_relayed(
     ecs_trust: Sequence[Network],
     upstream: UpstreamRecords,
     search: tuple[Name, ...],
+    turns: TurnCounts | None = None,
 ) -> bytes | dnslib.DNSRecord | None:
     """The reply a server owes to `data` when it forwards to an upstream that answers from
     `upstream`, with `--autopath` (the node's search domains: `search`) and `--fallthrough`:
     bytes where the zones alone answer (compared byte for byte), or the whole message a client
-    relies on where an upstream or autopath had a hand in it (compared with `relied_on`)."""
+    relies on where an upstream or autopath had a hand in it (compared with `relied_on`);
+    `turns` as `reference_reply` takes it."""
     routed = first_step(data, config, MAX_UDP_SIZE, forwarding=True)
     if not isinstance(routed, tuple):
         return routed
@@ -195,7 +201,7 @@ def reference_relayed(
         if walked is not None:
             return walked
     labels, via_ecs = placer.place(source, subnet)
-    answer = resolve(query.name, query.qtype, snapshot, config, labels)
+    answer = resolve(query.name, query.qtype, snapshot, config, labels, turns=turns)
     if answer.fallthrough:
         return forwarded(query, upstream)
     if answer.chase is not None:

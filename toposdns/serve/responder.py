@@ -44,11 +44,13 @@ from toposdns.serve.blocks import Blocks
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
     NAMES_SHARE,
+    TURNS_OVERHEAD,
     Cached,
     Entry,
     Rendered,
     ReplyCache,
     TopologyReplies,
+    Turns,
 )
 from toposdns.serve.chain import PASSED, Next, Reply, Request
 from toposdns.serve.forward import Forwarder, answer_records, build_query
@@ -73,6 +75,7 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.case import (
     NOT_RECASED,
     Recasing,
@@ -231,6 +234,9 @@ class Responder:
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
         self.loadbalance = loadbalance
+        #: Where each rotation of topology weights stands, shared by the cache and the
+        #: resolver's path (store/topology.py `TurnCounts`).
+        self.turns = TurnCounts()
         #: `--max-udp-size`: the largest UDP reply, whatever buffer a client announces.
         self.max_udp_size = max_udp_size
         #: `--forward-any`: ask the upstreams ANY too, rather than answer RFC 8482's HINFO.
@@ -360,18 +366,29 @@ class Responder:
                 return None  # its names are written anew
             name = data[12 : question_end - 4]
             held = case.size
+        turns = cached.turns
+        if turns is not None:  # topology weights: this turn's reply, taken once it is served
+            cached = turns.peek()
+            row = cached.row
         options = echo.scoped if via_ecs else echo.plain
         reply = self.rendered(data, key, cached, options, transport, name)
         if case is not None and case.size != held:  # a compressed form kept, or let go
             self.cache.grow(entry, cached, case.size - held)
         if reply is None:
             return None
+        if turns is not None:
+            turns.next()
         hits = None if cached.hits is None else cached.hits[transport.slot]
         whole = hits is not None and (len(data), len(reply)) == (hits.query_size, hits.reply_size)
         replay = Rendered(
             reply[2:], None if row is None else source, hits, whole, row, labels is NO_LABELS
         )
-        if name is None and cached.rotation is None and cached.compressed_rotation is None:
+        if (
+            name is None
+            and cached.rotation is None
+            and cached.compressed_rotation is None
+            and turns is None
+        ):
             # The same each time (a query in random case is seldom asked again).
             self.cache.remember(transport.slot, data[2:], replay)
         self.count(replay, data, reply, started)
@@ -549,9 +566,14 @@ class Responder:
         if made is None:
             return self.decoded(data, transport, source, started, fronted=True)
         cached, scoped = made
+        turns = cached.turns
+        if turns is not None:  # topology weights: this turn's reply, taken once it is served
+            cached = turns.peek()
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
             return self.decoded(data, transport, source, started, fronted=True)
+        if turns is not None:
+            turns.next()
         self.count_miss(kept)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
@@ -642,7 +664,11 @@ class Responder:
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
             # As many records as the largest reply (TCP's) holds: it serves every transport.
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            # With topology weights, the first tier's reply; the others' are made below.
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels,
+                turns=self.turns, group=0,
+            )  # fmt: skip
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
                 # the upstream's to answer.
@@ -650,28 +676,61 @@ class Responder:
             if self.autopath is not None and not self.autopath.shared(query, answer):
                 # A pod of the namespace the name names gets another reply: never cached.
                 return None
-            whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
-            body = whole[2:]
-            row = None
-            if answer.policy is not None:
-                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier, answer.soft)
-            carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
-            cached = Cached(
-                body,
-                None if compressed is None else body if compressed is whole else compressed[2:],
-                query.question,
-                tuple(answer.depends),
-                self.snapshot.serial if carries_soa else -1,
-                self.loadbalance and not carries_soa,
-                self.hit_rows(data, key, whole, query.qtype),
-            )
+            cached = self.entry_of(data, key, query, answer)
+            row = cached.row
+            if answer.schedule:
+                self.rotation_of(data, key, query, labels, answer, cached)
             if keep:
                 self.cache.store(key, cached, answer.policy, labels, row)
+            if cached.turns is not None:  # counted as the turn it serves (`built`)
+                row = cached.turns.peek().row
             if row is not None:
                 count_topology(row, labels is NO_LABELS)
         except Exception:
             return None  # the decoder's path says what failed
         return cached, via_ecs and answer.policy is not None
+
+    def entry_of(self, data: bytes, key: bytes, query: Query, answer: Answer) -> Cached:
+        """A resolved answer as the cache keeps it (its `row` set when it follows a policy)."""
+        whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
+        body = whole[2:]
+        carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
+        cached = Cached(
+            body,
+            None if compressed is None else body if compressed is whole else compressed[2:],
+            query.question,
+            tuple(answer.depends),
+            self.snapshot.serial if carries_soa else -1,
+            self.loadbalance and not carries_soa,
+            self.hit_rows(data, key, whole, query.qtype),
+        )
+        if answer.policy is not None:
+            cached.row = self.topology_counts.row(
+                query.qtype, answer.policy, answer.tier, answer.soft
+            )
+        return cached
+
+    def rotation_of(
+        self, data: bytes, key: bytes, query: Query, labels: Labels, answer: Answer, first: Cached
+    ) -> None:
+        """Topology weights: the reply of each tier of the rotation beside `first` (tier 0's),
+        and the `Turns` they all share, counted in `first`'s size as one entry. Each is built
+        anew in another letter case (`NOT_RECASED`): a turn is taken once per reply."""
+        made = {0: first}
+        for group in sorted(set(answer.schedule) - {0}):
+            other = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, turns=self.turns,
+                group=group,
+            )  # fmt: skip
+            made[group] = self.entry_of(data, key, query, other)
+        counter = answer.counter if answer.counter is not None else [0]
+        turns = Turns(tuple(made[group] for group in answer.schedule), counter)
+        for group, cached in made.items():
+            cached.turns = turns
+            cached.case = NOT_RECASED
+            if group:
+                first.size += cached.size
+        first.size += TURNS_OVERHEAD
 
     def hit_rows(
         self, data: bytes, key: bytes, reply: bytes, qtype: int
@@ -766,7 +825,13 @@ class Responder:
             # Never cached: no more records than this reply can hold.
             room = self.reply_limit(query, transport)
             answer = resolve(
-                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+                query.name,
+                query.qtype,
+                self.snapshot,
+                self.config,
+                labels,
+                limit=room,
+                turns=self.turns,
             )
             if answer.fallthrough and self.forwarder is not None:
                 return self.upstreams(data, query, transport, source, started, passed=True)
@@ -813,7 +878,13 @@ class Responder:
             labels, via_ecs = self.placer.place(source, subnet)
             room = self.reply_limit(query, transport)
             answer = resolve(
-                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
+                query.name,
+                query.qtype,
+                self.snapshot,
+                self.config,
+                labels,
+                limit=room,
+                turns=self.turns,
             )
             if answer.fallthrough and self.forwarder is not None:
                 return self.relayed(request)
