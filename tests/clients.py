@@ -1,5 +1,6 @@
 """Real DNS clients for the integration tests, built or started from Debian packages: musl's
-resolver (`musl-tools`: a C program calling getaddrinfo, built with musl-gcc), Go's own resolver
+resolver (`musl-tools`: a C program calling getaddrinfo, built with musl-gcc; the same program
+built with gcc is glibc's), Go's own resolver
 (`golang-go`: a program on the standard library only) and unbound as a forwarding resolver
 (`unbound`). Each helper says why it cannot run here (`*_unavailable`), for a skip reason.
 
@@ -29,6 +30,8 @@ from tests import glibc
 PROGRAMS = Path(__file__).parent / "client_programs"
 BUILD_TIMEOUT = 120.0
 RUN_TIMEOUT = 15.0
+#: What each of many lookups adds to a program's time limit.
+PER_LOOKUP = 0.05
 
 
 def musl_unavailable() -> str | None:
@@ -60,14 +63,30 @@ def build_getaddrinfo(directory: Path) -> Path:
     return program
 
 
-def musl_getaddrinfo(program: Path, conf: Path, name: str) -> subprocess.CompletedProcess[str]:
-    """`program NAME` with `conf` as /etc/resolv.conf; exit 0 with addresses, 2 with none."""
-    script = 'mount --bind "$1" /etc/resolv.conf && exec "$2" "$3"'
+def build_glibc_getaddrinfo(directory: Path) -> Path:
+    """getaddrinfo.c built with gcc: glibc's resolver (tests/glibc.py says where it runs)."""
+    program = directory / "getaddrinfo-glibc"
+    subprocess.run(
+        ["gcc", "-O2", "-o", str(program), str(PROGRAMS / "getaddrinfo.c")],
+        check=True,
+        capture_output=True,
+        timeout=BUILD_TIMEOUT,
+    )
+    return program
+
+
+def musl_getaddrinfo(
+    program: Path, conf: Path, name: str, count: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """`program NAME [COUNT]` with `conf` as /etc/resolv.conf; exit 0 with addresses, 2 with
+    none. Runs glibc's build the same way."""
+    script = 'mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
+    repeat = [str(count)] if count else []
     return subprocess.run(
-        ["unshare", "--mount", "sh", "-c", script, "sh", str(conf), str(program), name],
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(conf), str(program), name, *repeat],
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT,
+        timeout=RUN_TIMEOUT + count * PER_LOOKUP,
     )
 
 
@@ -95,14 +114,16 @@ def build_resolve(directory: Path) -> Path:
 
 
 def go_resolve(
-    program: Path, server: tuple[str, int], kind: str, name: str
+    program: Path, server: tuple[str, int], kind: str, name: str, count: int = 0
 ) -> subprocess.CompletedProcess[str]:
-    """`resolve HOST:PORT KIND NAME` with GODEBUG=netdns=go; stderr names each dial."""
+    """`resolve HOST:PORT KIND NAME [COUNT]` with GODEBUG=netdns=go; stderr names each dial.
+    With `count`, the first result of each of that many lookups, one a line."""
+    repeat = [str(count)] if count else []
     return subprocess.run(
-        [str(program), f"{server[0]}:{server[1]}", kind, name],
+        [str(program), f"{server[0]}:{server[1]}", kind, name, *repeat],
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT,
+        timeout=RUN_TIMEOUT + count * PER_LOOKUP,
         env={**os.environ, "GODEBUG": "netdns=go"},
     )
 
