@@ -137,11 +137,18 @@ def unbound_unavailable() -> str | None:
 
 @contextmanager
 def unbound(
-    directory: Path, listen: tuple[str, int], outgoing: str, forward_to: tuple[str, int], zone: str
+    directory: Path,
+    listen: tuple[str, int],
+    outgoing: str,
+    forward_to: tuple[str, int],
+    zone: str,
+    ipv6_bits: int = 56,
 ) -> Iterator[subprocess.Popen[str]]:
     """unbound on `listen`, forwarding `zone` to `forward_to` from the address `outgoing`, with
-    EDNS Client Subnet: each client's whole address (/32) goes along, and answers are cached
-    per the scope the server gives them (the subnetcache module)."""
+    EDNS Client Subnet: each client's whole address (/32) goes along, or the first `ipv6_bits`
+    of an IPv6 one (unbound's default /56; docs/topology.md's guide sets 64), or of the Client
+    Subnet the client sent; answers are cached per the scope the server gives them (the
+    subnetcache module)."""
     conf = directory / "unbound.conf"
     conf.write_text(
         f"""server:
@@ -164,6 +171,7 @@ def unbound(
     send-client-subnet: 127.0.0.0/8
     client-subnet-always-forward: yes
     max-client-subnet-ipv4: 32
+    max-client-subnet-ipv6: {ipv6_bits}
     qname-minimisation: no
     domain-insecure: "{zone}"
 forward-zone:
@@ -188,21 +196,83 @@ forward-zone:
             process.wait(5)
 
 
-def _wait_for_answers(process: subprocess.Popen[str], listen: tuple[str, int], log: Path) -> None:
-    """Until unbound answers `version.server CH TXT` (from itself), 10 s at most."""
-    query = dns.message.make_query("version.server.", "TXT", rdclass=dns.rdataclass.CH)
+def pdns_recursor_unavailable() -> str | None:
+    """Why PowerDNS Recursor cannot run here, or None."""
+    if shutil.which("pdns_recursor") is None:
+        return "pdns_recursor is not installed (Debian: apt-get install pdns-recursor)"
+    return None
+
+
+@contextmanager
+def pdns_recursor(
+    directory: Path, listen: tuple[str, int], outgoing: str, forward_to: tuple[str, int], zone: str
+) -> Iterator[subprocess.Popen[str]]:
+    """PowerDNS Recursor on `listen`, forwarding `zone` to `forward_to` from the address
+    `outgoing`, with EDNS Client Subnet as docs/topology.md's forwarder guide sets it: the
+    client's whole address (`ecs-ipv4-bits=32`), for loopback clients too (`ecs-add-for`:
+    by default private and loopback ranges are left out), and TTLs as the server gives them
+    (`minimum-ttl-override=0`: by default a TTL of 0 is raised to 1 s, which keeps a
+    topology NODATA for every client for that second)."""
+    conf = directory / "recursor.conf"
+    conf.write_text(
+        f"""local-address={listen[0]}
+local-port={listen[1]}
+query-local-address={outgoing}
+daemon=no
+socket-dir={directory}
+allow-from=127.0.0.0/8
+dont-query=
+forward-zones={zone}={forward_to[0]}:{forward_to[1]}
+edns-subnet-allow-list={zone}
+ecs-add-for=127.0.0.0/8
+ecs-ipv4-bits=32
+threads=1
+loglevel=4
+quiet=yes
+minimum-ttl-override=0
+security-poll-suffix=
+"""
+    )
+    log = directory / "recursor.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            ["pdns_recursor", f"--config-dir={directory}"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        _wait_for_answers(process, listen, log, "id.server.")
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _wait_for_answers(
+    process: subprocess.Popen[str],
+    listen: tuple[str, int],
+    log: Path,
+    name: str = "version.server.",
+) -> None:
+    """Until the resolver answers `name CH TXT` (from itself), 10 s at most."""
+    query = dns.message.make_query(name, "TXT", rdclass=dns.rdataclass.CH)
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(
-                f"unbound exited with status {process.returncode}: {log.read_text()}"
+                f"{process.args[0]} exited with status {process.returncode}: {log.read_text()}"
             )
         try:
             dns.query.udp(query, listen[0], port=listen[1], timeout=0.2)
             return
         except (OSError, dns.exception.Timeout):
             time.sleep(0.1)
-    raise RuntimeError("unbound did not answer within 10 s")
+    raise RuntimeError(f"{process.args[0]} did not answer within 10 s: {log.read_text()}")
 
 
 def free_port(host: str) -> int:

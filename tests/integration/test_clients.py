@@ -9,9 +9,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import dns.edns
 import dns.flags
 import dns.message
 import dns.query
+import dns.rcode
 import dns.rdatatype
 import pytest
 import yaml
@@ -248,3 +250,64 @@ def test_unbound_with_ecs_places_each_client(start_server: StartServer, tmp_path
                 reply = dns.query.udp(query, listen[0], port=listen[1], source=source, timeout=3)
                 found = sorted(rr.address for rrset in reply.answer for rr in rrset)
                 assert found == expected, source
+
+
+# --- PowerDNS Recursor
+
+
+def test_pdns_recursor_never_spreads_a_topology_nodata_to_another_zone(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    # PowerDNS Recursor 4.8 caches a negative answer for every subnet, whatever its ECS scope:
+    # the topology NODATA's negative TTL of 0 keeps it from being cached at all.
+    reason = clients.pdns_recursor_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    server = start_server("--ecs-trust", "127.0.0.9/32", snapshot=copy_snapshot(tmp_path, TOPOLOGY))
+    listen = ("127.0.0.1", clients.free_port("127.0.0.1"))
+    name = "ledger.shop.svc.cluster.local."  # zone-only: nothing for zone z3
+    with clients.pdns_recursor(tmp_path, listen, "127.0.0.9", server.address, "cluster.local"):
+        for _ in range(3):  # again and again, well within any TTL the manifests set
+            for source, expected in (
+                ("127.0.0.5", []),  # node-d, zone z3: NODATA
+                ("127.0.0.2", ["10.244.1.20"]),  # zone z1
+                ("127.0.0.4", ["10.244.3.20"]),  # zone z2
+            ):
+                query = dns.message.make_query(name, "A")
+                reply = dns.query.udp(query, listen[0], port=listen[1], source=source, timeout=3)
+                assert reply.rcode() == dns.rcode.NOERROR, source
+                found = sorted(rr.address for rrset in reply.answer for rr in rrset)
+                assert found == expected, source
+
+
+def test_unbound_places_an_ipv6_client_by_its_64(start_server: StartServer, tmp_path: Path) -> None:
+    # The guide's setting, max-client-subnet-ipv6: 64: a /64 fits a node's pod range whole,
+    # where unbound's default /56 spans many nodes' and places nobody.
+    reason = clients.unbound_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    snapshot = yaml.safe_load(TOPOLOGY.read_text())
+    snapshot["items"].append(
+        objects.pod_locator(
+            "node-c-pods",
+            "toposdns",
+            addresses=[],
+            cidrs=["fd00:10:244:3::/64"],
+            node_name="node-c",
+            node_labels={"kubernetes.io/hostname": "node-c", "topology.kubernetes.io/zone": "z2"},
+        )
+    )
+    path = tmp_path / "snapshot.yaml"
+    path.write_text(yaml.safe_dump(snapshot, sort_keys=False))
+    server = start_server("--ecs-trust", "127.0.0.9/32", snapshot=path)
+    listen = ("127.0.0.1", clients.free_port("127.0.0.1"))
+    with clients.unbound(
+        tmp_path, listen, "127.0.0.9", server.address, "cluster.local", ipv6_bits=64
+    ):
+        # The client's own Client Subnet, as a pod behind a node-local forwarder sends it.
+        option = dns.edns.ECSOption("fd00:10:244:3::7", 128)
+        query = dns.message.make_query("web.shop.svc.cluster.local.", "A", use_edns=0)
+        query.use_edns(0, options=[option])
+        reply = dns.query.udp(query, listen[0], port=listen[1], source="127.0.0.6", timeout=3)
+        found = sorted(rr.address for rrset in reply.answer for rr in rrset)
+        assert found == ["10.244.3.10", "10.244.3.11"]  # zone z2's, not everyone's
