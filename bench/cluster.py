@@ -109,6 +109,19 @@ def ecs_clients(cluster: Cluster) -> dict[str, Node]:
     return {str(ECS_BASE + i): node for i, node in enumerate(cluster.nodes)}
 
 
+#: The soft variant's weights between [hostname, zone, "*"].
+SOFT_WEIGHTS = "70,20,10"
+
+
+def soft_answers(service: Service, node: Node) -> set[frozenset[str]]:
+    """What SOFT_WEIGHTS can give a client on `node` in turn: each tier's own endpoints (those
+    no nearer tier holds), for the tiers that have any."""
+    near = [ep for ep in service.endpoints if ep.node == node]
+    zone = [ep for ep in service.endpoints if ep.node.zone == node.zone and ep not in near]
+    rest = [ep for ep in service.endpoints if ep not in near and ep not in zone]
+    return {frozenset(ep.ip for ep in tier) for tier in (near, zone, rest) if tier}
+
+
 def topology_answer(service: Service, node: Node) -> frozenset[str]:
     """What [hostname, zone, "*"] gives a client on `node`: the first tier with endpoints."""
     for tier in (
@@ -124,17 +137,21 @@ def topology_answer(service: Service, node: Node) -> frozenset[str]:
 
 
 def snapshot_objects(
-    cluster: Cluster, topology: bool = False, clients: Mapping[str, Node] | None = None
+    cluster: Cluster,
+    topology: bool = False,
+    clients: Mapping[str, Node] | None = None,
+    weights: str = "",
 ) -> JSON:
     """The cluster as a Kubernetes `kind: List` of the objects toposdns reads.
 
-    With `topology`, every service asks for [hostname, zone, "*"]. `clients` (address -> node)
+    With `topology`, every service asks for [hostname, zone, "*"], with `weights` between
+    those tiers (`toposdns.io/topology-weights`, e.g. SOFT_WEIGHTS). `clients` (address -> node)
     adds a PodLocator per address that places a client (a querying address, or an ECS address)
     on that node.
     """
     items: list[JSON] = [namespace(ns) for ns in cluster.namespaces]
     for svc in cluster.services:
-        items.append(service_object(svc, topology))
+        items.append(service_object(svc, topology, weights))
         items.append(slice_object(svc))
         items.extend(
             locator_object(ep.pod, svc.namespace, ep.ip, ep.node, "pod") for ep in svc.endpoints
@@ -145,7 +162,7 @@ def snapshot_objects(
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
-def service_object(svc: Service, topology: bool) -> JSON:
+def service_object(svc: Service, topology: bool, weights: str = "") -> JSON:
     return service(
         svc.name,
         svc.namespace,
@@ -153,6 +170,7 @@ def service_object(svc: Service, topology: bool) -> JSON:
         ports=[{"name": "http", "port": 80, "targetPort": 80}],
         selector={"app": svc.name},
         **({"topologyKeys": TOPOLOGY_KEYS} if topology else {}),
+        **({"annotations": {"toposdns.io/topology-weights": weights}} if weights else {}),
     )
 
 
