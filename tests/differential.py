@@ -196,7 +196,7 @@ def reference_relayed(
     locator, _ = placer.locate(source, subnet)
     if locator is not None and not locator.is_node and query.qclass == CLASS_IN:
         walked = autopath(
-            query, locator.namespace, locator.labels, snapshot, config, upstream, search
+            query, locator.namespace, locator.labels, snapshot, config, upstream, search, turns
         )
         if walked is not None:
             return walked
@@ -253,13 +253,14 @@ def autopath(
     config: ResolverConfig,
     upstream: UpstreamRecords,
     search: tuple[Name, ...],
+    turns: TurnCounts | None = None,
 ) -> dnslib.DNSRecord | None:
     """CoreDNS's `autopath @kubernetes` for a pod of `namespace`, or None when the name is not
     below its first search domain: try BASE.<domain> along the search path, then BASE; the
     first name that is not NXDOMAIN answers, its question the name asked and its answer led by
     a CNAME from that name to the owner of its first record named otherwise (cname.go);
     when none is found, the reply to the first name. The domains tried are in lower case, the
-    base keeps the case asked."""
+    base keeps the case asked. `turns`: as `reference_reply` takes it."""
     if query.qtype in (AXFR, IXFR):
         return None
     lower = tuple(label.lower() for label in query.name)
@@ -291,6 +292,8 @@ def autopath(
                     # ExternalName is chased upstream) are all its own: the plain reply, which
                     # the server's reply cache shares with every client.
                     return None
+                if turns is not None:  # a name the walk finds takes its turn
+                    answer = resolve(name, query.qtype, snapshot, config, labels, turns=turns)
                 renamed = query._replace(name=name)
                 wire = (
                     chased(query, name, answer, upstream)

@@ -14,6 +14,7 @@ import pytest
 from tests.differential import Frontends, frame, reference_reply
 from tests.helpers import config_of, snapshot_of
 from tests.objects import forwarder_service, headless, namespace, pod_locator, service
+from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
 from toposdns.serve.responder import TCP4, UDP4, Responder
@@ -638,6 +639,20 @@ def test_weighted_a_replies_are_byte_for_byte_the_references() -> None:
         want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG, turns=turns)
         assert frontends.over_udp(UDP4, data, source) == [want], (turn, qtype, source)
     frontends.close()
+
+
+def test_weighted_a_replies_take_turns_through_autopath() -> None:
+    # A pod's search path completed by autopath: the name it finds takes its turn too.
+    responder = Responder(CONFIG, SOFT_SNAPSHOT, autopath=AutopathOptions(enabled=True))
+    served = []
+    for _ in range(5):
+        reply = ask(
+            responder, "weighted.shop.svc.cluster.local.shop.svc.cluster.local", "127.0.0.4"
+        )
+        assert reply.rr[0].rtype == 5  # the CNAME to the name found
+        served.append(addresses(reply))
+    zone, other = ["10.3.0.1", "10.3.0.2"], ["10.1.0.1"]
+    assert served == [zone, zone, other, zone, zone]  # 80,20: "*" has the third turn
 
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "topology-soft.yaml"

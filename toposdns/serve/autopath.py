@@ -37,7 +37,7 @@ from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve.placement import Placer
 from toposdns.serve.transport import Transport
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
 from toposdns.wire.decode import Query, question_end, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, name_wire, udp_limit
@@ -88,8 +88,11 @@ class AutoPath:
         placer: Placer,
         relay: Relay | None,
         count: Callable[[], None],
+        turns: TurnCounts | None = None,
     ) -> None:
         self.options = options
+        #: The server's rotations of topology weights: the name a walk finds takes a turn.
+        self.turns = turns
         self.config = config
         self.serving = serving
         self.placer = placer
@@ -138,7 +141,9 @@ class AutoPath:
         snapshot = self.serving()
 
         def local(name: Name) -> Answer | None:
-            return local_answer(name, walk.query.qtype, snapshot, self.config, walk.labels)
+            return local_answer(
+                name, walk.query.qtype, snapshot, self.config, walk.labels, turns=self.turns
+            )
 
         for index, answer in walk_names(walk.names, start, local):
             name = walk.names[index]

@@ -251,6 +251,7 @@ class Responder:
                 self.placer,
                 self if forwarder is not None else None,
                 self.count_autopath,
+                self.turns,
             )
             if autopath.enabled
             else None
