@@ -45,7 +45,7 @@ from toposdns.serve.forward import Forwarder, forwarder_for, loop_checked
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
-from toposdns.serve.listen import ListenOptions, bind_pair
+from toposdns.serve.listen import ListenOptions, bind_pair, server_label
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
@@ -116,12 +116,15 @@ def report_server(config: ServeConfig, port: int, ports: dict[ListenOptions, int
     PLUGIN_ENABLED.clear()
     for zone in config.block_zones:
         for name in plugins(config):
-            PLUGIN_ENABLED.labels(f"dns://:{port}", name_text(zone), "", name).set(1)
+            PLUGIN_ENABLED.labels(
+                server_label(config.bind.host, port), name_text(zone), "", name
+            ).set(1)
     for block in config.blocks:
         if "prometheus" not in block.plugins:
             continue
         address = config.block_address(block)
-        server = f"dns://:{port if address == config.bind else ports.get(address, address.port)}"
+        bound = port if address == config.bind else ports.get(address, address.port)
+        server = server_label(address.host, bound)
         for zone in block.zones:
             for name in block.plugins:
                 PLUGIN_ENABLED.labels(server, name_text(zone), "", name).set(1)
@@ -221,7 +224,7 @@ class PortServer:
         self.resolver = resolver
         blocks = config.servers()[address]
         counted = config.serves_metrics and any("prometheus" in b.plugins for b in blocks)
-        self.metrics = QueryMetrics(f"dns://:{address.port}") if counted else None
+        self.metrics = QueryMetrics(self.label()) if counted else None
         self.logged = config.log.enabled and any("log" in b.plugins for b in blocks)
         #: Where its first block is written, for messages.
         self.place = blocks[0].place
@@ -245,8 +248,8 @@ class PortServer:
         return forwarders, handlers, responder
 
     def label(self) -> str:
-        """The `server` label of its metrics."""
-        return f"dns://:{self.port}"
+        """The `server` label of its metrics: its address, as CoreDNS's."""
+        return server_label(self.address.host, self.port)
 
     def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
         """A query asked of this whole server, as CoreDNS's upstream.Lookup asks the server
@@ -266,7 +269,7 @@ class PortServer:
         """Bound to `port`: its metrics say so."""
         self.port = port
         if self.metrics is not None:
-            self.metrics.server = f"dns://:{port}"
+            self.metrics.server = self.label()
 
 
 class DnsServer:
@@ -276,7 +279,8 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
-        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        #: The label of this server's metrics (listen.py `server_label`), once its port is
+        #: bound.
         self.server = ""
         self.forwarder = make_forwarder(config)
         self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
@@ -288,7 +292,7 @@ class DnsServer:
         self.front_handlers, self.front = self.make_front(config)
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
-        self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.metrics = QueryMetrics(self.label()) if config.serves_metrics else None
         count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
@@ -320,7 +324,7 @@ class DnsServer:
 
     def label(self) -> str:
         """The `server` label of this server's metrics."""
-        return self.server or f"dns://:{self.config.bind.port}"
+        return self.server or server_label(self.config.bind.host, self.config.bind.port)
 
     def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
         """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
@@ -489,7 +493,8 @@ class DnsServer:
         port = await serve_dns(self, limits, *bound[0], stack, config, config.log.enabled)
         for other, pair in zip(self.others, bound[1:], strict=True):
             other.started(await serve_dns(other, limits, *pair, stack, config, other.logged))
-        server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        # The label CoreDNS gives the server of the kubernetes block.
+        server = self.server = server_label(config.bind.host, port)
         self.screen = screen_of(config, server)
         for protocol in self.udp:
             protocol.screen = self.screen
@@ -752,7 +757,7 @@ def screen_of(config: ServeConfig, server: str = "") -> Screen | None:
     """CoreDNS's `acl` for the frontends; None without one."""
     if not config.acl.policies:
         return None
-    return Acl(config.acl, server or f"dns://:{config.bind.port}").screen
+    return Acl(config.acl, server or server_label(config.bind.host, config.bind.port)).screen
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:

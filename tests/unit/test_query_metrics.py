@@ -17,9 +17,9 @@ import toposdns.serve.udp as udp_module
 from tests.differential import Frontends
 from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB, service
-from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.serve.blocks import BlockConfig, Blocks
 from toposdns.serve.chain import Request
+from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.serve.query_metrics import AllServers, QueryMetrics, labels_of
 from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.wire.encode import encode_bare

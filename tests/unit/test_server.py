@@ -211,6 +211,6 @@ def test_a_port_of_its_own_answers_its_blocks_and_a_reload_replaces_them(
                     for sample in family.samples:
                         where = sample.labels["server"]
                         requests[where] = requests.get(where, 0) + sample.value
-            assert requests == {f"dns://:{port}": 2, f"dns://:{other}": 7}
+            assert requests == {f"dns://127.0.0.1:{port}": 2, f"dns://127.0.0.2:{other}": 7}
 
     asyncio.run(run())
