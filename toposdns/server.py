@@ -46,6 +46,7 @@ from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, cappi
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
 from toposdns.serve.listen import ListenOptions, bind_pair, server_label
+from toposdns.serve.loop import LoopGuard
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
@@ -54,12 +55,14 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.template import make_template
 from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
+from toposdns.serve.upstream import Upstream
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
+from toposdns.wire.codes import Name
 from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
@@ -299,6 +302,10 @@ class DnsServer:
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
+        #: The queries every forwarder of every block has on their way upstream, and the loop
+        #: probes: one guard, as a query one block forwards may come back through another.
+        self.loops = LoopGuard()
+        self.guard_loops()
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -321,6 +328,17 @@ class DnsServer:
             self.blocks,
             self.front,
         )
+
+    def forwarders(self) -> list[Forwarder]:
+        """The forwarders of every server block, on every port."""
+        others = [forwarder for other in self.others for forwarder in other.forwarders]
+        found = [self.forwarder, *self.block_forwarders, *others]
+        return [forwarder for forwarder in found if forwarder is not None]
+
+    def guard_loops(self) -> None:
+        """Give every forwarder this server's one `LoopGuard`."""
+        for forwarder in self.forwarders():
+            forwarder.loops = self.loops
 
     def label(self) -> str:
         """The `server` label of this server's metrics."""
@@ -397,6 +415,7 @@ class DnsServer:
                 retired += forwarders
                 replaced += handlers
             count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
+            self.guard_loops()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -675,10 +694,10 @@ class InProcess:
         return self.dns.ports()
 
     def check_loops(self, server: str) -> None:
-        forwarder = self.dns.forwarder
-        if forwarder is not None:
+        probes = loop_probes(self.config)
+        if probes:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = forwarder.loops.check(loop_checked(self.config.forward), server)
+            check = self.dns.loops.check(probes, server)
             self.life.start(check, "loop check", ending=False)
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -758,6 +777,17 @@ def screen_of(config: ServeConfig, server: str = "") -> Screen | None:
     if not config.acl.policies:
         return None
     return Acl(config.acl, server or server_label(config.bind.host, config.bind.port)).screen
+
+
+def loop_probes(config: ServeConfig) -> list[tuple[Name, Upstream]]:
+    """Each upstream CoreDNS's `loop` would send its probe through, with the zone the probe is
+    under: the kubernetes block's (the root's) and every other server block's on every port
+    (the block's first zone), as CoreDNS runs `loop` in each block."""
+    found: list[tuple[Name, Upstream]] = [((), up) for up in loop_checked(config.forward)]
+    for block in config.blocks:
+        zone = block.zones[0] if block.zones else ()
+        found += [(zone, upstream) for upstream in loop_checked(block.forward, zone)]
+    return found
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:

@@ -407,11 +407,16 @@ def forwarder_for(options: ForwardOptions, cache: CacheSettings) -> Forwarder | 
     )
 
 
-def loop_checked(options: ForwardOptions) -> tuple[Upstream, ...]:
-    """The upstreams CoreDNS's `loop` probe would go through: the plain DNS ones (toposdns
-    serves no TLS, so a `tls://` upstream is never this server), and none when FROM is not the
-    root (the probe's random name is not forwarded then)."""
-    if options.zone or () in options.ignored:
+def loop_checked(options: ForwardOptions, zone: Name = ()) -> tuple[Upstream, ...]:
+    """The upstreams CoreDNS's `loop` probe, `<random>.<random>.ZONE` (its server block's
+    zone), would go through: the plain DNS ones (toposdns serves no TLS, so a `tls://`
+    upstream is never this server), and none when these options do not forward that name
+    (FROM does not hold the zone, or an `except` does: its random labels match no zone)."""
+
+    def under(name: Name, parent: Name) -> bool:
+        return len(name) >= len(parent) and name[len(name) - len(parent) :] == parent
+
+    if not under(zone, options.zone) or any(under(zone, ignored) for ignored in options.ignored):
         return ()
     return tuple(upstream for upstream in options.upstreams or () if not upstream.tls)
 

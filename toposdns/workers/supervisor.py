@@ -37,7 +37,6 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
 from toposdns.serve import http, udp_batch
-from toposdns.serve.forward import loop_checked
 from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
@@ -46,6 +45,7 @@ from toposdns.server import (
     answering,
     bind_address,
     family_of,
+    loop_probes,
     restart_only,
     run_server,
 )
@@ -191,7 +191,7 @@ class Supervisor:
             udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
             self.life.stack.push_async_callback(self.end_workers)
             self.probes = {
-                self.loops.probe(upstream): upstream for upstream in loop_checked(config.forward)
+                self.loops.probe(upstream, zone): upstream for zone, upstream in loop_probes(config)
             }
             for slot in range(1, config.workers + 1):
                 await self.spawn(slot)
