@@ -322,7 +322,7 @@ class Supervisor:
         elif not self.started:
             self.failure = f"worker {worker.slot} (pid {worker.pid}) {how} before serving"
             self.changed.set()
-        elif worker.renewing:  # its successor serves already
+        elif worker.renewing:  # it has a successor already
             if status != 0:
                 log.warning("worker %d (pid %d), replaced, %s", worker.slot, worker.pid, how)
         else:
