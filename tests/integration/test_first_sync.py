@@ -4,6 +4,7 @@ data (the topology-filtered ones included) in both workers, and follows changes 
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ SPREAD = 20
 LAMEDUCK = "2"
 #: How long answers are checked after the change's second: past two lameducks.
 WATCHED = 3.5
+SERVING = re.compile(r"worker \d \(pid \d+\) serving")
 #: The endpoint added in the first moments after /ready: in z1, with the one there already.
 ADDED = "10.244.1.11"
 
@@ -103,6 +105,8 @@ def test_every_answer_is_synced_from_the_moment_ready(api: FakeApiServer, tmp_pa
         # Until a second has passed, either is right; after, only the change.
         check_for(changed + 1.0 - time.monotonic(), server, http, TRUE_ANSWERS, with_added)
         check_for(WATCHED, server, http, with_added)
+        # Both workers started before the sync were replaced meanwhile, by ones forked after it.
+        assert wait_until(lambda: len(SERVING.findall(server.log())) == 4, 5), server.log()
     finally:
         if server.proc.poll() is None:
             server.proc.send_signal(signal.SIGTERM)
