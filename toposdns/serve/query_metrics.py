@@ -202,6 +202,8 @@ class QueryMetrics:
         query_sizes: dict[tuple[str, str], _Histogram] = {}
         reply_sizes: dict[tuple[str, str], _Histogram] = {}
         for (proto, ip_family, qtype, rcode, plugin, zone, do), row in merged.items():
+            if not row[COUNT]:  # cached replies have rows for transports never asked over
+                continue
             key = (zone, proto, ip_family, qtype)
             by_request[key] = by_request.get(key, 0) + row[COUNT]
             answered = (zone, rcode, plugin)
