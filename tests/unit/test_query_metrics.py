@@ -293,7 +293,9 @@ def test_each_query_is_counted_under_the_zone_of_its_block() -> None:
             return encode_bare(request.query, 3)
 
         cluster = (("cluster", "local"),)
-        blocks = Blocks(cluster, [(BlockConfig((("consul", "local"),)), consul)])
+        # With `prometheus` (a block without it is not counted: its test is the next one).
+        counted = BlockConfig((("consul", "local"),), plugins=("prometheus",))
+        blocks = Blocks(cluster, [(counted, consul)])
         responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics, blocks=blocks)
         frontends = Frontends(responder)
         asked = {
@@ -325,5 +327,39 @@ def test_each_query_is_counted_under_the_zone_of_its_block() -> None:
                 zones = {sample.labels["zone"] for sample in family.samples}
                 assert zones <= set(expected), family.name
                 assert "cluster.local." in zones, family.name
+
+    served(run())
+
+
+def test_a_block_without_prometheus_is_not_counted() -> None:
+    # CoreDNS counts a query in its block's `prometheus` (plugin/metrics/handler.go): a stub
+    # domain written without it, as AKS's custom `.server` examples are, counts nothing; what
+    # the server refuses before any block is counted still (errorAndMetricsFunc).
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+
+        def answered(request: Request) -> bytes:
+            return encode_bare(request.query, 0)
+
+        blocks = Blocks(
+            [("cluster", "local")],
+            [
+                (BlockConfig((("consul", "local"),)), answered),
+                (BlockConfig((("example", "org"),), plugins=("prometheus",)), answered),
+            ],
+        )
+        config = config_of()
+        responder = Responder(config, snapshot_of(SHOP_WEB), metrics=metrics, blocks=blocks)
+        frontends = Frontends(responder)
+        for name in ("web.shop.svc.cluster.local", "a.consul.local", "a.example.org"):
+            for do in (False, True):
+                frontends.over_udp(UDP4, query(name, do=do), "127.0.0.1")
+        frontends.over_udp(UDP4, query("example.net"), "127.0.0.1")  # in no block: REFUSED
+        expected = {"cluster.local.": 2, "example.org.": 2, "dropped": 1}
+        assert by_zone(metrics, "coredns_dns_requests") == expected
+        assert by_zone(metrics, "coredns_dns_do_requests") == {
+            "cluster.local.": 1,
+            "example.org.": 1,
+        }
 
     served(run())

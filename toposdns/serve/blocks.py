@@ -73,6 +73,13 @@ class Blocks:
                 self.by_zone[zone] = link
         #: Each zone as the metrics' `zone` label writes it.
         self.texts = {zone: name_text(zone) for zone in self.by_zone}
+        #: The zones of the blocks without `prometheus`, whose queries CoreDNS does not count.
+        self.uncounted = frozenset(
+            self.texts[zone]
+            for config, _ in others
+            if "prometheus" not in config.plugins
+            for zone in config.zones
+        )
 
     def find(self, name: Name, qtype: int) -> tuple[Name, Next | None] | None:
         """The zone of the block that answers `name`, and its chain (None: the kubernetes

@@ -915,9 +915,13 @@ class Responder:
         zone: str = "",
     ) -> bytes:
         """Count a query and its reply (when metrics are on), under the zone of the block that
-        has it (`zone_of`; `zone` when the server refused it before any block, `dropped`)."""
+        has it (`zone_of`; `zone` when the server refused it before any block, `dropped`), unless
+        that block has no `prometheus`, as CoreDNS counts in that plugin."""
         metrics = self.metrics
         if metrics is not None:
+            zone = zone or self.zone_of(data, qtype)
+            if self.blocks is not None and zone in self.blocks.uncounted:
+                return reply
             # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
             plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
             labels = labels_of(
@@ -926,7 +930,7 @@ class Responder:
                 qtype,
                 reply[3] & RCODE,
                 plugin,
-                zone or self.zone_of(data, qtype),
+                zone,
                 dnssec_ok(data),
             )
             metrics.observe(labels, started, len(data), len(reply))
