@@ -11,8 +11,7 @@ neighbours still add some). The servers of one case run side by side and take tu
 burst, so what load remains falls on each alike: compare them within a case.
 
 Cases: `repeated` (each service's A name, no EDNS) on toposdns and its variants (metrics,
---loadbalance, topology filtering, topology weights: a soft-topology hit against a hard one)
-and on Knot; `random-case` (the same names, each in four
+--loadbalance, topology filtering) and on Knot; `random-case` (the same names, each in four
 random letter cases, as 0x20-randomizing resolvers ask: toposdns writes the cached reply, in
 the case first asked, in each other one); `cookie` (the same names with a client COOKIE);
 `ecs` (trusted Client Subnet, clients in 3 zones). Every name is asked twice before the

@@ -42,7 +42,6 @@ import dns.rdatatype
 
 from bench import dnsperf
 from bench.cluster import (
-    SOFT_WEIGHTS,
     TTL,
     ZONE,
     Cluster,
@@ -52,8 +51,8 @@ from bench.cluster import (
     generate_cluster,
     knot_conf,
     snapshot_objects,
-    soft_answers,
     srv_weight,
+    tier_answers,
     topology_answer,
     zone_text,
 )
@@ -77,7 +76,7 @@ SCENARIOS = ("repeated", "distinct", "ecs", "cookie")
 #: toposdns variants measured against the plain one in the repeated scenario.
 VARIANTS = {
     "toposdns-topology": "topology filtering on",
-    "toposdns-soft": f"topology weights {SOFT_WEIGHTS} on A: a reply's tier takes turns",
+    "toposdns-soft": "soft topology on (weights 80,15,5 between the tiers)",
     "toposdns-metrics": "metrics on",
     "toposdns-loadbalance": "--loadbalance on",
     "toposdns-unbatched": "--udp-batch off",
@@ -179,10 +178,10 @@ def verify_repeated(
             topology = name in ("toposdns-topology", "toposdns-soft")
             want = topology_answer(svc, cluster.nodes[0]) if topology else svc_ips(svc)
             got = ask(port, dns.message.make_query(svc.fqdn, "A"))
-            if name == "toposdns-soft":
-                turns = soft_answers(svc, cluster.nodes[0])
-                if got[0] != "NOERROR" or got[1] not in turns:
-                    bad += mismatch(f"{name} {svc.fqdn} A", got, f"one of {sorted(turns)}")
+            if name == "toposdns-soft":  # any tier's own endpoints, by the rotation's turn
+                tiers = tier_answers(svc, cluster.nodes[0])
+                if got[0] != "NOERROR" or got[1] not in tiers:
+                    bad += mismatch(f"{name} {svc.fqdn} A", got, tiers)
             elif got != ("NOERROR", want):
                 bad += mismatch(f"{name} {svc.fqdn} A", got, want)
             if srv and not topology:
@@ -258,9 +257,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> Setup:
     snapshots = {
         "snapshot.json": snapshot_objects(cluster),
         "snapshot-topology.json": snapshot_objects(cluster, True, {CLIENT: cluster.nodes[0]}),
-        "snapshot-soft.json": snapshot_objects(
-            cluster, True, {CLIENT: cluster.nodes[0]}, SOFT_WEIGHTS
-        ),
+        "snapshot-soft.json": snapshot_objects(cluster, True, {CLIENT: cluster.nodes[0]}, True),
         "snapshot-ecs.json": snapshot_objects(cluster, True, clients),
     }
     for name, doc in snapshots.items():
@@ -436,7 +433,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each dnsperf run")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (servers alternate); medians")
     ap.add_argument("--distinct", type=int, default=200_000, help="distinct queries per round")
-    ap.add_argument("--port-base", type=int, default=15353, help="knot: base, toposdns: base+1..8")
+    ap.add_argument("--port-base", type=int, default=15353, help="knot: base, toposdns: base+1..5")
     ap.add_argument("--clients", type=int, help="dnsperf -c for the max-QPS run (default 1, "
                     "4 per worker with --workers)")  # fmt: skip
     ap.add_argument("--outstanding", type=int, default=100, help="dnsperf -q for max-QPS run")

@@ -45,7 +45,8 @@ from toposdns.serve.forward import Forwarder, forwarder_for, loop_checked
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
-from toposdns.serve.listen import ListenOptions, bind_pair
+from toposdns.serve.listen import ListenOptions, bind_pair, server_label
+from toposdns.serve.loop import LoopGuard
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
@@ -54,12 +55,14 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.template import make_template
 from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
+from toposdns.serve.upstream import Upstream
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
+from toposdns.wire.codes import Name
 from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
@@ -116,12 +119,15 @@ def report_server(config: ServeConfig, port: int, ports: dict[ListenOptions, int
     PLUGIN_ENABLED.clear()
     for zone in config.block_zones:
         for name in plugins(config):
-            PLUGIN_ENABLED.labels(f"dns://:{port}", name_text(zone), "", name).set(1)
+            PLUGIN_ENABLED.labels(
+                server_label(config.bind.host, port), name_text(zone), "", name
+            ).set(1)
     for block in config.blocks:
         if "prometheus" not in block.plugins:
             continue
         address = config.block_address(block)
-        server = f"dns://:{port if address == config.bind else ports.get(address, address.port)}"
+        bound = port if address == config.bind else ports.get(address, address.port)
+        server = server_label(address.host, bound)
         for zone in block.zones:
             for name in block.plugins:
                 PLUGIN_ENABLED.labels(server, name_text(zone), "", name).set(1)
@@ -221,7 +227,7 @@ class PortServer:
         self.resolver = resolver
         blocks = config.servers()[address]
         counted = config.serves_metrics and any("prometheus" in b.plugins for b in blocks)
-        self.metrics = QueryMetrics(f"dns://:{address.port}") if counted else None
+        self.metrics = QueryMetrics(self.label()) if counted else None
         self.logged = config.log.enabled and any("log" in b.plugins for b in blocks)
         #: Where its first block is written, for messages.
         self.place = blocks[0].place
@@ -245,8 +251,8 @@ class PortServer:
         return forwarders, handlers, responder
 
     def label(self) -> str:
-        """The `server` label of its metrics."""
-        return f"dns://:{self.port}"
+        """The `server` label of its metrics: its address, as CoreDNS's."""
+        return server_label(self.address.host, self.port)
 
     def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
         """A query asked of this whole server, as CoreDNS's upstream.Lookup asks the server
@@ -266,7 +272,7 @@ class PortServer:
         """Bound to `port`: its metrics say so."""
         self.port = port
         if self.metrics is not None:
-            self.metrics.server = f"dns://:{port}"
+            self.metrics.server = self.label()
 
 
 class DnsServer:
@@ -276,7 +282,8 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
-        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        #: The label of this server's metrics (listen.py `server_label`), once its port is
+        #: bound.
         self.server = ""
         self.forwarder = make_forwarder(config)
         self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
@@ -288,13 +295,17 @@ class DnsServer:
         self.front_handlers, self.front = self.make_front(config)
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
-        self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.metrics = QueryMetrics(self.label()) if config.serves_metrics else None
         count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
+        #: The queries every forwarder of every block has on their way upstream, and the loop
+        #: probes: one guard, as a query one block forwards may come back through another.
+        self.loops = LoopGuard()
+        self.guard_loops()
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -318,9 +329,20 @@ class DnsServer:
             self.front,
         )
 
+    def forwarders(self) -> list[Forwarder]:
+        """The forwarders of every server block, on every port."""
+        others = [forwarder for other in self.others for forwarder in other.forwarders]
+        found = [self.forwarder, *self.block_forwarders, *others]
+        return [forwarder for forwarder in found if forwarder is not None]
+
+    def guard_loops(self) -> None:
+        """Give every forwarder this server's one `LoopGuard`."""
+        for forwarder in self.forwarders():
+            forwarder.loops = self.loops
+
     def label(self) -> str:
         """The `server` label of this server's metrics."""
-        return self.server or f"dns://:{self.config.bind.port}"
+        return self.server or server_label(self.config.bind.host, self.config.bind.port)
 
     def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
         """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
@@ -393,6 +415,7 @@ class DnsServer:
                 retired += forwarders
                 replaced += handlers
             count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
+            self.guard_loops()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -489,7 +512,8 @@ class DnsServer:
         port = await serve_dns(self, limits, *bound[0], stack, config, config.log.enabled)
         for other, pair in zip(self.others, bound[1:], strict=True):
             other.started(await serve_dns(other, limits, *pair, stack, config, other.logged))
-        server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        # The label CoreDNS gives the server of the kubernetes block.
+        server = self.server = server_label(config.bind.host, port)
         self.screen = screen_of(config, server)
         for protocol in self.udp:
             protocol.screen = self.screen
@@ -670,10 +694,10 @@ class InProcess:
         return self.dns.ports()
 
     def check_loops(self, server: str) -> None:
-        forwarder = self.dns.forwarder
-        if forwarder is not None:
+        probes = loop_probes(self.config)
+        if probes:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = forwarder.loops.check(loop_checked(self.config.forward), server)
+            check = self.dns.loops.check(probes, server)
             self.life.start(check, "loop check", ending=False)
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -752,7 +776,18 @@ def screen_of(config: ServeConfig, server: str = "") -> Screen | None:
     """CoreDNS's `acl` for the frontends; None without one."""
     if not config.acl.policies:
         return None
-    return Acl(config.acl, server or f"dns://:{config.bind.port}").screen
+    return Acl(config.acl, server or server_label(config.bind.host, config.bind.port)).screen
+
+
+def loop_probes(config: ServeConfig) -> list[tuple[Name, Upstream]]:
+    """Each upstream CoreDNS's `loop` would send its probe through, with the zone the probe is
+    under: the kubernetes block's (the root's) and every other server block's on every port
+    (the block's first zone), as CoreDNS runs `loop` in each block."""
+    found: list[tuple[Name, Upstream]] = [((), up) for up in loop_checked(config.forward)]
+    for block in config.blocks:
+        zone = block.zones[0] if block.zones else ()
+        found += [(zone, upstream) for upstream in loop_checked(block.forward, zone)]
+    return found
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:

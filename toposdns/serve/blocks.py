@@ -25,11 +25,13 @@ from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, ForwardOptions, forwarder_for
 from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.query_metrics import DROPPED
 from toposdns.serve.rewrite import RewriteOptions, make_rewrite
 from toposdns.serve.template import TemplateOptions, make_template
 from toposdns.serve.transport import Transport
 from toposdns.wire.codes import DS, REFUSED, Name
 from toposdns.wire.encode import encode_bare, encode_opt
+from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
 
@@ -69,6 +71,15 @@ class Blocks:
         for config, link in others:
             for zone in config.zones:
                 self.by_zone[zone] = link
+        #: Each zone as the metrics' `zone` label writes it.
+        self.texts = {zone: name_text(zone) for zone in self.by_zone}
+        #: The zones of the blocks without `prometheus`, whose queries CoreDNS does not count.
+        self.uncounted = frozenset(
+            self.texts[zone]
+            for config, _ in others
+            if "prometheus" not in config.plugins
+            for zone in config.zones
+        )
 
     def find(self, name: Name, qtype: int) -> tuple[Name, Next | None] | None:
         """The zone of the block that answers `name`, and its chain (None: the kubernetes
@@ -85,6 +96,13 @@ class Blocks:
                 else:  # a DS question for a block's own zone: its parent's block answers
                     return (zone, self.by_zone[zone])
         return found
+
+    def zone_label(self, name: Name, qtype: int) -> str:
+        """The `zone` label of a query for `name`: the zone of the block it goes to, as
+        CoreDNS's `metrics` in that block matches it; `dropped` when no block holds it (the
+        server refuses it before any block, and CoreDNS counts it so)."""
+        found = self.find(name, qtype)
+        return DROPPED if found is None else self.texts[found[0]]
 
     def mine(self, name: Name, qtype: int) -> bool:
         """True if the kubernetes block answers `name`."""

@@ -59,8 +59,10 @@ from toposdns.serve.negative import Negatives
 from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import (
     DENIAL,
+    DROPPED,
     SUCCESS,
     UNCACHED,
+    ZONE,
     Hits,
     QueryMetrics,
     count_hit,
@@ -91,6 +93,7 @@ from toposdns.wire.codes import (
     AA,
     ANY,
     CLASS_IN,
+    DO,
     NOERROR,
     NOTIMP,
     NXDOMAIN,
@@ -108,6 +111,7 @@ from toposdns.wire.decode import (
     Rejected,
     decode_plain,
     decode_query,
+    dnssec_ok,
     read_name,
 )
 from toposdns.wire.edns import (
@@ -745,9 +749,12 @@ class Responder:
         plugin = "kubernetes" if reply[2] & (AA >> 8) else ""
         size = len(key) + (6 if data[11] else 2)  # with the ID, and the OPT's size and length
         filed = self.cache_kind(data, reply)
+        zone = self.zone_of(data, qtype)
+        # Every query of the key has the OPT record's flags it holds (wire/edns.py).
+        do = bool(data[11]) and bool(key[-2] & (DO >> 8))
         return tuple(
             metrics.row(
-                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin),
+                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin, zone, do),
                 size,
                 len(reply),
                 filed,
@@ -794,7 +801,7 @@ class Responder:
             return None
         except Rejected as rejected:
             rejection = encode_rejection(rejected.data, rejected.rcode)
-            return self.counted(data, rejection, transport, started, 0)
+            return self.counted(data, rejection, transport, started, 0, zone=DROPPED)
         qtype = query.qtype
         where = route(query, self.config.zones, self.forwarder is not None)
         if where is BADVERS:
@@ -807,8 +814,9 @@ class Responder:
             if link is not None:
                 request = Request(query, data, transport, source, name_text(zone))
                 return self.chained(request, link(request), started)
-        if where is REFUSE:
-            return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
+        if where is REFUSE:  # the server's own class check, before any block (CoreDNS)
+            refused = encode_bare(query, REFUSED)
+            return self.counted(data, refused, transport, started, qtype, zone=DROPPED)
         if self.front is not None and not fronted:
             front = self.ask_front(query, data, transport, source, started)
             if front is not False:
@@ -976,15 +984,40 @@ class Responder:
         started: float,
         qtype: int,
         plugin: str = "",
+        zone: str = "",
     ) -> bytes:
-        """Count a query and its reply (when metrics are on)."""
+        """Count a query and its reply (when metrics are on), under the zone of the block that
+        has it (`zone_of`; `zone` when the server refused it before any block, `dropped`), unless
+        that block has no `prometheus`, as CoreDNS counts in that plugin."""
         metrics = self.metrics
         if metrics is not None:
+            zone = zone or self.zone_of(data, qtype)
+            if self.blocks is not None and zone in self.blocks.uncounted:
+                return reply
             # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
             plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
-            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & RCODE, plugin)
+            labels = labels_of(
+                transport.tcp,
+                transport.family,
+                qtype,
+                reply[3] & RCODE,
+                plugin,
+                zone,
+                dnssec_ok(data),
+            )
             metrics.observe(labels, started, len(data), len(reply))
         return reply
+
+    def zone_of(self, data: bytes, qtype: int) -> str:
+        """The `zone` label of a query: the zone of the server block it goes to (`.` when the
+        kubernetes block, for `.`, is the port's only one)."""
+        if self.blocks is None:
+            return ZONE
+        try:
+            name = read_name(data, HEADER_SIZE)[0]
+        except (IndexError, ValueError):
+            return DROPPED
+        return self.blocks.zone_label(name, qtype)
 
     async def counted_later(
         self,

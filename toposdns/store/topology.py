@@ -367,8 +367,9 @@ class Selection:
     #: its group shares) for every endpoint the policy allows; empty when SRV answers as A
     #: and AAAA do. A group's weight is shared among the SRV records of its endpoints.
     srv: tuple[tuple[int, int, int, int], ...] = ()
-    #: Weights: (share of ROTATION replies, the candidates that answer it) per tier that has
-    #: endpoints, in the policy's order; an empty tier's share already moved to the next.
+    #: Weights: (share of ROTATION replies, the candidates that answer it: every endpoint the
+    #: tier holds) per tier that adds endpoints, in the policy's order; an empty tier's share
+    #: already moved to the next.
     rotation: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
@@ -523,7 +524,7 @@ def _soften(
         seen.update(fresh)
         own.append((key, fresh))
     if policy.weights:
-        return _weighted(policy, hard, own)
+        return _weighted(policy, hard, own, tiers)
     # Spill-over: tiers in order, added together, until the answer holds the minimum (without
     # one, the nearest tier with an endpoint, as the hard policy takes).
     minimum = policy.min_endpoints
@@ -555,8 +556,15 @@ def _soften(
     return Selection(tuple(sorted(chosen)), rule, tier, tuple(taken), len(taken) > 1, srv)
 
 
-def _weighted(policy: Policy, hard: Selection, own: list[tuple[str, tuple[int, ...]]]) -> Selection:
-    """Weights: SRV holds every tier in priority 0, A and AAAA rotate between tiers."""
+def _weighted(
+    policy: Policy,
+    hard: Selection,
+    own: list[tuple[str, tuple[int, ...]]],
+    tiers: list[tuple[str, tuple[int, ...]]],
+) -> Selection:
+    """Weights: SRV holds every tier in priority 0, each endpoint in the nearest tier that
+    holds it (`own`); A and AAAA rotate between the tiers, each answering with every endpoint
+    it holds (`tiers`: those matching its key, all of them for "*")."""
     shares = list(policy.weights)
     # An empty tier's share goes to the next tier with endpoints (past the last, the last one
     # before it that has some).
@@ -573,11 +581,14 @@ def _weighted(policy: Policy, hard: Selection, own: list[tuple[str, tuple[int, .
             if own[i][1]:
                 shares[i] += carried
                 break
-    rotation = tuple((shares[i], fresh) for i, (_, fresh) in enumerate(own) if fresh)
-    if not rotation:
+    groups = [(shares[i], fresh, tiers[i][1]) for i, (_, fresh) in enumerate(own) if fresh]
+    if not groups:
         return hard
+    rotation = tuple((share, held) for share, _, held in groups)
     srv = tuple(
-        sorted((i, 0, group, share) for group, (share, fresh) in enumerate(rotation) for i in fresh)
+        sorted(
+            (i, 0, group, share) for group, (share, fresh, _) in enumerate(groups) for i in fresh
+        )
     )
     taken = tuple(key for key, fresh in own if fresh)
     rule = "weighted: " + ", ".join(
