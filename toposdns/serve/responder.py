@@ -20,15 +20,20 @@
    found once, from the reply to the name in the other case), compressed as its names compress;
    a name whose answer depends on its case (a zone's apex, `ns.dns`) is built anew.
 
-Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
-plain queries, BADVERS, other classes, failures, and names for an upstream, which branch off
-to the forwarder (a coroutine). A new snapshot drops only the cached replies that read what it
-changed (`update`). Buffer sizes are bounded by `--max-udp-size` first, as CoreDNS's `bufsize`
-bounds them."""
+Everything else takes `decoded`, the full decoder's path: messages that are not plain queries,
+BADVERS, other classes, failures, names for an upstream, and every miss when the kubernetes
+block has plugins before `kubernetes` (rewrite, template, hosts). It decodes the query, finds
+its server block (serve/blocks.py) and runs it down that block's chain (serve/chain.py), the
+kubernetes block's too (`chain`: any, loadbalance, rewrite, autopath, template, hosts,
+kubernetes, forward, as the block has them, in CoreDNS's order), and counts the reply once, at
+the head, under the plugin that wrote it. Nothing it answers is cached, but a miss that the
+plugins before `kubernetes` pass on unchanged: the kubernetes handler gets that one from the
+cache-filling path (`fill`, which is `made`). A new snapshot drops only the cached replies
+that read what it changed (`update`). Buffer sizes are bounded by `--max-udp-size` first, as
+CoreDNS's `bufsize` bounds them."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Coroutine, Sequence
 from typing import Any, Literal
 
@@ -52,13 +57,7 @@ from toposdns.serve.cache import (
 from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
 from toposdns.serve.forward import Forwarder, Forwarding
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
-from toposdns.serve.kubernetes import BADVERS as BADVERS
-from toposdns.serve.kubernetes import REFUSE as REFUSE
-from toposdns.serve.kubernetes import UPSTREAMS as UPSTREAMS
-from toposdns.serve.kubernetes import ZONES as ZONES
-from toposdns.serve.kubernetes import Kubernetes
-from toposdns.serve.kubernetes import in_zones as in_zones
-from toposdns.serve.kubernetes import route as route
+from toposdns.serve.kubernetes import BADVERS, REFUSE, ZONES, Kubernetes, route
 from toposdns.serve.loadbalance import LoadBalance
 from toposdns.serve.negative import Negatives
 from toposdns.serve.placement import Placer
@@ -133,16 +132,15 @@ from toposdns.wire.encode import (
 from toposdns.wire.records import name_text
 from toposdns.wire.shuffle import Rotation
 
-log = logging.getLogger("toposdns")
-
 #: Replies larger than this are cached compressed too, for the queries they do not fit whole
 #: (the smallest limit, 512 bytes, less room for a query's EDNS options).
 COMPRESS_OVER = MIN_UDP_SIZE - 100
 
 
-#: The plugins whose replies passed the `cache` plugin's place in the kubernetes block (a miss
-#: of CoreDNS's cache): `any`, the `acl` of `--forward-allow`, and the server's own refusals
-#: answer before it; template's and hosts' replies are not kept in the reply cache.
+#: The plugins whose replies count as a query that passed the `cache` plugin's place in the
+#: kubernetes block (a miss of CoreDNS's cache), as they always have here: `any`, the `acl` of
+#: `--forward-allow` and the server's own refusals answer before it, and the replies of
+#: template and hosts are not counted by the `cache` metrics.
 PASSING = frozenset({"kubernetes", "autopath", "forward"})
 
 #: The rcodes CoreDNS's cache keeps as denials (NXDOMAIN, NODATA is NOERROR, SERVFAIL, NOTIMP).
