@@ -205,8 +205,9 @@ class Responder:
         self.miss: Miss | None = None
         if self.plugins:  # a query they pass on unchanged is still made and cached
             self.kubernetes.fill = self.fill
-        #: The kubernetes block's chain, in CoreDNS's order (serve/chain.py): what answers a
-        #: query the reply cache does not (`decoded`).
+        #: The kubernetes block's handlers, in CoreDNS's order, and their chain (serve/chain.py):
+        #: what answers a query the reply cache does not (`decoded`).
+        self.handlers: list[Handler] = []
         self.chain = self.linked(forward_any)
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
         #: nor when a name of the zones may be another server block's or none's, nor when
@@ -235,6 +236,7 @@ class Responder:
             if not forward_any:
                 handlers.append(AnyHandler())
         handlers.sort(key=lambda handler: ORDER.index(handler.name))
+        self.handlers = handlers
         return chain(handlers)
 
     def clear(self) -> None:
