@@ -14,6 +14,7 @@ from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB
 from tests.unit.test_fallthrough import KUBEADM, FakeForwarder
 from tests.unit.test_hosts import hosts_of
+from tests.unit.test_rewrite import handler
 from toposdns.resolve.autopath import AutopathOptions
 from toposdns.serve.any import Any
 from toposdns.serve.chain import Reply, Request, chain
@@ -176,3 +177,37 @@ def test_each_query_down_the_chain_is_counted_once_under_its_writer(tmp_path: Pa
     # reply is not the `cache` metrics'.
     assert len(responder.cache.table) == 1
     assert metrics.cache_passes == 2
+
+
+def test_a_reply_a_rewrite_rule_changed_is_never_served_from_the_cache(tmp_path: Path) -> None:
+    # The rule leaves the query as it is and changes the reply: the reply cache, in front of
+    # the chain, must not keep the kubernetes answer it changed, or the next ask gets that.
+    rewrite = handler(tmp_path, "rewrite ttl web.shop.svc.cluster.local 30")
+    responder = Responder(config_of(), snapshot_of(SHOP_WEB), plugins=[rewrite])
+    query = bytes(dnslib.DNSRecord.question("web.shop.svc.cluster.local", "A").pack())
+    for _ in range(3):
+        reply = responder.respond(query, UDP4, CLIENT)
+        assert isinstance(reply, bytes)
+        assert [rr.ttl for rr in dnslib.DNSRecord.parse(reply).rr] == [30]
+    assert not responder.cache.table
+    # A name no rule touches is made and cached as without plugins.
+    other = bytes(dnslib.DNSRecord.question("nothere.shop.svc.cluster.local", "A").pack())
+    responder.respond(other, UDP4, CLIENT)
+    assert len(responder.cache.table) == 1
+
+
+def test_a_rewritten_any_question_still_gets_the_minimal_answer(tmp_path: Path) -> None:
+    rewrite = handler(tmp_path, "rewrite name exact a.example b.example")
+    forwarder = FakeForwarder()
+    responder = Responder(
+        KUBEADM,
+        snapshot_of(SHOP_WEB),
+        forwarder=forwarder,
+        plugins=[rewrite],  # type: ignore
+    )
+    reply = responder.respond(
+        bytes(dnslib.DNSRecord.question("a.example", "ANY").pack()), UDP4, CLIENT
+    )
+    assert isinstance(reply, bytes) and not forwarder.sent
+    parsed = dnslib.DNSRecord.parse(reply)
+    assert [(str(rr.rname), rr.rtype) for rr in parsed.rr] == [("a.example.", 13)]

@@ -674,11 +674,11 @@ class Responder:
 
     def fill(self, request: Request) -> bytes | None:
         """The kubernetes handler's reply to the miss the chain is answering (`miss`) when the
-        plugins before it passed it on unchanged: made and cached as `built` makes it, the
-        miss counted; None when it is another query (changed by rewrite, or a plugin's own
-        lookup), or only the resolver's uncached answer will do."""
+        plugins before it passed its request on untouched: made and cached as `built` makes
+        it, the miss counted; None for another request (one a rewrite rule touched, or a
+        plugin's own lookup), or when only the resolver's uncached answer will do."""
         miss = self.miss
-        if miss is None or request.data is not miss.data:
+        if miss is None or request is not miss.request:
             return None
         self.miss = None  # once: the handler's own answer if this one is None
         data, key, echo = miss.data, miss.key, miss.echo
@@ -729,6 +729,8 @@ class Responder:
         if where is REFUSE:
             return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
         request = Request(query, data, transport, source)
+        if miss is not None:
+            miss.request = request
         outer, self.miss = self.miss, miss
         try:  # a plugin's own lookup (template's) asks the server again, within this one
             reply = self.chain(request)
@@ -837,6 +839,9 @@ class Miss:
         self.data = data
         self.key = key
         self.echo = echo
+        #: Its request down the chain: the one the kubernetes handler may answer from the
+        #: cache-filling path (a plugin that changes a query passes on a request of its own).
+        self.request: Request | None = None
         #: Whether the cache-filling path answered it (and counted the miss).
         self.filled = False
 

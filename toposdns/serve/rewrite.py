@@ -1005,12 +1005,12 @@ class Rewrite:
             restore = bool(answers)
         if not touched:
             return next(request)
-        changed = request
+        # A request of its own, changed or not: what the rest answers it is not the answer to
+        # the query as asked (serve/responder.py `fill` caches only that one).
+        changed = replace(request)
         if asked.changed():
             data = asked.message(request.data)
-            changed = Request(
-                decode_query(data), data, request.transport, request.source, request.zone
-            )
+            changed = replace(request, query=decode_query(data), data=data)
         reply = next(changed)
         if changed.written_by:  # the plugin that wrote the reply it changes back
             request.written_by = changed.written_by
