@@ -7,9 +7,10 @@ to the block whose zone is the longest suffix of its name (`.` last), and REFUSE
 block's zone holds it; a DS question goes to the parent's block when its name is a block's
 zone itself, as the delegation's parent answers DS (RFC 4035 section 3.1.4.1).
 
-The kubernetes server block is the responder's (serve/responder.py), with its caches and fast
-paths; `Blocks.find` tells it which queries are its own (None) and hands the others to their
-block's chain (serve/chain.py), built here from the block's options in CoreDNS's plugin order.
+The kubernetes server block is the responder's (serve/responder.py): its caches and fast paths
+in front, then its own chain (kubernetes, forward and the plugins around them); `Blocks.find`
+tells it which queries are that block's (None) and hands the others to their block's chain
+(serve/chain.py), built here from the block's options in CoreDNS's plugin order.
 On a port without the kubernetes block, the `Blocks` have no zones of the responder's own:
 every query goes down a block's chain, or is REFUSED.
 """

@@ -148,7 +148,8 @@ DENIALS = frozenset({NOERROR, NXDOMAIN, SERVFAIL, NOTIMP})
 
 
 class Responder:
-    """Answers raw queries from the current snapshot, and forwards the rest if it may."""
+    """Answers raw queries: from the reply cache and its fast paths when it can, else down the
+    server block's chain (the kubernetes block's: `chain`)."""
 
     def __init__(
         self,
