@@ -39,7 +39,7 @@ from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
-from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
+from toposdns.serve.chain import ORDER, Handler, Next, Reply
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder, forwarder_for, loop_checked
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
@@ -292,7 +292,7 @@ class DnsServer:
         #: The servers of the other addresses, in the configuration's order.
         self.others = [PortServer(config, address, resolver) for address in config.servers()]
         #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
-        self.front_handlers, self.front = self.make_front(config)
+        self.front_handlers = self.make_front(config)
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
         self.metrics = QueryMetrics(self.label()) if config.serves_metrics else None
@@ -326,7 +326,7 @@ class DnsServer:
             not config.any.minimal,
             config.cache,
             self.blocks,
-            self.front,
+            self.front_handlers,
         )
 
     def forwarders(self) -> list[Forwarder]:
@@ -349,16 +349,13 @@ class DnsServer:
         plugin follows a CNAME it answered with."""
         return self.responder.respond(data, transport, source)
 
-    def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
-        """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (rewrite, template, hosts), in its order, and their chain, which ends in the
-        responder's turn; None without any."""
+    def make_front(self, config: ServeConfig) -> list[Handler]:
+        """The handlers of the kubernetes block's plugins that the server makes (rewrite,
+        template, hosts, and the `cache` that caps their replies); the responder links them
+        with its own (any, loadbalance, autopath, kubernetes, forward) into the block's chain."""
         handlers: list[Handler] = []
         rewrite = make_rewrite(config.rewrite, config.block_zones)
         if rewrite is not None:
-            # A query it changed, passed on by the rest, gets the kubernetes block's own answer
-            # (whichever responder serves then), never a cached one: serve/rewrite.py says why.
-            rewrite.kubernetes = lambda request: self.responder.answer(request)
             handlers.append(rewrite)
         template = make_template(config.template, config.block_zones, self.label, self.lookup)
         if template is not None:
@@ -371,7 +368,7 @@ class DnsServer:
         if handlers and (cache := capping(config.cache)) is not None:
             handlers.append(cache)  # the first replies of those plugins, as its cache caps them
         handlers.sort(key=lambda handler: ORDER.index(handler.name))
-        return handlers, chain(handlers, pass_on) if handlers else None
+        return handlers
 
     def front_changed(self) -> None:
         """A plugin before `kubernetes` answers differently now: no cached reply holds."""
@@ -425,7 +422,7 @@ class DnsServer:
         front = (config.hosts, config.template, config.rewrite, config.cache, config.block_zones)
         if (old.hosts, old.template, old.rewrite, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
-            self.front_handlers, self.front = self.make_front(config)
+            self.front_handlers = self.make_front(config)
         if replaced:
             self.replaced(replaced)
         previous = self.responder

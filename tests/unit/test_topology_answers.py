@@ -14,9 +14,11 @@ import pytest
 from tests.differential import Frontends, frame, reference_reply
 from tests.helpers import config_of, snapshot_of
 from tests.objects import forwarder_service, headless, namespace, pod_locator, service
+from tests.unit.test_hosts import hosts_of
 from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
+from toposdns.serve.chain import Request
 from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.source.snapshot_file import load_records
 from toposdns.store.builder import StoreBuilder, build_snapshot
@@ -24,6 +26,7 @@ from toposdns.store.convert import convert_object
 from toposdns.store.model import PodLocator
 from toposdns.store.topology import TurnCounts
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
+from toposdns.wire.decode import decode_query
 
 NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
 NODE_B = {"kubernetes.io/hostname": "node-b", "topology.kubernetes.io/zone": "z1"}
@@ -653,6 +656,37 @@ def test_weighted_a_replies_take_turns_through_autopath() -> None:
         served.append(addresses(reply))
     zone, other = ["10.3.0.1", "10.3.0.2"], ["10.1.0.1", "10.3.0.1", "10.3.0.2"]
     assert served == [zone, zone, other, zone, zone]  # 80,20: "*" has the third turn
+
+
+def test_weighted_a_replies_take_turns_behind_a_plugin(tmp_path: Path) -> None:
+    # With a plugin before kubernetes (hosts), a miss is made by the cache-filling path and a
+    # query with options by the kubernetes handler: each takes its turn, as a hit does.
+    responder = Responder(
+        CONFIG, SOFT_SNAPSHOT, plugins=[hosts_of(tmp_path, "192.0.2.1 other\n", fallthrough=((),))]
+    )
+    turns = TurnCounts()
+    rng = random.Random(5)
+    for turn in range(40):
+        data = weighted_query(rng)
+        want = reference_reply(data, UDP4, "127.0.0.4", SOFT_SNAPSHOT, CONFIG, turns=turns)
+        assert responder.respond(data, UDP4, "127.0.0.4") == want, turn
+
+
+def test_the_kubernetes_handler_takes_turns_too() -> None:
+    # What the chain's kubernetes handler answers itself (a query the cache does not make)
+    # takes the next turn of the same rotation as the cache's replies.
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    served = []
+    for _ in range(5):
+        data = bytes(dnslib.DNSRecord.question("weighted.shop.svc.cluster.local").pack())
+        request = Request(decode_query(data), data, UDP4, "127.0.0.4")
+        reply = responder.kubernetes.serve(request, lambda passed: None)
+        assert isinstance(reply, bytes)
+        served.append(addresses(dnslib.DNSRecord.parse(reply)))
+    zone, everyone = ["10.3.0.1", "10.3.0.2"], ["10.1.0.1", "10.3.0.1", "10.3.0.2"]
+    assert served == [zone, zone, everyone, zone, zone]
+    # The cache's next reply is the sixth turn: the zone's (80,20: "*" has the third and eighth).
+    assert addresses(ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")) == zone
 
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "topology-soft.yaml"

@@ -79,6 +79,7 @@ from toposdns.options import (
     seconds,
     sets,
 )
+from toposdns.serve.chain import Next, Reply, Request, failed
 from toposdns.serve.connections import EXPIRE, Connections, tls_context
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache, Refresher
 from toposdns.serve.loop import LoopGuard
@@ -96,6 +97,7 @@ from toposdns.serve.upstream import (
 from toposdns.wire.codes import (
     AAAA,
     AD,
+    ANY,
     CNAME,
     FORMERR,
     NS,
@@ -109,13 +111,14 @@ from toposdns.wire.codes import (
     Name,
 )
 from toposdns.wire.decode import question_end, read_name, record_spans
-from toposdns.wire.encode import truncate
+from toposdns.wire.encode import encode_bare, encode_minimal_any, encode_opt, truncate
 from toposdns.wire.records import RR, name_text
 
 __all__ = [
     "FORWARD",
     "ForwardOptions",
     "Forwarder",
+    "Forwarding",
     "Upstream",
     "answer_records",
     "build_query",
@@ -753,6 +756,46 @@ class Forwarder:
             return whole, whole_message
         finally:
             self.loops.answered(qid, question)
+
+
+class Forwarding:
+    """CoreDNS's `forward` (with its `cache`) in a server block's chain, the kubernetes block's
+    too (where it gets the names outside the zones and those that fall through)."""
+
+    name = "forward"
+
+    def __init__(self, forwarder: Forwarder, hits: list[int] | None = None) -> None:
+        self.forwarder = forwarder
+        #: Where the forward cache's hits of clients' queries count (the server's `cache`
+        #: metrics, serve/query_metrics.py), when it counts them.
+        self.hits = hits
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        forwarder = self.forwarder
+        query = request.query
+        if not forwarder.admits(request.source):
+            # Outside `--forward-allow`, as CoreDNS's `acl` block in front would refuse it.
+            request.written_by = "acl"
+            return encode_bare(query, REFUSED)
+        if query.qtype == ANY and not request.upstream_any:
+            request.written_by = "any"  # serve/any.py: RFC 8482's reply, not the upstreams'
+            return encode_minimal_any(query)
+        if forwarder.scoped and not forwarder.forwards(query.name):
+            return next(request)  # outside FROM, or under `except`: as CoreDNS's match
+        return self.relayed(request)
+
+    async def relayed(self, request: Request) -> bytes | None:
+        """The upstream's reply, or the rcode the forwarder gives when there is none."""
+        query = request.query
+        try:
+            opt = encode_opt(query.edns) if query.edns is not None else b""
+            reply = await self.forwarder.forward(
+                request.data, request.transport.tcp, request.limit, opt, self.hits
+            )
+        except Exception:
+            return failed(query)
+        # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
+        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
 
 def cache_key(data: bytes, end: int, edns: bool) -> bytes:
