@@ -37,6 +37,14 @@ def is_canonical_ipv4(text: str) -> bool:
     return True
 
 
+def _written_canonically(text: str) -> bool:
+    """True if `text` is an address in canonical form; False for any other text."""
+    try:
+        return canonical_ip(text) == text
+    except ValueError:
+        return False
+
+
 #: The key under which a locator's `labels` carry its `nodeName`: "same node" compares node names,
 #: as kube-proxy does, and not the kubernetes.io/hostname label, which differs on some clouds.
 #: Not a valid label key, so no node label can take its place.
@@ -129,6 +137,23 @@ class EndpointSlice:
     service: str
     ports: tuple[Port, ...]
     endpoints: tuple[Endpoint, ...]
+    #: True when every address is written in canonical form (as good as every slice): the
+    #: snapshot then finds an address in it by equality, without parsing the others.
+    canonical: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        canonical = all(
+            _written_canonically(address)
+            for endpoint in self.endpoints
+            for address in endpoint.addresses
+        )
+        object.__setattr__(self, "canonical", canonical)
+
+    def holding(self, ip: str) -> list[tuple[Endpoint, str]]:
+        """(endpoint, address as written) of each address whose canonical form is `ip`."""
+        if self.canonical:
+            return [(ep, a) for ep in self.endpoints for a in ep.addresses if a == ip]
+        return [(ep, a) for ep in self.endpoints for a in ep.addresses if canonical_ip(a) == ip]
 
 
 @dataclass(frozen=True, slots=True)
