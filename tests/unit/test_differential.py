@@ -467,7 +467,15 @@ class Cluster:
         old = eps.endpoints[i]
         v6 = ":" in old.addresses[0]
         pool = (BIG_V6 + ENDPOINT_V6) if v6 else (BIG_V4 + ENDPOINT_V4)
-        endpoint = replace(old, addresses=(self.rng.choice(pool),))
+        endpoint = Endpoint(
+            (self.rng.choice(pool),),
+            old.hostname,
+            old.pod_name,
+            old.node_name,
+            old.zone,
+            old.hint_zones,
+            old.hint_nodes,
+        )
         endpoints = eps.endpoints[:i] + (endpoint,) + eps.endpoints[i + 1 :]
         return self.put(replace(eps, endpoints=endpoints))
 

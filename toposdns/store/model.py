@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from socket import AF_INET, inet_pton
 
 
@@ -112,20 +112,90 @@ class Service:
     topology_weights: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One ready endpoint of an EndpointSlice."""
+    """One ready endpoint of an EndpointSlice; immutable, compared and hashed by its fields.
 
-    addresses: tuple[str, ...]
-    hostname: str = ""
+    Not a dataclass, to be smaller: a cluster holds one per pod behind a Service. Its one
+    address (nearly always one) is held without a tuple around it, and its two hint lists,
+    nearly always absent, in one slot: 56 bytes less each, 8 MB at 150,000 endpoints."""
+
+    __slots__ = ("_addresses", "hostname", "pod_name", "node_name", "zone", "_hints")
+    _addresses: str | tuple[str, ...]
+    hostname: str
     #: `targetRef.name` when the target is a Pod (used by `--endpoint-pod-names`).
-    pod_name: str = ""
-    node_name: str = ""
-    zone: str = ""
-    #: `hints.forZones[].name`; None when the endpoint carries no zone hint.
-    hint_zones: tuple[str, ...] | None = None
-    #: `hints.forNodes[].name`; None when the endpoint carries no node hint.
-    hint_nodes: tuple[str, ...] | None = None
+    pod_name: str
+    node_name: str
+    zone: str
+    _hints: tuple[tuple[str, ...] | None, tuple[str, ...] | None] | None
+
+    def __init__(
+        self,
+        addresses: tuple[str, ...],
+        hostname: str = "",
+        pod_name: str = "",
+        node_name: str = "",
+        zone: str = "",
+        hint_zones: tuple[str, ...] | None = None,
+        hint_nodes: tuple[str, ...] | None = None,
+    ) -> None:
+        put = object.__setattr__
+        put(self, "_addresses", addresses[0] if len(addresses) == 1 else tuple(addresses))
+        put(self, "hostname", hostname)
+        put(self, "pod_name", pod_name)
+        put(self, "node_name", node_name)
+        put(self, "zone", zone)
+        hints = None if hint_zones is None and hint_nodes is None else (hint_zones, hint_nodes)
+        put(self, "_hints", hints)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Its addresses, as written."""
+        held = self._addresses
+        return (held,) if isinstance(held, str) else held
+
+    @property
+    def hint_zones(self) -> tuple[str, ...] | None:
+        """`hints.forZones[].name`; None when the endpoint carries no zone hint."""
+        return None if self._hints is None else self._hints[0]
+
+    @property
+    def hint_nodes(self) -> tuple[str, ...] | None:
+        """`hints.forNodes[].name`; None when the endpoint carries no node hint."""
+        return None if self._hints is None else self._hints[1]
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.addresses,
+            self.hostname,
+            self.pod_name,
+            self.node_name,
+            self.zone,
+            self.hint_zones,
+            self.hint_nodes,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Endpoint):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        names = ("addresses", "hostname", "pod_name", "node_name", "zone", "hint_zones")
+        values = zip((*names, "hint_nodes"), self._fields(), strict=True)
+        return f"Endpoint({', '.join(f'{name}={value!r}' for name, value in values)})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[type[Endpoint], tuple[object, ...]]:
+        # By the constructor: the default would set the slots through __setattr__.
+        return Endpoint, self._fields()
 
 
 @dataclass(frozen=True, slots=True)
