@@ -7,7 +7,7 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
-from toposdns.store.model import Endpoint, EndpointSlice, Port
+from toposdns.store.model import NODE_NAME, Endpoint, EndpointSlice, PodLocator, Port
 
 # (constructor arguments, the fields read back)
 ENDPOINTS = [
@@ -67,3 +67,51 @@ def test_slice_knows_whether_its_addresses_are_canonical() -> None:
     assert canonical.holding("fd00::1") == [(canonical.endpoints[0], "fd00::1")]
     assert written.holding("fd00::1") == [(written.endpoints[1], "FD00::1")]
     assert pickle.loads(pickle.dumps(written)).canonical is False
+
+
+LOCATORS = [
+    (("a", "p", ("10.1.0.1",), "n1", {"k": "v"}), ("10.1.0.1",)),
+    (("a", "p", ("10.1.0.1", "fd00::1"), "n1", {"k": "v"}), ("10.1.0.1", "fd00::1")),
+    (("t", "n1", (), "n1", {}, True, ("10.244.3.0/24",), "shop"), ()),
+]
+
+
+@pytest.mark.parametrize(("args", "addresses"), LOCATORS)
+def test_locator_reads_back_what_it_was_given(
+    args: tuple[object, ...], addresses: tuple[str, ...]
+) -> None:
+    loc = PodLocator(*args)  # type: ignore[arg-type]
+    assert loc.addresses == addresses
+    assert (loc.namespace, loc.name, loc.node_name, loc.node_labels) == (
+        args[0],
+        args[1],
+        args[3],
+        args[4],
+    )
+    assert loc.labels == {**args[4], NODE_NAME: args[3]}  # type: ignore[dict-item]
+    same = PodLocator(*args)  # type: ignore[arg-type]
+    assert loc == same and hash(loc) == hash(same)
+    copy = pickle.loads(pickle.dumps(loc, pickle.HIGHEST_PROTOCOL))
+    assert copy == loc and copy.labels == loc.labels
+    assert loc.replace() == loc and loc.replace(name="q") != loc
+    assert loc.replace(addresses=("10.9.0.1",)).addresses == ("10.9.0.1",)
+    assert repr(loc).startswith(f"PodLocator(namespace={args[0]!r}, name=")
+    with pytest.raises(FrozenInstanceError):
+        loc.name = "q"
+
+
+def test_locator_differs_in_any_field_but_its_derived_labels() -> None:
+    base = PodLocator("a", "p", ("10.1.0.1",), "n1", {"k": "v"}, False, (), "shop")
+    others = [
+        base.replace(namespace="b"),
+        base.replace(name="q"),
+        base.replace(addresses=("10.1.0.2",)),
+        base.replace(addresses=()),
+        base.replace(node_name="n2"),
+        base.replace(node_labels={"k": "w"}),
+        base.replace(is_node=True),
+        base.replace(cidrs=("10.244.3.0/24",)),
+        base.replace(pod_namespace=""),
+    ]
+    assert all(base != other for other in others)
+    assert base.namespace_of_pod == "shop" and others[-1].namespace_of_pod == "a"
