@@ -178,7 +178,15 @@ class Endpoint:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Endpoint):
             return NotImplemented
-        return self._fields() == other._fields()
+        # The slots as held (a relist compares every endpoint): one address is held alike.
+        return (
+            self._addresses == other._addresses
+            and self.pod_name == other.pod_name
+            and self.node_name == other.node_name
+            and self.zone == other.zone
+            and self.hostname == other.hostname
+            and self._hints == other._hints
+        )
 
     def __hash__(self) -> int:
         return hash(self._fields())
@@ -321,7 +329,16 @@ class PodLocator:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PodLocator):
             return NotImplemented
-        return self._fields() == other._fields()
+        return (
+            self.name == other.name
+            and self._addresses == other._addresses
+            and self.namespace == other.namespace
+            and self.node_name == other.node_name
+            and self.node_labels == other.node_labels
+            and self.is_node == other.is_node
+            and self.cidrs == other.cidrs
+            and self.pod_namespace == other.pod_namespace
+        )
 
     def __hash__(self) -> int:
         # Its labels are a dict: hashed by what identifies it (equal locators agree on it).
