@@ -1,8 +1,8 @@
 """The reference path for differential tests: what the server must answer, with no cache at all.
 
-`reference_reply` decodes, routes (serve/responder.py `route`, the one first step of every
+`reference_reply` decodes, routes (serve/kubernetes.py `route`, the one first step of every
 query), places the client (serve/placement.py's rule, with nothing remembered), resolves and
-encodes, with the same primitives and in the same order as serve/responder.py's `decoded()`
+encodes, with the same primitives and in the same order as the kubernetes block's chain
 (without a forwarder), but never through the Responder, so that every cache and fast path of
 the real frontends can be checked against it byte for byte. `reference_relayed` does the same
 for a server that forwards to a fake upstream of fixed records, with autopath and
@@ -25,18 +25,15 @@ from toposdns.resolve.client import Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.blocks import Blocks
 from toposdns.serve.chain import Next, Reply, Request
+from toposdns.serve.kubernetes import BADVERS, REFUSE, UPSTREAMS, route
 from toposdns.serve.placement import Placer
 from toposdns.serve.responder import (
-    BADVERS,
-    REFUSE,
     TCP4,
     TCP6,
     UDP4,
     UDP6,
-    UPSTREAMS,
     Responder,
     Transport,
-    route,
 )
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol

@@ -34,6 +34,7 @@ from toposdns.resolve.autopath import (
 )
 from toposdns.resolve.autopath import walk as walk_names
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.chain import Next, Reply, Request, failed
 from toposdns.serve.placement import Placer
 from toposdns.serve.transport import Transport
 from toposdns.store.snapshot import Snapshot
@@ -78,7 +79,10 @@ class Relay(Protocol):
 
 class AutoPath:
     """Completes search paths from the snapshot being served and, for the names outside the
-    zones, the upstreams (`relay`; None without any)."""
+    zones, the upstreams (`relay`; None without any). It is the `autopath` handler of the
+    kubernetes block's chain: a query it does not complete goes on to the plugins after it."""
+
+    name = "autopath"
 
     def __init__(
         self,
@@ -96,6 +100,15 @@ class AutoPath:
         self.relay = relay
         #: Called for each name found (`coredns_autopath_success_total`).
         self.count = count
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        try:
+            completion = self.complete(
+                request.data, request.query, request.transport, request.source
+            )
+        except Exception:
+            return failed(request.query)
+        return next(request) if completion is None else completion
 
     def complete(
         self, data: bytes, query: Query, transport: Transport, source: str
