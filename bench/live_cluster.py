@@ -41,6 +41,8 @@ class Sizes:
     #: Node locators carry their node's /24 and no pod has a locator of its own (node_ranges
     #: implied); `locators` still counts the pods.
     cidr_locators: bool = False
+    #: The fewest and most ready endpoints of an EndpointSlice (drawn uniformly).
+    per_slice: tuple[int, int] = (3, 10)
 
 
 @dataclass
@@ -127,7 +129,7 @@ def generate(sizes: Sizes, seed: int) -> Cluster:
     for i in range(sizes.slices):
         svc = cluster.services[i % sizes.services]
         room = None if wanted is None else wanted - len(cluster.pods)
-        eps, locators = slice_object(svc, nodes, address, room, rng)
+        eps, locators = slice_object(svc, nodes, address, room, rng, sizes.per_slice)
         cluster.slices.append(eps)
         cluster.locators += locators
         cluster.endpoint_pods += len(eps["endpoints"])
@@ -223,13 +225,14 @@ def slice_object(
     address: Callable[[NodeInfo], str],
     room: int | None,
     rng: random.Random,
+    per_slice: tuple[int, int] = (3, 10),
 ) -> tuple[JSON, list[JSON]]:
-    """A slice of 3-10 ready endpoints of `svc`, pods addressed by `address`, and a
+    """A slice of `per_slice` (3-10) ready endpoints of `svc`, pods addressed by `address`, and a
     PodLocator for each of its pods while `room` (None: no limit) allows."""
     ns, name = namespace(svc), svc["metadata"]["name"]
     endpoints: list[JSON] = []
     locators: list[JSON] = []
-    for _ in range(rng.randint(3, 10)):
+    for _ in range(rng.randint(*per_slice)):
         node = nodes[rng.randrange(len(nodes))]
         pod = f"{name}-{_suffix(rng, 10)}-{_suffix(rng)}"
         ip = address(node)

@@ -265,6 +265,20 @@ SOFT_VALUES: tuple[tuple[str, ...], ...] = (
 )
 
 
+def moved(locator: PodLocator, node: str, labels: dict[str, str]) -> PodLocator:
+    """The locator on another node, or with other node labels."""
+    return PodLocator(
+        locator.namespace,
+        locator.name,
+        locator.addresses,
+        node,
+        labels,
+        locator.is_node,
+        locator.cidrs,
+        locator.pod_namespace,
+    )
+
+
 class Cluster:
     """A random cluster kept in a StoreBuilder, changed at random one object at a time."""
 
@@ -479,7 +493,15 @@ class Cluster:
         old = eps.endpoints[i]
         v6 = ":" in old.addresses[0]
         pool = (BIG_V6 + ENDPOINT_V6) if v6 else (BIG_V4 + ENDPOINT_V4)
-        endpoint = replace(old, addresses=(self.rng.choice(pool),))
+        endpoint = Endpoint(
+            (self.rng.choice(pool),),
+            old.hostname,
+            old.pod_name,
+            old.node_name,
+            old.zone,
+            old.hint_zones,
+            old.hint_nodes,
+        )
         endpoints = eps.endpoints[:i] + (endpoint,) + eps.endpoints[i + 1 :]
         return self.put(replace(eps, endpoints=endpoints))
 
@@ -496,7 +518,7 @@ class Cluster:
             return None
         locator = self.rng.choice(pods)
         node = self.rng.choice(NODES)
-        return self.put(replace(locator, node_name=node, node_labels=self.labels_of(node)))
+        return self.put(moved(locator, node, self.labels_of(node)))
 
     def relabel_node(self) -> str:
         """New labels for a node (a new zone, say), and so for every locator on it."""
@@ -504,7 +526,7 @@ class Cluster:
         self.nodes[node] = self.random_node_labels(node)  # a new dict: snapshots keep the old
         for locator in self.stored(PodLocator):
             if locator.node_name == node:
-                self.put(replace(locator, node_labels=self.labels_of(node)))
+                self.put(moved(locator, locator.node_name, self.labels_of(node)))
         return f"relabel {node}: {self.nodes[node]}"
 
     def publish(self, serial: int) -> Snapshot:

@@ -836,7 +836,7 @@ class _Lookup:
         done: set[int] = set()
         for own in () if self.cfg.noendpoints else self.cfg.ns_addresses:
             self.depends.add(("ip", canonical_ip(own)))
-            for eps, _ep, _address in self.snap.endpoint_ips.get(canonical_ip(own), ()):
+            for eps, _ep, _address in self.snap.endpoints_at(canonical_ip(own)):
                 self.depends.add(("svc", eps.namespace, eps.service))
                 svc = self.snap.services.get((eps.namespace, eps.service))
                 if svc is None or id(eps) in done:
@@ -990,7 +990,7 @@ class _Lookup:
             pod_names = self.cfg.endpoint_pod_names
             # Each distinct target takes a record (its name compressed to a pointer at least).
             most = self.room // (_RR_LEAST + 2) + 1
-            for eps, ep, address in self.snap.endpoint_ips.get(ip, ()):
+            for eps, ep, address in self.snap.endpoints_at(ip):
                 if listed and eps.namespace not in listed:
                     continue
                 hostname = endpoint_hostname(ep, address, pod_names)
