@@ -18,6 +18,8 @@ SOA_SERIAL = 1
 REGION = "region-1"
 ZONES = ("zone-a", "zone-b", "zone-c")
 TOPOLOGY_KEYS = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
+#: The soft variant's weights between those tiers (docs/topology.md, "Soft topology").
+SOFT_WEIGHTS = {"toposdns.io/topology-weights": "80,15,5"}
 #: The first EDNS Client Subnet address; client i of the ECS scenario is this + i.
 ECS_BASE = ipaddress.IPv4Address("172.20.0.1")
 
@@ -109,6 +111,17 @@ def ecs_clients(cluster: Cluster) -> dict[str, Node]:
     return {str(ECS_BASE + i): node for i, node in enumerate(cluster.nodes)}
 
 
+def tier_answers(service: Service, node: Node) -> set[frozenset[str]]:
+    """What each tier of [hostname, zone, "*"] answers a client on `node` with its own endpoints
+    (the soft variant rotates among them): those that have any."""
+    tiers = (
+        [ep.ip for ep in service.endpoints if ep.node == node],
+        [ep.ip for ep in service.endpoints if ep.node.zone == node.zone],
+        [ep.ip for ep in service.endpoints],
+    )
+    return {frozenset(tier) for tier in tiers if tier}
+
+
 def topology_answer(service: Service, node: Node) -> frozenset[str]:
     """What [hostname, zone, "*"] gives a client on `node`: the first tier with endpoints."""
     for tier in (
@@ -124,17 +137,21 @@ def topology_answer(service: Service, node: Node) -> frozenset[str]:
 
 
 def snapshot_objects(
-    cluster: Cluster, topology: bool = False, clients: Mapping[str, Node] | None = None
+    cluster: Cluster,
+    topology: bool = False,
+    clients: Mapping[str, Node] | None = None,
+    soft: bool = False,
 ) -> JSON:
     """The cluster as a Kubernetes `kind: List` of the objects toposdns reads.
 
-    With `topology`, every service asks for [hostname, zone, "*"]. `clients` (address -> node)
+    With `topology`, every service asks for [hostname, zone, "*"] (with `soft`, weighted
+    `SOFT_WEIGHTS` between them). `clients` (address -> node)
     adds a PodLocator per address that places a client (a querying address, or an ECS address)
     on that node.
     """
     items: list[JSON] = [namespace(ns) for ns in cluster.namespaces]
     for svc in cluster.services:
-        items.append(service_object(svc, topology))
+        items.append(service_object(svc, topology, soft))
         items.append(slice_object(svc))
         items.extend(
             locator_object(ep.pod, svc.namespace, ep.ip, ep.node, "pod") for ep in svc.endpoints
@@ -145,10 +162,11 @@ def snapshot_objects(
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
-def service_object(svc: Service, topology: bool) -> JSON:
+def service_object(svc: Service, topology: bool, soft: bool = False) -> JSON:
     return service(
         svc.name,
         svc.namespace,
+        annotations=SOFT_WEIGHTS if soft else None,
         cluster_ip="None",
         ports=[{"name": "http", "port": 80, "targetPort": 80}],
         selector={"app": svc.name},

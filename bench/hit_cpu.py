@@ -49,6 +49,7 @@ CASES = (
     ("repeated", "toposdns-metrics"),
     ("repeated", "toposdns-loadbalance"),
     ("repeated", "toposdns-topology"),
+    ("repeated", "toposdns-soft"),
     ("random-case", "knot"),
     ("random-case", "toposdns"),
     ("random-case", "toposdns-loadbalance"),

@@ -41,9 +41,8 @@ class Sizes:
     #: Node locators carry their node's /24 and no pod has a locator of its own (node_ranges
     #: implied); `locators` still counts the pods.
     cidr_locators: bool = False
-    #: The fewest and most ready endpoints of a slice (10-20 makes ~15 per slice, 150,000 in
-    #: 10,000 slices, as in Kubernetes' 5,000-node test).
-    endpoints: tuple[int, int] = (3, 10)
+    #: The fewest and most ready endpoints of an EndpointSlice (drawn uniformly).
+    per_slice: tuple[int, int] = (3, 10)
 
 
 @dataclass
@@ -96,8 +95,7 @@ def generate(sizes: Sizes, seed: int) -> Cluster:
     """A deterministic cluster.
 
     Services round-robin over the namespaces, every `headless_every`th one headless, port
-    http/80->8080. EndpointSlice i belongs to service i % services and has `sizes.endpoints`
-    (3-10 by default) ready endpoints,
+    http/80->8080. EndpointSlice i belongs to service i % services and has 3-10 ready endpoints,
     each a pod on a random node (nodeName and zone set). Pod locators carry their node's three
     labels; node locators (label toposdns.io/locator: node) live in namespace `toposdns`.
     """
@@ -131,7 +129,7 @@ def generate(sizes: Sizes, seed: int) -> Cluster:
     for i in range(sizes.slices):
         svc = cluster.services[i % sizes.services]
         room = None if wanted is None else wanted - len(cluster.pods)
-        eps, locators = slice_object(svc, nodes, address, room, rng, sizes.endpoints)
+        eps, locators = slice_object(svc, nodes, address, room, rng, sizes.per_slice)
         cluster.slices.append(eps)
         cluster.locators += locators
         cluster.endpoint_pods += len(eps["endpoints"])
@@ -227,14 +225,14 @@ def slice_object(
     address: Callable[[NodeInfo], str],
     room: int | None,
     rng: random.Random,
-    endpoints_range: tuple[int, int] = (3, 10),
+    per_slice: tuple[int, int] = (3, 10),
 ) -> tuple[JSON, list[JSON]]:
-    """A slice of `endpoints_range` (fewest, most) ready endpoints of `svc`, pods addressed
-    by `address`, and a PodLocator for each of its pods while `room` (None: no limit) allows."""
+    """A slice of `per_slice` (3-10) ready endpoints of `svc`, pods addressed by `address`, and a
+    PodLocator for each of its pods while `room` (None: no limit) allows."""
     ns, name = namespace(svc), svc["metadata"]["name"]
     endpoints: list[JSON] = []
     locators: list[JSON] = []
-    for _ in range(rng.randint(*endpoints_range)):
+    for _ in range(rng.randint(*per_slice)):
         node = nodes[rng.randrange(len(nodes))]
         pod = f"{name}-{_suffix(rng, 10)}-{_suffix(rng)}"
         ip = address(node)

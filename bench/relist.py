@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> JSON:
     log(f"generating objects ({args.placement})")
     sizes = Sizes(args.services, args.slices, args.nodes, args.namespaces, args.pods,
                   node_ranges=True, cidr_locators=args.placement == "cidrs",
-                  endpoints=args.endpoints)  # fmt: skip
+                  per_slice=args.endpoints)  # fmt: skip
     cluster = generate(sizes, args.seed)
     for svc in cluster.services:
         if svc["spec"]["clusterIP"] == "None":

@@ -52,6 +52,7 @@ from bench.cluster import (
     knot_conf,
     snapshot_objects,
     srv_weight,
+    tier_answers,
     topology_answer,
     zone_text,
 )
@@ -75,6 +76,7 @@ SCENARIOS = ("repeated", "distinct", "ecs", "cookie")
 #: toposdns variants measured against the plain one in the repeated scenario.
 VARIANTS = {
     "toposdns-topology": "topology filtering on",
+    "toposdns-soft": "soft topology on (weights 80,15,5 between the tiers)",
     "toposdns-metrics": "metrics on",
     "toposdns-loadbalance": "--loadbalance on",
     "toposdns-unbatched": "--udp-batch off",
@@ -173,10 +175,14 @@ def verify_repeated(
     bad = 0
     for svc in sample:
         for name, port in ports.items():
-            topology = name == "toposdns-topology"
+            topology = name in ("toposdns-topology", "toposdns-soft")
             want = topology_answer(svc, cluster.nodes[0]) if topology else svc_ips(svc)
             got = ask(port, dns.message.make_query(svc.fqdn, "A"))
-            if got != ("NOERROR", want):
+            if name == "toposdns-soft":  # any tier's own endpoints, by the rotation's turn
+                tiers = tier_answers(svc, cluster.nodes[0])
+                if got[0] != "NOERROR" or got[1] not in tiers:
+                    bad += mismatch(f"{name} {svc.fqdn} A", got, tiers)
+            elif got != ("NOERROR", want):
                 bad += mismatch(f"{name} {svc.fqdn} A", got, want)
             if srv and not topology:
                 weight = srv_weight(len(svc.endpoints))
@@ -251,6 +257,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> Setup:
     snapshots = {
         "snapshot.json": snapshot_objects(cluster),
         "snapshot-topology.json": snapshot_objects(cluster, True, {CLIENT: cluster.nodes[0]}),
+        "snapshot-soft.json": snapshot_objects(cluster, True, {CLIENT: cluster.nodes[0]}, True),
         "snapshot-ecs.json": snapshot_objects(cluster, True, clients),
     }
     for name, doc in snapshots.items():
@@ -337,6 +344,7 @@ def server_commands(
         "toposdns-ecs": toposdns("snapshot-ecs.json", base + 5, "--ecs-trust", ECS_TRUST),
         "toposdns-loadbalance": toposdns("snapshot.json", base + 6, "--loadbalance"),
         "toposdns-unbatched": toposdns("snapshot.json", base + 7, "--udp-batch", "off"),
+        "toposdns-soft": toposdns("snapshot-soft.json", base + 8),
     }
 
 

@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> JSON:
             args.locators,
             node_ranges=bool(placement),
             cidr_locators=placement == "cidrs",
+            per_slice=args.per_slice,
         )
         cluster = generate(sizes, args.seed)
         objects = {k: len(v) for k, v in cluster.by_resource().items()}
@@ -158,6 +159,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slices", type=int, default=10_000)
     p.add_argument("--nodes", type=int, default=5_000, help="nodes (one node locator each)")
     p.add_argument("--namespaces", type=int, default=50)
+    p.add_argument(
+        "--per-slice", default="3,10", help="fewest,most ready endpoints of a slice (%(default)s)"
+    )
     p.add_argument("--queries", type=int, default=10_000, help="Services asked after ready")
     p.add_argument("--settle", type=float, default=2.0, help="seconds after ready before PSS")
     p.add_argument(
@@ -182,6 +186,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.workers = [int(n) for n in args.workers.split(",")]
     except ValueError:
         p.error(f"--workers {args.workers!r}: expected numbers, e.g. 1,2,4")
+    try:
+        low, high = (int(n) for n in args.per_slice.split(","))
+    except ValueError:
+        p.error(f"--per-slice {args.per_slice!r}: expected MIN,MAX, e.g. 3,10")
+    args.per_slice = (low, high)
+    if not 1 <= low <= high:
+        p.error(f"--per-slice {args.per_slice!r}: expected 1 <= MIN <= MAX")
     args.placement = [kind for kind in args.placement.split(",") if kind]
     if set(args.placement) - {"pods", "cidrs"}:
         p.error(f"--placement {args.placement!r}: expected pods, cidrs or both")

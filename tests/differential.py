@@ -1,8 +1,8 @@
 """The reference path for differential tests: what the server must answer, with no cache at all.
 
-`reference_reply` decodes, routes (serve/responder.py `route`, the one first step of every
+`reference_reply` decodes, routes (serve/kubernetes.py `route`, the one first step of every
 query), places the client (serve/placement.py's rule, with nothing remembered), resolves and
-encodes, with the same primitives and in the same order as serve/responder.py's `decoded()`
+encodes, with the same primitives and in the same order as the kubernetes block's chain
 (without a forwarder), but never through the Responder, so that every cache and fast path of
 the real frontends can be checked against it byte for byte. `reference_relayed` does the same
 for a server that forwards to a fake upstream of fixed records, with autopath and
@@ -25,23 +25,20 @@ from toposdns.resolve.client import Network
 from toposdns.resolve.resolver import ResolverConfig, match_zone, resolve
 from toposdns.serve.blocks import Blocks
 from toposdns.serve.chain import Next, Reply, Request
+from toposdns.serve.kubernetes import BADVERS, REFUSE, UPSTREAMS, route
 from toposdns.serve.placement import Placer
 from toposdns.serve.responder import (
-    BADVERS,
-    REFUSE,
     TCP4,
     TCP6,
     UDP4,
     UDP6,
-    UPSTREAMS,
     Responder,
     Transport,
-    route,
 )
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, A, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (
@@ -78,12 +75,16 @@ def reference_reply(
     ecs_trust: Sequence[Network] = (),
     max_udp_size: int = MAX_UDP_SIZE,
     blocks: Blocks | None = None,
+    turns: TurnCounts | None = None,
 ) -> bytes | None:
     """The reply a server without a forwarder owes to `data` from `source`, or None for none;
     with `blocks`, a name of another server block's zone gets that block's reply, and one of
     no block's REFUSED.
 
     Where the server answers an internal error with SERVFAIL, this raises: that is a bug to see.
+
+    `turns` holds where each rotation of topology weights stands: give the same one to every
+    query the server is asked, in the order it is asked them.
     """
     routed = first_step(data, config, max_udp_size, forwarding=False, blocks=blocks)
     if not isinstance(routed, tuple):
@@ -101,7 +102,7 @@ def reference_reply(
     # The server's one placement rule, with nothing remembered: a new Placer per query.
     subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs is not None else None
     labels, via_ecs = Placer(tuple(ecs_trust), snapshot).place(source, subnet)
-    answer = resolve(query.name, query.qtype, snapshot, config, labels)
+    answer = resolve(query.name, query.qtype, snapshot, config, labels, turns=turns)
     tcp, fragment_limit = LIMITS[transport]
     limit = MAX_TCP_SIZE if tcp else udp_limit(query.edns)
     # RFC 7871 §7.2.1: the scope is the source prefix only if the answer depended on it.
@@ -174,11 +175,13 @@ def reference_relayed(
     ecs_trust: Sequence[Network],
     upstream: UpstreamRecords,
     search: tuple[Name, ...],
+    turns: TurnCounts | None = None,
 ) -> bytes | dnslib.DNSRecord | None:
     """The reply a server owes to `data` when it forwards to an upstream that answers from
     `upstream`, with `--autopath` (the node's search domains: `search`) and `--fallthrough`:
     bytes where the zones alone answer (compared byte for byte), or the whole message a client
-    relies on where an upstream or autopath had a hand in it (compared with `relied_on`)."""
+    relies on where an upstream or autopath had a hand in it (compared with `relied_on`);
+    `turns` as `reference_reply` takes it."""
     routed = first_step(data, config, MAX_UDP_SIZE, forwarding=True)
     if not isinstance(routed, tuple):
         return routed
@@ -190,12 +193,12 @@ def reference_relayed(
     locator, _ = placer.locate(source, subnet)
     if locator is not None and not locator.is_node and query.qclass == CLASS_IN:
         walked = autopath(
-            query, locator.namespace, locator.labels, snapshot, config, upstream, search
+            query, locator.namespace, locator.labels, snapshot, config, upstream, search, turns
         )
         if walked is not None:
             return walked
     labels, via_ecs = placer.place(source, subnet)
-    answer = resolve(query.name, query.qtype, snapshot, config, labels)
+    answer = resolve(query.name, query.qtype, snapshot, config, labels, turns=turns)
     if answer.fallthrough:
         return forwarded(query, upstream)
     if answer.chase is not None:
@@ -247,13 +250,14 @@ def autopath(
     config: ResolverConfig,
     upstream: UpstreamRecords,
     search: tuple[Name, ...],
+    turns: TurnCounts | None = None,
 ) -> dnslib.DNSRecord | None:
     """CoreDNS's `autopath @kubernetes` for a pod of `namespace`, or None when the name is not
     below its first search domain: try BASE.<domain> along the search path, then BASE; the
     first name that is not NXDOMAIN answers, its question the name asked and its answer led by
     a CNAME from that name to the owner of its first record named otherwise (cname.go);
     when none is found, the reply to the first name. The domains tried are in lower case, the
-    base keeps the case asked."""
+    base keeps the case asked. `turns`: as `reference_reply` takes it."""
     if query.qtype in (AXFR, IXFR):
         return None
     lower = tuple(label.lower() for label in query.name)
@@ -285,6 +289,8 @@ def autopath(
                     # ExternalName is chased upstream) are all its own: the plain reply, which
                     # the server's reply cache shares with every client.
                     return None
+                if turns is not None:  # a name the walk finds takes its turn
+                    answer = resolve(name, query.qtype, snapshot, config, labels, turns=turns)
                 renamed = query._replace(name=name)
                 wire = (
                     chased(query, name, answer, upstream)

@@ -386,6 +386,8 @@ class FakeApiServer:
         self._item_cache: dict[str, dict[str, tuple[JSON, bytes]]] = {r: {} for r in self.types}
         self._failures: dict[str, list[tuple[int, int]]] = {}
         self._stalled_until = 0.0
+        #: resource -> seconds the next list of it waits before answering
+        self._held_lists: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -548,6 +550,13 @@ class FakeApiServer:
         """
         with self._lock:
             self._stalled_until = max(self._stalled_until, time.monotonic() + seconds)
+
+    def hold_list(self, resource: str, seconds: float) -> None:
+        """The next list of `resource` answers only after `seconds`, with the objects as they
+        are then (an API server slow to list at startup); watches are not held."""
+        rt = self._type_named(resource)
+        with self._lock:
+            self._held_lists[rt.resource] = seconds
 
     def fail_next(self, resource: str, status: int, count: int = 1, retry_after: int = 1) -> None:
         """The next `count` requests for `resource` get `status` with a Status body.
@@ -916,6 +925,9 @@ class FakeApiServer:
             if method == "GET":
                 if _parse_bool(query, "watch"):
                     return await self._watch(request, rt, route.namespace, query)
+                with self._lock:
+                    held = self._held_lists.pop(rt.resource, 0.0)
+                await asyncio.sleep(held)
                 return self._respond(self._list(rt, route.namespace, query))
             if method == "POST" and (rt.custom or rt.writable) and route.namespace is not None:
                 return self._respond(self._create(rt, route.namespace, body), 201)

@@ -29,7 +29,7 @@ import dnslib
 
 MODES = frozenset(
     {"answer", "truncate", "slow", "silent", "close", "midreply", "short", "garbage", "wrong_id"}
-    | {"wrong_question", "relay"}
+    | {"wrong_question", "relay", "servfail", "refused"}
 )
 
 
@@ -101,6 +101,9 @@ class StubUpstream:
         reply = query.reply()
         reply.header.aa = 0  # a recursive resolver's answer
         reply.header.ra = 1
+        if mode in ("servfail", "refused"):  # a failing resolver's bare reply
+            reply.header.rcode = getattr(dnslib.RCODE, mode.upper())
+            return bytes(reply.pack())
         if mode == "wrong_question":
             reply.questions = [dnslib.DNSQuestion("evil.example.")]
             reply.add_answer(*dnslib.RR.fromZone("evil.example. 300 IN A 6.6.6.6"))

@@ -32,6 +32,7 @@ from toposdns.resolve.autopath import AUTOPATH, AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import KUBERNETES, ResolverConfig
 from toposdns.serve.acl import ACL, AclOptions
+from toposdns.serve.any import ANY_PLUGIN, AnyOptions
 from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.cache import CACHE_BOUNDS, CacheBoundOptions
 from toposdns.serve.forward import FORWARD, ForwardOptions, Upstream, resolv_conf_upstreams
@@ -46,8 +47,8 @@ from toposdns.serve.http import (
     ReadyOptions,
 )
 from toposdns.serve.listen import BIND, ListenOptions
+from toposdns.serve.loadbalance import LOADBALANCE, LoadbalanceOptions
 from toposdns.serve.query_log import LOG, LogOptions
-from toposdns.serve.responder import ANY_PLUGIN, AnyOptions
 from toposdns.serve.rewrite import REWRITE, RewriteOptions
 from toposdns.serve.tcp import TCP, TcpOptions
 from toposdns.serve.template import TEMPLATE, TemplateOptions
@@ -56,7 +57,6 @@ from toposdns.source.snapshot_file import SNAPSHOT, SnapshotOptions
 from toposdns.store.placement import EVERY_NAMESPACE
 from toposdns.wire.codes import Name
 from toposdns.wire.encode import BUFSIZE, BufsizeOptions
-from toposdns.wire.shuffle import LOADBALANCE, LoadbalanceOptions
 from toposdns.workers.cpus import usable_cpus
 
 __all__ = ["ConfigError", "PLUGINS", "Reading", "ServeConfig", "ToposdnsOptions"]

@@ -276,11 +276,11 @@ def _soft_text(decision: Decision) -> list[str]:
             for i, priority, group, share in selection.srv
         )
     if selection.rotation:
-        # The shares are worked out; A and AAAA do not rotate by them yet (docs/topology.md).
+        # Each reply takes the next turn of the client's rotation; `answer` below is turn 0's.
         lines.append(
             "  weights for A/AAAA: "
             + ", ".join(f"{share}/{ROTATION}" for share, _ in selection.rotation)
-            + " (not applied yet: A and AAAA answer the nearest tier)"
+            + " of the replies, in turn (the answer below: the first turn's)"
         )
     return lines
 

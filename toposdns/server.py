@@ -39,13 +39,14 @@ from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
-from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain, pass_on
+from toposdns.serve.chain import ORDER, Handler, Next, Reply
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder, forwarder_for, loop_checked
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE, capping
 from toposdns.serve.hosts import Hosts, make_hosts
 from toposdns.serve.http import PATHS, HttpServer, Serving
-from toposdns.serve.listen import ListenOptions, bind_pair
+from toposdns.serve.listen import ListenOptions, bind_pair, server_label
+from toposdns.serve.loop import LoopGuard
 from toposdns.serve.query_log import LoggedTcpProtocol, LoggedUdpProtocol, QueryLog
 from toposdns.serve.query_metrics import AllServers, QueryMetrics
 from toposdns.serve.responder import Responder
@@ -54,12 +55,14 @@ from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.template import make_template
 from toposdns.serve.transport import TCP4, TCP6, UDP4, UDP6, Transport
 from toposdns.serve.udp import UdpProtocol
+from toposdns.serve.upstream import Upstream
 from toposdns.source.kube import KubeSource
 from toposdns.source.snapshot_file import SnapshotFileSource
 from toposdns.store.builder import StoreBuilder
 from toposdns.store.placement import prefix_conflicts
 from toposdns.store.snapshot import Snapshot
 from toposdns.store.topology import invalid_changes
+from toposdns.wire.codes import Name
 from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
@@ -116,12 +119,15 @@ def report_server(config: ServeConfig, port: int, ports: dict[ListenOptions, int
     PLUGIN_ENABLED.clear()
     for zone in config.block_zones:
         for name in plugins(config):
-            PLUGIN_ENABLED.labels(f"dns://:{port}", name_text(zone), "", name).set(1)
+            PLUGIN_ENABLED.labels(
+                server_label(config.bind.host, port), name_text(zone), "", name
+            ).set(1)
     for block in config.blocks:
         if "prometheus" not in block.plugins:
             continue
         address = config.block_address(block)
-        server = f"dns://:{port if address == config.bind else ports.get(address, address.port)}"
+        bound = port if address == config.bind else ports.get(address, address.port)
+        server = server_label(address.host, bound)
         for zone in block.zones:
             for name in block.plugins:
                 PLUGIN_ENABLED.labels(server, name_text(zone), "", name).set(1)
@@ -221,7 +227,7 @@ class PortServer:
         self.resolver = resolver
         blocks = config.servers()[address]
         counted = config.serves_metrics and any("prometheus" in b.plugins for b in blocks)
-        self.metrics = QueryMetrics(f"dns://:{address.port}") if counted else None
+        self.metrics = QueryMetrics(self.label()) if counted else None
         self.logged = config.log.enabled and any("log" in b.plugins for b in blocks)
         #: Where its first block is written, for messages.
         self.place = blocks[0].place
@@ -245,8 +251,8 @@ class PortServer:
         return forwarders, handlers, responder
 
     def label(self) -> str:
-        """The `server` label of its metrics."""
-        return f"dns://:{self.port}"
+        """The `server` label of its metrics: its address, as CoreDNS's."""
+        return server_label(self.address.host, self.port)
 
     def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
         """A query asked of this whole server, as CoreDNS's upstream.Lookup asks the server
@@ -266,7 +272,7 @@ class PortServer:
         """Bound to `port`: its metrics say so."""
         self.port = port
         if self.metrics is not None:
-            self.metrics.server = f"dns://:{port}"
+            self.metrics.server = self.label()
 
 
 class DnsServer:
@@ -276,7 +282,8 @@ class DnsServer:
 
     def __init__(self, config: ServeConfig, resolver: ResolverConfig, snapshot: Snapshot) -> None:
         self.config = config
-        #: The label of this server's metrics, `dns://:PORT`, once its port is bound.
+        #: The label of this server's metrics (listen.py `server_label`), once its port is
+        #: bound.
         self.server = ""
         self.forwarder = make_forwarder(config)
         self.block_forwarders, self.blocks, self.block_handlers = make_blocks(
@@ -285,16 +292,20 @@ class DnsServer:
         #: The servers of the other addresses, in the configuration's order.
         self.others = [PortServer(config, address, resolver) for address in config.servers()]
         #: The kubernetes block's plugins that CoreDNS runs before `kubernetes`, and their chain.
-        self.front_handlers, self.front = self.make_front(config)
+        self.front_handlers = self.make_front(config)
         #: The tasks running the plugins' `watch` (a hosts file's reload), once serving.
         self.watching: list[asyncio.Task[None]] = []
-        self.metrics = QueryMetrics(f"dns://:{config.bind.port}") if config.serves_metrics else None
+        self.metrics = QueryMetrics(self.label()) if config.serves_metrics else None
         count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
         self.responder = self.respond_by(config, resolver, snapshot)
         if self.metrics is not None:  # read off whichever responder serves when scraped
             self.metrics.cache_entries = lambda: self.responder.cache_entries()
         self.screen = screen_of(config)
         self.udp: list[UdpProtocol] = []
+        #: The queries every forwarder of every block has on their way upstream, and the loop
+        #: probes: one guard, as a query one block forwards may come back through another.
+        self.loops = LoopGuard()
+        self.guard_loops()
         #: Forwarders a reload replaced, until their queries are done.
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -315,28 +326,36 @@ class DnsServer:
             not config.any.minimal,
             config.cache,
             self.blocks,
-            self.front,
+            self.front_handlers,
         )
+
+    def forwarders(self) -> list[Forwarder]:
+        """The forwarders of every server block, on every port."""
+        others = [forwarder for other in self.others for forwarder in other.forwarders]
+        found = [self.forwarder, *self.block_forwarders, *others]
+        return [forwarder for forwarder in found if forwarder is not None]
+
+    def guard_loops(self) -> None:
+        """Give every forwarder this server's one `LoopGuard`."""
+        for forwarder in self.forwarders():
+            forwarder.loops = self.loops
 
     def label(self) -> str:
         """The `server` label of this server's metrics."""
-        return self.server or f"dns://:{self.config.bind.port}"
+        return self.server or server_label(self.config.bind.host, self.config.bind.port)
 
     def lookup(self, data: bytes, transport: Transport, source: str) -> Reply:
         """A query asked of this whole server, as CoreDNS's upstream.Lookup asks it: how a
         plugin follows a CNAME it answered with."""
         return self.responder.respond(data, transport, source)
 
-    def make_front(self, config: ServeConfig) -> tuple[list[Handler], Next | None]:
-        """The handlers of the kubernetes block's plugins that CoreDNS runs before `kubernetes`
-        (rewrite, template, hosts), in its order, and their chain, which ends in the
-        responder's turn; None without any."""
+    def make_front(self, config: ServeConfig) -> list[Handler]:
+        """The handlers of the kubernetes block's plugins that the server makes (rewrite,
+        template, hosts, and the `cache` that caps their replies); the responder links them
+        with its own (any, loadbalance, autopath, kubernetes, forward) into the block's chain."""
         handlers: list[Handler] = []
         rewrite = make_rewrite(config.rewrite, config.block_zones)
         if rewrite is not None:
-            # A query it changed, passed on by the rest, gets the kubernetes block's own answer
-            # (whichever responder serves then), never a cached one: serve/rewrite.py says why.
-            rewrite.kubernetes = lambda request: self.responder.answer(request)
             handlers.append(rewrite)
         template = make_template(config.template, config.block_zones, self.label, self.lookup)
         if template is not None:
@@ -349,7 +368,7 @@ class DnsServer:
         if handlers and (cache := capping(config.cache)) is not None:
             handlers.append(cache)  # the first replies of those plugins, as its cache caps them
         handlers.sort(key=lambda handler: ORDER.index(handler.name))
-        return handlers, chain(handlers, pass_on) if handlers else None
+        return handlers
 
     def front_changed(self) -> None:
         """A plugin before `kubernetes` answers differently now: no cached reply holds."""
@@ -393,6 +412,7 @@ class DnsServer:
                 retired += forwarders
                 replaced += handlers
             count_forward_caches([self.forwarder, *self.block_forwarders], self.metrics)
+            self.guard_loops()
             for forwarder in retired:
                 if forwarder is not None:  # closed once the queries it has are done
                     task = asyncio.create_task(self.retire(forwarder))
@@ -402,7 +422,7 @@ class DnsServer:
         front = (config.hosts, config.template, config.rewrite, config.cache, config.block_zones)
         if (old.hosts, old.template, old.rewrite, old.cache, old.block_zones) != front:
             replaced += self.front_handlers
-            self.front_handlers, self.front = self.make_front(config)
+            self.front_handlers = self.make_front(config)
         if replaced:
             self.replaced(replaced)
         previous = self.responder
@@ -489,7 +509,8 @@ class DnsServer:
         port = await serve_dns(self, limits, *bound[0], stack, config, config.log.enabled)
         for other, pair in zip(self.others, bound[1:], strict=True):
             other.started(await serve_dns(other, limits, *pair, stack, config, other.logged))
-        server = self.server = f"dns://:{port}"  # the label CoreDNS gives its server block
+        # The label CoreDNS gives the server of the kubernetes block.
+        server = self.server = server_label(config.bind.host, port)
         self.screen = screen_of(config, server)
         for protocol in self.udp:
             protocol.screen = self.screen
@@ -670,10 +691,10 @@ class InProcess:
         return self.dns.ports()
 
     def check_loops(self, server: str) -> None:
-        forwarder = self.dns.forwarder
-        if forwarder is not None:
+        probes = loop_probes(self.config)
+        if probes:
             # CoreDNS's `loop`: a probe through each upstream must not come back here.
-            check = forwarder.loops.check(loop_checked(self.config.forward), server)
+            check = self.dns.loops.check(probes, server)
             self.life.start(check, "loop check", ending=False)
 
     def reconfigure(self, config: ServeConfig) -> list[str]:
@@ -752,7 +773,18 @@ def screen_of(config: ServeConfig, server: str = "") -> Screen | None:
     """CoreDNS's `acl` for the frontends; None without one."""
     if not config.acl.policies:
         return None
-    return Acl(config.acl, server or f"dns://:{config.bind.port}").screen
+    return Acl(config.acl, server or server_label(config.bind.host, config.bind.port)).screen
+
+
+def loop_probes(config: ServeConfig) -> list[tuple[Name, Upstream]]:
+    """Each upstream CoreDNS's `loop` would send its probe through, with the zone the probe is
+    under: the kubernetes block's (the root's) and every other server block's on every port
+    (the block's first zone), as CoreDNS runs `loop` in each block."""
+    found: list[tuple[Name, Upstream]] = [((), up) for up in loop_checked(config.forward)]
+    for block in config.blocks:
+        zone = block.zones[0] if block.zones else ()
+        found += [(zone, upstream) for upstream in loop_checked(block.forward, zone)]
+    return found
 
 
 def make_forwarder(config: ServeConfig) -> Forwarder | None:

@@ -265,7 +265,7 @@ def test_coredns_mixin_alerts_over_toposdns_series(
         if name == "coredns_dns_request_duration_seconds_bucket"
         and not math.isinf(float(dict(labels)["le"]))
     )
-    dns_server = f"dns://:{server.port}"
+    dns_server = f"dns://127.0.0.1:{server.port}"
     slow_and_gone = {
         "interval": "1m",
         "input_series": [up(0), *buckets],

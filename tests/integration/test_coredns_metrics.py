@@ -5,15 +5,28 @@ sends garbage, in one process and as a supervisor of two workers."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dns.message
+import dns.query
+import dns.rcode
 import pytest
 from prometheus_client import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.support import STOP_TIMEOUT, Server, dig, http_get, wait_until
+from tests.integration.support import (
+    STOP_TIMEOUT,
+    CorefileServer,
+    Server,
+    copy_snapshot,
+    dig,
+    free_ports,
+    http_get,
+    wait_until,
+)
 from tests.kubeapi import FakeApiServer
 from tests.objects import endpoint_slice, service
 from tests.upstream import stub_upstream
@@ -49,6 +62,8 @@ FORWARDED_ONCE = 10
 #: The git commit an image build passes in (any 40 hex digits).
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 UPSTREAM = {("www.example.test", "A"): ["www.example.test. 300 IN A 192.0.2.10"]}
+#: A service of the snapshot file (tests/integration/snapshot.yaml).
+CLUSTER_NAME = "frontend.shop.svc.cluster.local"
 
 
 def triggered_slice(name: str, service_name: str, ip: str, triggered: float) -> dict[str, Any]:
@@ -148,7 +163,7 @@ def test_coredns_series_are_present_with_their_labels(
             and labels.items() <= s.labels.items()
         )
 
-    server_label = f"dns://:{server.port}"
+    server_label = f"dns://127.0.0.1:{server.port}"  # `--listen`, as `bind`
     assert value("coredns_build_info") == 1  # once, whatever the number of workers
     (info,) = families["coredns_build_info"].samples
     assert info.labels["revision"] == REVISION  # the image's build argument
@@ -193,3 +208,129 @@ def test_coredns_series_are_present_with_their_labels(
     for kind in ("headless_with_selector", "cluster_ip"):
         assert value(programming, service_kind=kind) == 1
         assert 0.4 < sums[kind] < 30, (kind, sums)
+
+
+def blocks_corefile(tmp_path: Path, ports: dict[str, int], upstreams: list[int]) -> Path:
+    """Two server blocks on one port (the kubernetes block's `.` and a stub domain with a
+    template before its cache and forward) and one block on another port with `bind`, every
+    block with `prometheus`."""
+    snapshot = copy_snapshot(tmp_path)
+    (tmp_path / "hosts").write_text("192.0.2.50 www.example.org\n")
+    one, two, metrics = ports["one"], ports["two"], ports["metrics"]
+    path = tmp_path / "Corefile"
+    path.write_text(
+        f""".:{one} {{
+    bind 127.0.0.1
+    kubernetes cluster.local
+    prometheus 127.0.0.1:{metrics}
+    cache 30
+    forward . 127.0.0.1:{upstreams[0]}
+    toposdns {{
+        snapshot {snapshot}
+        workers {ports["workers"]}
+    }}
+}}
+consul.local:{one} {{
+    prometheus 127.0.0.1:{metrics}
+    template IN A consul.local {{
+        match "^tpl[.]consul[.]local[.]$"
+        answer "{{{{ .Name }}}} 60 IN A 192.0.2.60"
+        fallthrough
+    }}
+    cache 30
+    forward . 127.0.0.1:{upstreams[1]}
+}}
+example.org:{two} {{
+    bind 127.0.0.1
+    prometheus 127.0.0.1:{metrics}
+    hosts {tmp_path / "hosts"} {{
+        fallthrough
+    }}
+    forward . 127.0.0.1:{upstreams[1]}
+}}
+"""
+    )
+    return path
+
+
+def ask_with(port: int, name: str, do: bool) -> dns.message.Message:
+    """A query to 127.0.0.1:`port` over UDP, its DO bit set or not."""
+    query = dns.message.make_query(name, "A", want_dnssec=do)
+    return dns.query.udp(query, "127.0.0.1", port=port, timeout=3.0)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_series_carries_its_server_and_zone(tmp_path: Path, workers: int) -> None:
+    # As CoreDNS labels them: `server` is the address of the server (dns://ADDR:PORT with
+    # `bind`), `zone` the zone of the block the query was routed by, `dropped` for a name no
+    # block of the port holds; queries with the DO bit set are counted apart, per zone.
+    ports = free_ports("one", "two", "metrics")
+    one, two = ports["one"], ports["two"]
+    records = {
+        ("example.com", "A"): ["example.com. 300 IN A 192.0.2.1"],
+        ("web.consul.local", "A"): ["web.consul.local. 60 IN A 192.0.2.53"],
+        ("mail.example.org", "A"): ["mail.example.org. 60 IN A 192.0.2.25"],
+    }
+    with stub_upstream(records) as main, stub_upstream(records) as stub:
+        path = blocks_corefile(tmp_path, {**ports, "workers": workers}, [main.port, stub.port])
+        server = CorefileServer(path)
+        try:
+            server.wait_ready(30)
+            asked: Counter[tuple[int, str]] = Counter()
+            flagged: Counter[tuple[int, str]] = Counter()
+            for round in range(4):
+                do = bool(round % 2)
+                for port, name, zone, rcode in (
+                    (one, CLUSTER_NAME, ".", "NOERROR"),
+                    (one, "example.com", ".", "NOERROR"),
+                    (one, "web.consul.local", "consul.local.", "NOERROR"),
+                    (one, "tpl.consul.local", "consul.local.", "NOERROR"),
+                    (two, "www.example.org", "example.org.", "NOERROR"),
+                    (two, "mail.example.org", "example.org.", "NOERROR"),
+                    (two, "example.com", "dropped", "REFUSED"),
+                ):
+                    reply = ask_with(port, name, do)
+                    assert dns.rcode.to_text(reply.rcode()) == rcode, (port, name)
+                    asked[port, zone] += 1
+                    flagged[port, zone] += do
+            assert stub.names().count("web.consul.local") >= 1
+            labels = {one: f"dns://127.0.0.1:{one}", two: f"dns://127.0.0.1:{two}"}
+            expected = {(labels[port], zone): count for (port, zone), count in asked.items()}
+            expected_do = {(labels[port], zone): n for (port, zone), n in flagged.items()}
+
+            def by_server_and_zone(family: Metric) -> dict[tuple[str, str], float]:
+                found: dict[tuple[str, str], float] = {}
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        key = (sample.labels["server"], sample.labels["zone"])
+                        found[key] = found.get(key, 0) + sample.value
+                return found
+
+            families = scrape(ports["metrics"])
+            assert by_server_and_zone(families["coredns_dns_requests"]) == expected
+            assert by_server_and_zone(families["coredns_dns_responses"]) == expected
+            assert by_server_and_zone(families["coredns_dns_do_requests"]) == expected_do
+            # Every series with a `server` label names the server it counted on.
+            servers = {
+                (family.name, sample.labels["server"])
+                for family in families.values()
+                for sample in family.samples
+                if "server" in sample.labels
+            }
+            for family_name in (
+                "coredns_dns_request_duration_seconds",
+                "coredns_dns_request_size_bytes",
+                "coredns_dns_response_size_bytes",
+                "coredns_cache_requests",
+                "coredns_plugin_enabled",
+            ):
+                assert {s for name, s in servers if name == family_name} == set(labels.values()), (
+                    family_name
+                )
+            assert {s for _, s in servers} == set(labels.values())
+            matches = families["coredns_template_matches"].samples
+            assert {(s.labels["server"], s.labels["zone"], s.value) for s in matches} == {
+                (labels[one], "consul.local.", 4)
+            }
+        finally:
+            assert server.stop(STOP_TIMEOUT) == 0, server.log()

@@ -163,7 +163,7 @@ def test_metrics_count_queries_by_type_rcode_and_plugin(start_server: StartServe
             for family in text_string_to_metric_families(text)
             for sample in family.samples
         }
-        base = {"server": f"dns://:{server.port}", "zone": ".", "view": ""}
+        base = {"server": f"dns://127.0.0.1:{server.port}", "zone": ".", "view": ""}
 
         def value(name: str, **labels: str) -> float:
             key = (name, tuple(sorted({**base, **labels}.items())))
@@ -185,7 +185,7 @@ def test_metrics_count_queries_by_type_rcode_and_plugin(start_server: StartServe
         proxy = {"proxy_name": "forward", "to": f"127.0.0.1:{upstream.port}", "rcode": "NOERROR"}
         key = ("coredns_proxy_request_duration_seconds_count", tuple(sorted(proxy.items())))
         assert samples[key] == 1
-        labels = (("server", f"dns://:{server.port}"), ("view", ""), ("zones", "."))
+        labels = (("server", f"dns://127.0.0.1:{server.port}"), ("view", ""), ("zones", "."))
         # The cache sees every query: the first of each name a miss, the rest hits.
         assert samples[("coredns_cache_requests_total", labels)] == 10
         assert samples[("coredns_cache_misses_total", labels)] == 4

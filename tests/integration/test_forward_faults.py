@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import dns.flags
 import dns.message
@@ -18,10 +22,13 @@ import pytest
 
 from tests.integration.support import (
     FIXTURE_SNAPSHOT,
+    REPO,
     Server,
     StartServer,
     addresses,
+    copy_snapshot,
     framed,
+    free_ports,
     raw_udp,
     recv_framed,
     tcp,
@@ -243,3 +250,57 @@ def test_a_pipelining_tcp_client_holds_a_bounded_number_of_upstream_connections(
         assert all(r.rcode() == dns.rcode.NXDOMAIN for r in replies)
         assert 1 < slow.tcp_most_open <= 32
         assert_answers_in_zone(server)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("where", ["stub-domain", "other-port"])
+def test_a_loop_through_any_server_blocks_upstream_stops_the_server(
+    tmp_path: Path, where: str, workers: int
+) -> None:
+    # CoreDNS runs `loop` in each server block, its probe under the block's zone: a stub
+    # domain's upstream, or a block's on another port, that sends it back here is a loop too.
+    ports = free_ports("one", "two")
+    one, two = ports["one"], ports["two"]
+    looping = one if where == "stub-domain" else two
+    with stub_upstream(RECORDS) as fine:
+        other = fine.port
+        done = run_corefile(
+            tmp_path,
+            f""".:{one} {{
+    bind 127.0.0.1
+    kubernetes cluster.local
+    toposdns {{
+        snapshot {copy_snapshot(tmp_path)}
+        workers {workers}
+    }}
+}}
+consul.local:{one} {{
+    forward . 127.0.0.1:{looping if where == "stub-domain" else other}
+}}
+example.org:{two} {{
+    forward . 127.0.0.1:{looping if where == "other-port" else other}
+}}
+""",
+        )
+    assert done.returncode == 1, done.stderr
+    zone = "consul.local" if where == "stub-domain" else "example.org"
+    found = re.search(
+        rf"Loop \(127\.0\.0\.1:{looping} -> \S+\) detected: the query "
+        rf'"HINFO \d+\.\d+\.{re.escape(zone)}\." sent to upstream',
+        done.stderr,
+    )
+    assert found is not None, done.stderr
+    assert done.stderr.count("Loop (") == 1 and "Traceback" not in done.stderr
+
+
+def run_corefile(directory: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """`toposdns -conf` on a Corefile of `text`, run until it ends (30 s at most)."""
+    path = directory / "Corefile"
+    path.write_text(text)
+    return subprocess.run(
+        [sys.executable, "-m", "toposdns", "-conf", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )

@@ -279,7 +279,7 @@ def test_workers_forked_before_the_first_sync_start_again_from_it(
     try:
         server.wait_ready()
         first = worker_pids(server)
-        server.wait_for_log(r"first sync done: starting the workers again", timeout=15)
+        server.wait_for_log(r"first sync done: replacing the workers", timeout=15)
         assert wait_until(
             lambda: all(worker_pids(server).get(slot) not in (None, first[slot]) for slot in first),
             timeout=15,

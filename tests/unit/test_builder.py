@@ -67,7 +67,7 @@ def comparable(snap: Snapshot) -> dict[str, Any]:
         "namespaces": snap.namespaces,
         "service_ips": {k: set(v) for k, v in snap.service_ips.items()},
         "endpoint_ips": {
-            k: {(s.name, e, a) for s, e, a in v} for k, v in snap.endpoint_ips.items()
+            k: {(s.name, e, a) for s, e, a in snap.endpoints_at(k)} for k in snap.endpoint_ips
         },
         "locators": {k: v.addresses for k, v in snap.locators.items()},
         "node_locators": dict(snap.node_locators),
@@ -168,3 +168,37 @@ def test_a_full_list_of_locators_matches_one_put_at_a_time() -> None:
         assert comparable(got) == comparable(want)
         assert got.place("10.9.0.7") == want.place("10.9.0.7")
         assert not bulk.replace_all(PodLocator, list(locators.values()))
+
+
+def test_endpoint_index_holds_slices_and_finds_every_endpoint() -> None:
+    """An address held by one slice maps to that slice itself (no entry per endpoint: memory
+    at 150,000 endpoints), by several to the tuple of them in input order; `endpoints_at` gives
+    every (slice, endpoint, address as written), canonical or not."""
+    one = Endpoint(("10.1.0.1",))
+    twice = Endpoint(("fd00:1:0::3", "10.1.0.2"))
+    again = Endpoint(("fd00:1::3",))
+    a = EndpointSlice("a", "s1", "svc", HTTP, (one, twice))
+    b = EndpointSlice("a", "s2", "svc", HTTP, (again,))
+    c = EndpointSlice("b", "s3", "svc", HTTP, (Endpoint(("10.1.0.2",)), one))
+    builder = StoreBuilder()
+    for eps in (a, b, c):
+        builder.put(eps)
+    snap = builder.snapshot(1)
+    assert snap.endpoint_ips["10.1.0.1"] == (a, c)
+    assert snap.endpoint_ips["fd00:1::3"] == (a, b)
+    assert a.canonical is False and b.canonical is True and c.canonical is True
+    cases = [
+        ("10.1.0.1", [(a, one, "10.1.0.1"), (c, one, "10.1.0.1")]),
+        ("10.1.0.2", [(a, twice, "10.1.0.2"), (c, c.endpoints[0], "10.1.0.2")]),
+        ("fd00:1::3", [(a, twice, "fd00:1:0::3"), (b, again, "fd00:1::3")]),
+        ("10.1.0.9", []),
+    ]
+    for ip, want in cases:
+        assert snap.endpoints_at(ip) == want, ip
+    builder.remove(EndpointSlice, "a", "s1")
+    snap = builder.snapshot(2)
+    assert snap.endpoint_ips["10.1.0.1"] is c
+    assert snap.endpoint_ips["fd00:1::3"] is b
+    assert snap.endpoints_at("fd00:1::3") == [(b, again, "fd00:1::3")]
+    builder.remove(EndpointSlice, "a", "s2")
+    assert "fd00:1::3" not in builder.snapshot(3).endpoint_ips

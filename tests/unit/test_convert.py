@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -269,25 +268,25 @@ LOCATOR_SHAPES = {
     "no labels": (common(role=None), COMMON),
     "node": (
         common(name="n", namespace="t", role="node"),
-        replace(COMMON, namespace="t", name="n", is_node=True),
+        COMMON.replace(namespace="t", name="n", is_node=True),
     ),
-    "no node name": (common(node_name=None), replace(COMMON, node_name="")),
-    "no addresses": (common(addresses=[]), replace(COMMON, addresses=())),
+    "no node name": (common(node_name=None), COMMON.replace(node_name="")),
+    "no addresses": (common(addresses=[]), COMMON.replace(addresses=())),
     "empty cidrs": (common(cidrs=[]), COMMON),
     "IPv6 made canonical": (
         common(addresses=["10.1.0.1", "fd00:0::1"]),
-        replace(COMMON, addresses=("10.1.0.1", "fd00::1")),
+        COMMON.replace(addresses=("10.1.0.1", "fd00::1")),
     ),
-    "cidrs": (common(cidrs=["10.244.3.0/24"]), replace(COMMON, cidrs=("10.244.3.0/24",))),
-    "no node labels": (common(node_labels=None), replace(COMMON, node_labels={})),
+    "cidrs": (common(cidrs=["10.244.3.0/24"]), COMMON.replace(cidrs=("10.244.3.0/24",))),
+    "no node labels": (common(node_labels=None), COMMON.replace(node_labels={})),
     # As the controller writes pod locators: in its namespace, saying the pod's.
     "its pod's namespace": (
         common(namespace="toposdns", labels={"toposdns.io/pod-namespace": "shop"}),
-        replace(COMMON, namespace="toposdns", pod_namespace="shop"),
+        COMMON.replace(namespace="toposdns", pod_namespace="shop"),
     ),
     "its pod's namespace, with cidrs": (
         common(labels={"toposdns.io/pod-namespace": "other"}, cidrs=["10.244.3.0/24"]),
-        replace(COMMON, pod_namespace="other", cidrs=("10.244.3.0/24",)),
+        COMMON.replace(pod_namespace="other", cidrs=("10.244.3.0/24",)),
     ),
     "its pod's namespace empty": (
         common(labels={"toposdns.io/pod-namespace": ""}),

@@ -69,7 +69,7 @@ from toposdns.store.model import (
     canonical_ip,
 )
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import HOSTNAME, REGION, ZONE
+from toposdns.store.topology import HOSTNAME, REGION, TRAFFIC_DISTRIBUTIONS, ZONE, TurnCounts
 from toposdns.wire.codes import AAAA, ANY, AXFR, CNAME, MX, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import Dropped, Rejected, decode_query, read_name, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, MAX_UDP_SIZE, bound_buffer, udp_limit
@@ -265,6 +265,20 @@ SOFT_VALUES: tuple[tuple[str, ...], ...] = (
 )
 
 
+def moved(locator: PodLocator, node: str, labels: dict[str, str]) -> PodLocator:
+    """The locator on another node, or with other node labels."""
+    return PodLocator(
+        locator.namespace,
+        locator.name,
+        locator.addresses,
+        node,
+        labels,
+        locator.is_node,
+        locator.cidrs,
+        locator.pod_namespace,
+    )
+
+
 class Cluster:
     """A random cluster kept in a StoreBuilder, changed at random one object at a time."""
 
@@ -284,9 +298,15 @@ class Cluster:
                     self.put(self.random_service(namespace, name))
                     for index in range(self.rng.randint(1, 2)):
                         self.put(self.random_slice(namespace, name, index))
-        # Two services start with a valid policy whatever the seed, until changes touch them.
+        # Two services start with a valid policy whatever the seed, until changes touch them;
+        # db's weights make its A and AAAA replies take turns between its tiers.
         ports = (PORTS[0],)
-        self.put(Service("shop", "db", HEADLESS, (), ports, topology_keys=KEY_LISTS[0]))
+        self.put(
+            Service(
+                "shop", "db", HEADLESS, (), ports, topology_keys=KEY_LISTS[0],
+                topology_weights="50,30,20",
+            )
+        )  # fmt: skip
         self.put(Service("shop", "big", HEADLESS, (), ports, traffic_distribution=DISTRIBUTIONS[1]))
         self.put(self.random_slice("shop", "big", 0))
         self.put(self.random_slice("shop", "big", 1, many_ports=True))
@@ -370,6 +390,12 @@ class Cluster:
         if rng.random() < 0.4:
             at = rng.randrange(3)
             soft[at] = rng.choice(SOFT_VALUES[at])
+            tiers = len(keys or annotation or TRAFFIC_DISTRIBUTIONS.get(distribution, ()))
+            if at == 2 and tiers and rng.random() < 0.7:  # valid weights: A and AAAA rotate
+                cuts = sorted(rng.randint(0, 100) for _ in range(tiers - 1))
+                soft[2] = ",".join(
+                    str(b - a) for a, b in zip([0, *cuts], [*cuts, 100], strict=True)
+                )
         return Service(
             namespace,
             name,
@@ -467,7 +493,15 @@ class Cluster:
         old = eps.endpoints[i]
         v6 = ":" in old.addresses[0]
         pool = (BIG_V6 + ENDPOINT_V6) if v6 else (BIG_V4 + ENDPOINT_V4)
-        endpoint = replace(old, addresses=(self.rng.choice(pool),))
+        endpoint = Endpoint(
+            (self.rng.choice(pool),),
+            old.hostname,
+            old.pod_name,
+            old.node_name,
+            old.zone,
+            old.hint_zones,
+            old.hint_nodes,
+        )
         endpoints = eps.endpoints[:i] + (endpoint,) + eps.endpoints[i + 1 :]
         return self.put(replace(eps, endpoints=endpoints))
 
@@ -484,7 +518,7 @@ class Cluster:
             return None
         locator = self.rng.choice(pods)
         node = self.rng.choice(NODES)
-        return self.put(replace(locator, node_name=node, node_labels=self.labels_of(node)))
+        return self.put(moved(locator, node, self.labels_of(node)))
 
     def relabel_node(self) -> str:
         """New labels for a node (a new zone, say), and so for every locator on it."""
@@ -492,7 +526,7 @@ class Cluster:
         self.nodes[node] = self.random_node_labels(node)  # a new dict: snapshots keep the old
         for locator in self.stored(PodLocator):
             if locator.node_name == node:
-                self.put(replace(locator, node_labels=self.labels_of(node)))
+                self.put(moved(locator, locator.node_name, self.labels_of(node)))
         return f"relabel {node}: {self.nodes[node]}"
 
     def publish(self, serial: int) -> Snapshot:
@@ -809,6 +843,17 @@ class Run:
         self.frontends = Frontends(self.responder)
         self.queries = Queries(self.rng, zones)
         self.pool = [self.queries.message() for _ in range(POOL_SIZE)]
+        # Addresses of db, whose weights make its replies take turns, with and without EDNS:
+        # asked at the end of each round, from a generator of their own (the rest of the run
+        # draws what it drew before they were added).
+        self.turn_rng = random.Random(seed + 1)
+        edns = b"\x00" + pack("!HHIH", 41, 1232, 0, 0)
+        self.weighted = [
+            Queries.pack(0x0100, ("db", "shop", "svc", *zone), qtype, 1, opt)
+            for zone in zones
+            for qtype in (A, AAAA)
+            for opt in (b"", edns)
+        ]
         self.clients = clients()
         self.history: list[str] = []
         self.compared = 0
@@ -816,6 +861,8 @@ class Run:
         self.seen: Counter[str] = Counter()
         #: This round's distinct replies to each (transport, query after its ID).
         self.replies: dict[tuple[Transport, bytes], set[bytes]] = {}
+        #: Where the reference's rotations of topology weights stand, as the server's do.
+        self.turns = TurnCounts()
 
     async def round(self, number: int, publish: bool = True) -> None:
         """Change the cluster, publish the snapshot (unless told not to), and ask away."""
@@ -834,6 +881,13 @@ class Run:
             body = (self.queries.message() if fresh else self.rng.choice(asked))[2:]
             await self.send(number, body, *self.rng.choice(self.clients))
         self.seen["client-dependent"] += sum(len(r) > 1 for r in self.replies.values())
+        drawn, self.rng = self.rng, self.turn_rng
+        try:
+            for _ in range(QUERIES // 10):
+                body = self.rng.choice(self.weighted)[2:]
+                await self.send(number, body, *self.rng.choice(self.clients))
+        finally:
+            self.rng = drawn
 
     async def send(
         self, number: int, body: bytes, udp: Transport, tcp: Transport, source: str
@@ -842,16 +896,29 @@ class Run:
         first, second = (self.rng.randbytes(2) + body for _ in range(2))
         if self.upstream is not None:
             return await self.send_forwarding(number, (first, second), udp, tcp, source)
+        # In the order the server is asked: topology weights answer each in its turn.
         want = {
-            kind: reference_reply(
-                first, kind, source, self.snapshot, self.config, ECS_TRUST, blocks=self.blocks
+            (kind, i): reference_reply(
+                query,
+                kind,
+                source,
+                self.snapshot,
+                self.config,
+                ECS_TRUST,
+                blocks=self.blocks,
+                turns=self.turns,
             )
             for kind in (udp, tcp)
+            for i, query in enumerate((first, second))
         }
-        self.note(udp, first, want[udp], want[tcp])
+        self.note(udp, first, want[udp, 0], want[tcp, 0])
+        if None not in (want[udp, 0], want[udp, 1]) and want[udp, 0][2:] != want[udp, 1][2:]:
+            # Topology weights: the same query, another tier's turn (counted, not required: the
+            # weighted service's names are not in every configuration's zones; the tests of
+            # tests/unit/test_topology_answers.py take every path turn by turn).
+            self.seen["rotated"] += 1
         for kind in (udp, tcp):
-            reply = want[kind]
-            wants = [] if reply is None else [reply, second[:2] + reply[2:]]
+            wants = [reply for i in range(2) if (reply := want[kind, i]) is not None]
             if kind is udp:
                 got = self.frontends.over_udp(kind, first, source)
                 got += self.frontends.over_udp(kind, second, source)
@@ -877,8 +944,19 @@ class Run:
         client relies on (`relied_on`), whichever order they came back in."""
         first, second = queries
         for kind in (udp, tcp):
-            want = reference_relayed(
-                first, kind, source, self.snapshot, self.config, ECS_TRUST, UPSTREAM, NODE_SEARCH
+            want, again = (
+                reference_relayed(
+                    query,
+                    kind,
+                    source,
+                    self.snapshot,
+                    self.config,
+                    ECS_TRUST,
+                    UPSTREAM,
+                    NODE_SEARCH,
+                    self.turns,
+                )
+                for query in queries
             )
             if kind is udp:
                 got = await self.frontends.later_over_udp(kind, queries, source)
@@ -888,7 +966,8 @@ class Run:
             self.compared += 2
             if not isinstance(want, dnslib.DNSRecord):
                 self.note(kind, first, want, want)
-                wants = [] if want is None else [want, second[:2] + want[2:]]
+                assert not isinstance(again, dnslib.DNSRecord)
+                wants = [] if want is None or again is None else [want, again]
                 if [in_order(m) for m in got] != [in_order(m) for m in wants] and [
                     decoded_in_order(m) for m in got
                 ] != [decoded_in_order(m) for m in wants]:
@@ -1007,7 +1086,7 @@ def test_served_bytes_equal_the_reference_across_changes(config_name: str) -> No
         run = run_rounds(seed, config_name, rounds)
     except Mismatch as mismatch:
         pytest.fail(str(mismatch), pytrace=False)
-    assert run.compared == rounds * QUERIES * 4
+    assert run.compared == rounds * (QUERIES + QUERIES // 10) * 4
     if config_name == "port":  # no reply is the responder's own: none is kept
         responder = run.responder
         assert responder.negatives is None and not responder.cache.table

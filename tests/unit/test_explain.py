@@ -323,8 +323,8 @@ SOFT_SNAPSHOT = (
                 "  mode: weights 80,20",
                 "  rule: weighted: topology.kubernetes.io/zone 80, * 20",
                 "    10.0.0.3           priority 0, group 1 shares 20",
-                "  weights for A/AAAA: 80/100, 20/100 (not applied yet: A and AAAA answer the "
-                "nearest tier)",
+                "  weights for A/AAAA: 80/100, 20/100 of the replies, in turn (the answer "
+                "below: the first turn's)",
             ],
         ),
         (

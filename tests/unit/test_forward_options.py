@@ -1,6 +1,7 @@
 """The `forward` block's options at work, against stub upstreams on loopback (tests/upstream.py):
 which transport the upstream sees (`force_tcp`, `prefer_udp`), the order upstreams are tried in
-(`policy`), an upstream marked down and back (`max_fails`, `health_check`), the names not
+(`policy`), an upstream marked down and back (`max_fails`, `health_check`), replies passed on to
+the next upstream by their rcode (`failover`), the names not
 forwarded (FROM, `except`), TCP and TLS connections reused and closed (`expire`), and DNS over
 TLS with its certificate checked (`tls`, `tls_servername`)."""
 
@@ -160,6 +161,45 @@ def test_random_policy_spreads_the_queries() -> None:
         run(test, [plain(stub) for stub in stubs])
         # Each upstream leads about a third of the time (none is left out but once in 10^5).
         assert set(first_asked(stubs, names)) == {0, 1, 2}
+
+
+# ---- failover: CoreDNS's setup_test.go TestFailover and forward_test.go
+# TestForwardFailoverStopsAfterAllUpstreams, with `policy sequential`: (name, the stubs' modes
+# in order, failover's rcodes, the rcode the client gets, how many times each stub is asked)
+
+FAILOVERS = [
+    ("failover set, the third works", ["servfail", "refused", "answer"], {2, 5}, 0, [1, 1, 1]),
+    ("failover not set, the first fails", ["servfail", "refused", "answer"], set(), 2, [1, 0, 0]),
+    ("failover not set, the first works", ["answer", "servfail", "refused"], set(), 0, [1, 0, 0]),
+    ("every upstream fails: the last reply", ["servfail", "servfail"], {2}, 2, [1, 1]),
+    ("an rcode failover does not name", ["refused", "answer"], {2}, 5, [1, 0]),
+]
+
+
+@pytest.mark.parametrize(
+    ("modes", "failover", "rcode", "asked"),
+    [c[1:] for c in FAILOVERS],
+    ids=[c[0] for c in FAILOVERS],
+)
+def test_failover_asks_the_next_upstream_for_the_rcodes_it_names(
+    modes: list[str], failover: set[int], rcode: int, asked: list[int]
+) -> None:
+    with contextlib.ExitStack() as stack:
+        stubs = [stack.enter_context(stub_upstream(RECORDS, mode)) for mode in modes]
+
+        async def test(forwarder: Forwarder) -> None:
+            reply = await forwarder.forward(query("www.example.test"), False, 512)
+            assert isinstance(reply, bytes)
+            message = dnslib.DNSRecord.parse(reply)
+            assert message.header.rcode == rcode
+            assert bool(message.rr) == (rcode == 0)
+            # An rcode is an answer: no upstream is marked as failing for it.
+            assert all(upstream.udp.fails == 0 for upstream in forwarder.upstreams)
+
+        run(
+            test, [plain(stub) for stub in stubs], policy="sequential", failover=frozenset(failover)
+        )
+        assert [len(stub.names()) for stub in stubs] == asked
 
 
 # ---- max_fails, health_check

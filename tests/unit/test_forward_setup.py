@@ -175,9 +175,18 @@ CASES: list[tuple[str, str, dict[str, Any] | str]] = [
     ("FROM only", "forward example.org 127.0.0.1", {"zone": ("example", "org")}),
     ("no TO", "forward .", "3: forward .: expected `forward FROM TO...`"),
     ("grpc", "forward . grpc://127.0.0.1", "'grpc' is not supported as a destination"),
+    # TestFailoverValidation, and the rcodes of TestFailover (any letter case)
+    ("TestFailoverValidation/NoErrorDisallowed", "forward . 127.0.0.1 {\nfailover NOERROR\n}\n",
+     "4: failover NOERROR: NoError cannot be used in failover"),
+    ("TestFailoverValidation/InvalidRcode",
+     "forward . 127.0.0.1 {\nfailover NOT_A_VALID_RCODE\n}\n", "is not a valid rcode"),
+    ("TestFailover/0", "forward . 127.0.0.1 {\npolicy sequential\nfailover ServFail Refused\n}\n",
+     {"failover": frozenset({2, 5}), "policy": "sequential"}),
+    ("failover, no rcode", "forward . 127.0.0.1 {\nfailover\n}\n",
+     "4: failover: expected at least one rcode"),
     # Options of CoreDNS 1.14's forward that toposdns does not have (TestSourceAddress,
     # TestSetupMaxConnectAttempts, TestSetupMaxIdleConns, TestNextAlternate,
-    # TestFailfastAllUnhealthyUpstreams, TestFailoverValidation, TestSetupMaxAge,
+    # TestFailfastAllUnhealthyUpstreams, TestSetupMaxAge,
     # TestSetupReadTimeout): refused, with what is supported.
     *(
         (f"unsupported {option}", f"forward . 127.0.0.1 {{\n{option}\n}}\n",
@@ -185,7 +194,7 @@ CASES: list[tuple[str, str, dict[str, Any] | str]] = [
         for option in (
             "source_address 192.0.2.1", "max_connect_attempts 0", "max_idle_conns 10",
             "next NXDOMAIN", "next_on_nodata", "failfast_all_unhealthy_upstreams",
-            "failover SERVFAIL", "max_age 30s", "read_timeout 5s", "doh_method GET",
+            "max_age 30s", "read_timeout 5s", "doh_method GET",
             "resolver 10.0.0.1",
         )
     ),

@@ -22,7 +22,7 @@ from toposdns.metrics import ANSWERING
 from toposdns.options import ConfigError
 from toposdns.serve import hosts as hosts_module
 from toposdns.serve.blocks import BlockConfig, block_chain, block_forwarder
-from toposdns.serve.chain import Request, chain, pass_on
+from toposdns.serve.chain import Request
 from toposdns.serve.forward import ForwardOptions, Upstream
 from toposdns.serve.hosts import (
     MAX_RECORDS,
@@ -709,7 +709,7 @@ def test_metrics(tmp_path: Path) -> None:
 def front_of(tmp_path: Path) -> Responder:
     """A kubernetes block without an upstream, with `hosts` before it."""
     hosts = hosts_of(tmp_path, "192.0.2.1 node1\n", fallthrough=ROOT)
-    return Responder(config_of(), snapshot_of(SHOP_WEB), front=chain([hosts], pass_on))
+    return Responder(config_of(), snapshot_of(SHOP_WEB), plugins=[hosts])
 
 
 def respond(responder: Responder, query: dnslib.DNSRecord) -> dnslib.DNSRecord:

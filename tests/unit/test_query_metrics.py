@@ -17,21 +17,38 @@ import toposdns.serve.udp as udp_module
 from tests.differential import Frontends
 from tests.helpers import config_of, snapshot_of
 from tests.objects import SHOP_WEB, service
+from toposdns.serve.blocks import BlockConfig, Blocks
+from toposdns.serve.chain import Request
 from toposdns.serve.forward_cache import CachePolicy, CacheSettings
 from toposdns.serve.query_metrics import AllServers, QueryMetrics, labels_of
 from toposdns.serve.responder import TCP4, UDP4, Responder
+from toposdns.wire.encode import encode_bare
 
 SERVICE = service("api", cluster_ip="10.96.0.9")
 
 
-def query(name: str, cookie: bytes | None = None, edns: bool = False) -> bytes:
-    q = dnslib.DNSRecord.question(name)
+def query(
+    name: str, cookie: bytes | None = None, edns: bool = False, do: bool = False, qtype: str = "A"
+) -> bytes:
+    q = dnslib.DNSRecord.question(name, qtype)
     q.header.id = random.getrandbits(16)
+    flags = "do" if do else ""
     if cookie is not None:
-        q.add_ar(dnslib.EDNS0(udp_len=1232, opts=[dnslib.EDNSOption(10, cookie)]))
-    elif edns:
-        q.add_ar(dnslib.EDNS0(udp_len=1232))
+        q.add_ar(dnslib.EDNS0(udp_len=1232, flags=flags, opts=[dnslib.EDNSOption(10, cookie)]))
+    elif edns or do:
+        q.add_ar(dnslib.EDNS0(udp_len=1232, flags=flags))
     return bytes(q.pack())
+
+
+def by_zone(metrics: QueryMetrics, family_name: str) -> Counter[str]:
+    """A family's samples summed by `zone`, as a scrape reads them."""
+    counts: Counter[str] = Counter()
+    for family in metrics.collect():
+        if family.name == family_name:
+            for sample in family.samples:
+                if sample.name in (family_name, family_name + "_total"):
+                    counts[sample.labels["zone"]] += int(sample.value)
+    return counts
 
 
 def responses(metrics: QueryMetrics) -> Counter[str]:
@@ -206,9 +223,9 @@ def test_every_servers_series_in_one_family_of_one_registry() -> None:
     # CoreDNS exports each port's queries in the same families, told apart by `server`; a
     # prometheus_client registry refuses a second collector of the same names.
     first, second = QueryMetrics("dns://:53"), QueryMetrics("dns://:5353")
-    first.add(labels_of(False, 1, 1, 0, "kubernetes"), 0.001, 40, 80)
+    first.add(labels_of(False, 1, 1, 0, "kubernetes", ".", True), 0.001, 40, 80)
     for _ in range(3):
-        second.add(labels_of(True, 1, 1, 5, ""), 0.001, 40, 40)
+        second.add(labels_of(True, 1, 1, 5, "", ".", True), 0.001, 40, 40)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(first)
     with pytest.raises(ValueError, match="Duplicated timeseries"):
@@ -229,3 +246,120 @@ def test_every_servers_series_in_one_family_of_one_registry() -> None:
             "dns://:53",
             "dns://:5353",
         }, family.name
+
+
+def test_queries_with_the_do_bit_are_counted_on_every_path() -> None:
+    # CoreDNS's coredns_dns_do_requests_total (vars/report.go: `if req.Do()`): whichever path
+    # answers, the same count. Names built anew, found in the cache, replayed with the same bytes,
+    # written from templates (nothing.shop), decoded in full (another class: REFUSED, under
+    # `dropped`), over UDP and TCP, with and without options.
+    async def run() -> None:
+        rng = random.Random(3)
+        metrics = QueryMetrics("dns://:53")
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics)
+        frontends = Frontends(responder)
+        sent: Counter[str] = Counter()
+        flagged: Counter[str] = Counter()
+        for _ in range(200):
+            name = rng.choice(["web", "WEB", "nothing", "wEb"]) + ".shop.svc.cluster.local"
+            do = rng.random() < 0.5
+            cookie = rng.choice((None, b"12345678", rng.randbytes(8)))
+            data = query(name, cookie, edns=rng.random() < 0.5, do=do)
+            zone = "."
+            if rng.random() < 0.1:  # another class, which the server refuses before any block
+                record = dnslib.DNSRecord.parse(data)
+                record.q.qclass = 3
+                data, zone = bytes(record.pack()), "dropped"
+            if rng.random() < 0.2:
+                assert isinstance(responder.respond(data, TCP4, "127.0.0.1"), bytes)
+            else:
+                (reply,) = frontends.over_udp(UDP4, data, "127.0.0.1")
+            sent[zone] += 1
+            flagged[zone] += do
+        assert by_zone(metrics, "coredns_dns_requests") == sent
+        assert by_zone(metrics, "coredns_dns_do_requests") == +flagged
+        assert flagged["."] > 50 and flagged["dropped"] > 0
+
+    served(run())
+
+
+def test_each_query_is_counted_under_the_zone_of_its_block() -> None:
+    # CoreDNS's `metrics` in each block counts under the block's zone the name matches; what no
+    # block holds is refused by the server under `dropped` (vars.Dropped).
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+
+        def consul(request: Request) -> bytes:
+            return encode_bare(request.query, 3)
+
+        cluster = (("cluster", "local"),)
+        # With `prometheus` (a block without it is not counted: its test is the next one).
+        counted = BlockConfig((("consul", "local"),), plugins=("prometheus",))
+        blocks = Blocks(cluster, [(counted, consul)])
+        responder = Responder(config_of(), snapshot_of(SHOP_WEB), metrics=metrics, blocks=blocks)
+        frontends = Frontends(responder)
+        asked = {
+            "web.shop.svc.cluster.local": ("cluster.local.", 3),
+            "nothing.shop.svc.cluster.local": ("cluster.local.", 2),
+            "a.consul.local": ("consul.local.", 2),
+            "example.org": ("dropped", 1),
+        }
+        for name, (_, times) in asked.items():
+            for count in range(times):
+                frontends.over_udp(UDP4, query(name, do=bool(count % 2)), "127.0.0.1")
+        expected: Counter[str] = Counter()
+        for zone, times in asked.values():
+            expected[zone] += times
+        assert by_zone(metrics, "coredns_dns_requests") == expected
+        assert by_zone(metrics, "coredns_dns_responses") == expected
+        assert by_zone(metrics, "coredns_dns_do_requests") == {
+            "cluster.local.": 2,
+            "consul.local.": 1,
+        }
+        for family in metrics.collect():
+            if family.name == "coredns_dns_requests":
+                # As CoreDNS's, a series is there once counted: none for TCP, asked over UDP
+                # only (each cached reply has a row for every transport).
+                assert {(s.labels["proto"], s.labels["family"]) for s in family.samples} == {
+                    ("udp", "1")
+                }
+            if family.name.startswith("coredns_dns_"):
+                zones = {sample.labels["zone"] for sample in family.samples}
+                assert zones <= set(expected), family.name
+                assert "cluster.local." in zones, family.name
+
+    served(run())
+
+
+def test_a_block_without_prometheus_is_not_counted() -> None:
+    # CoreDNS counts a query in its block's `prometheus` (plugin/metrics/handler.go): a stub
+    # domain written without it, as AKS's custom `.server` examples are, counts nothing; what
+    # the server refuses before any block is counted still (errorAndMetricsFunc).
+    async def run() -> None:
+        metrics = QueryMetrics("dns://:53")
+
+        def answered(request: Request) -> bytes:
+            return encode_bare(request.query, 0)
+
+        blocks = Blocks(
+            [("cluster", "local")],
+            [
+                (BlockConfig((("consul", "local"),)), answered),
+                (BlockConfig((("example", "org"),), plugins=("prometheus",)), answered),
+            ],
+        )
+        config = config_of()
+        responder = Responder(config, snapshot_of(SHOP_WEB), metrics=metrics, blocks=blocks)
+        frontends = Frontends(responder)
+        for name in ("web.shop.svc.cluster.local", "a.consul.local", "a.example.org"):
+            for do in (False, True):
+                frontends.over_udp(UDP4, query(name, do=do), "127.0.0.1")
+        frontends.over_udp(UDP4, query("example.net"), "127.0.0.1")  # in no block: REFUSED
+        expected = {"cluster.local.": 2, "example.org.": 2, "dropped": 1}
+        assert by_zone(metrics, "coredns_dns_requests") == expected
+        assert by_zone(metrics, "coredns_dns_do_requests") == {
+            "cluster.local.": 1,
+            "example.org.": 1,
+        }
+
+    served(run())

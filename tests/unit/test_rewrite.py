@@ -25,7 +25,7 @@ from toposdns.config import ServeConfig
 from toposdns.corefile import read_corefile
 from toposdns.options import ConfigError
 from toposdns.serve.blocks import BlockConfig, block_chain, block_forwarder
-from toposdns.serve.chain import PASSED, Reply, Request
+from toposdns.serve.chain import Reply, Request
 from toposdns.serve.forward import ForwardOptions, Upstream
 from toposdns.serve.hosts import HostsOptions, Inline
 from toposdns.serve.responder import TCP4, UDP4, UDP6
@@ -1524,18 +1524,18 @@ def test_a_block_without_forward_ends_in_servfail_under_the_name_asked(tmp_path:
     assert found.header.rcode == 2 and question_of(found)[0] == "web.corp.internal."
 
 
-def test_the_chain_end_of_the_front_is_passed_on_to_the_kubernetes_answer(
-    tmp_path: Path,
-) -> None:
-    # Outside the server (no `kubernetes` set), what the front passes on ends in SERVFAIL.
+def test_a_changed_query_goes_down_the_rest_of_the_chain(tmp_path: Path) -> None:
     rewrite = handler(tmp_path, "rewrite name exact a.example b.example")
     data = query_of("a.example.")
-    reply = rewrite.serve(Request(decode_query(data), data, UDP4, V4_CLIENT), lambda _: PASSED)
-    assert isinstance(reply, bytes) and dnslib.DNSRecord.parse(reply).header.rcode == 2
     seen: list[Request] = []
-    rewrite.kubernetes = lambda request: seen.append(request) or Printer()(request)
-    reply = rewrite.serve(Request(decode_query(data), data, UDP4, V4_CLIENT), lambda _: PASSED)
+
+    def rest(request: Request) -> Reply:
+        seen.append(request)
+        return Printer()(request)
+
+    reply = rewrite.serve(Request(decode_query(data), data, UDP4, V4_CLIENT), rest)
     assert isinstance(reply, bytes) and [presentation(r.query.name) for r in seen] == ["b.example."]
+    assert [str(rr.rname) for rr in dnslib.DNSRecord.parse(reply).rr] == ["a.example."]
 
 
 def test_forward_options_are_kept_beside_rewrite(tmp_path: Path) -> None:
@@ -1565,7 +1565,7 @@ def test_a_reply_is_counted_under_the_plugin_that_wrote_it(tmp_path: Path) -> No
     assert request.written_by == "hosts"
     server = server_of(tmp_path, "rewrite name exact a.example web.shop.svc.cluster.local")
     (front,) = server.front_handlers
-    assert isinstance(front, Rewrite) and front.kubernetes is not None
+    assert isinstance(front, Rewrite)
     request = Request(decode_query(data), data, UDP4, V4_CLIENT)
-    front.serve(request, lambda _: PASSED)
+    server.responder.chain(request)  # the kubernetes block's chain: rewrite, then kubernetes
     assert request.written_by == "kubernetes"

@@ -16,7 +16,7 @@ from toposdns.config import Reading, ServeConfig
 from toposdns.metrics import ANSWERING
 from toposdns.serve.blocks import BlockConfig
 from toposdns.serve.forward import ForwardOptions, Upstream
-from toposdns.serve.listen import ListenOptions
+from toposdns.serve.listen import ListenOptions, server_label
 from toposdns.serve.query_log import LoggedUdpProtocol
 from toposdns.server import DnsServer, answering
 from toposdns.store.snapshot import Snapshot
@@ -211,6 +211,23 @@ def test_a_port_of_its_own_answers_its_blocks_and_a_reload_replaces_them(
                     for sample in family.samples:
                         where = sample.labels["server"]
                         requests[where] = requests.get(where, 0) + sample.value
-            assert requests == {f"dns://:{port}": 2, f"dns://:{other}": 7}
+            assert requests == {f"dns://127.0.0.1:{port}": 2, f"dns://127.0.0.2:{other}": 7}
 
     asyncio.run(run())
+
+
+# (address listened on, port, the `server` label CoreDNS gives it: core/dnsserver's
+# `Transport + "://" + net.JoinHostPort(host, port)`, the host empty without `bind`)
+SERVER_LABELS = [
+    ("0.0.0.0", 53, "dns://:53"),
+    ("::", 5353, "dns://:5353"),
+    ("127.0.0.1", 53, "dns://127.0.0.1:53"),
+    ("10.0.0.10", 1053, "dns://10.0.0.10:1053"),
+    ("::1", 53, "dns://[::1]:53"),
+    ("fd00::a", 53, "dns://[fd00::a]:53"),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "expected"), SERVER_LABELS)
+def test_the_server_label_is_the_address_listened_on(host: str, port: int, expected: str) -> None:
+    assert server_label(host, port) == expected

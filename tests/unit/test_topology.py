@@ -1050,13 +1050,15 @@ def test_srv_priority_with_hints() -> None:
     assert got == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1)]
 
 
-# Weights: (weights, client, SRV (last octet, group share), rotation (share, last octets))
+# Weights: (weights, client, SRV (last octet, group share), rotation (share, last octets)):
+# SRV counts each endpoint in the nearest tier that holds it; A and AAAA answer each tier's
+# turns with every endpoint the tier holds (all of them for "*").
 WEIGHT_CASES = [
     (
         "60,30,10",
         CLIENT_A,
         [(1, 60), (2, 30), (3, 30), (4, 10), (5, 10), (6, 10)],
-        [(60, [1]), (30, [2, 3]), (10, [4, 5, 6])],
+        [(60, [1]), (30, [1, 2, 3]), (10, [1, 2, 3, 4, 5, 6])],
     ),
     # No node, no zone for this client: their shares go to the next tier, "*".
     ("60,30,10", CLIENT_Z3, [(i, 100) for i in range(1, 7)], [(100, [1, 2, 3, 4, 5, 6])]),
@@ -1092,7 +1094,7 @@ def test_weights_with_hints() -> None:
     selection = select(policy, CLIENT_A, SOFT_CANDIDATES)
     assert [(share, last_octets(held)) for share, held in selection.rotation] == [
         (70, [1, 2, 3]),
-        (30, [4, 5, 6]),
+        (30, [1, 2, 3, 4, 5, 6]),
     ]
 
 

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import random
 from pathlib import Path
 from typing import Any
 
 import dnslib
 import pytest
 
-from tests.differential import Frontends, reference_reply
+from tests.differential import Frontends, frame, reference_reply
 from tests.helpers import config_of, snapshot_of
 from tests.objects import forwarder_service, headless, namespace, pod_locator, service
+from tests.unit.test_hosts import hosts_of
+from toposdns.resolve.autopath import AutopathOptions
 from toposdns.resolve.client import TrustedService
 from toposdns.resolve.resolver import resolve
-from toposdns.serve.responder import UDP4, Responder
+from toposdns.serve.chain import Request
+from toposdns.serve.responder import TCP4, UDP4, Responder
 from toposdns.source.snapshot_file import load_records
 from toposdns.store.builder import StoreBuilder, build_snapshot
 from toposdns.store.convert import convert_object
 from toposdns.store.model import PodLocator
+from toposdns.store.topology import TurnCounts
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
+from toposdns.wire.decode import decode_query
 
 NODE_A = {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1"}
 NODE_B = {"kubernetes.io/hostname": "node-b", "topology.kubernetes.io/zone": "z1"}
@@ -540,18 +547,18 @@ def test_soft_answers(service: str, client: dict[str, str], a: list[str], srv: l
 
 def test_soft_answers_through_the_caches_agree_with_the_reference() -> None:
     responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    turns = TurnCounts()  # the reference's rotations, asked in the server's order
     for _ in range(2):  # the second round is served from the caches
         for name in ("spill", "prio", "weighted", "hard"):
             for qtype in ("A", "SRV"):
                 for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.9"):
                     prefix = "_http._tcp." if qtype == "SRV" else ""
-                    q = dnslib.DNSRecord.question(
-                        f"{prefix}{service}.shop.svc.cluster.local", qtype
-                    )
+                    q = dnslib.DNSRecord.question(f"{prefix}{name}.shop.svc.cluster.local", qtype)
                     data = bytes(q.pack())
                     got = responder.respond(data, UDP4, source)
-                    want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG)
+                    want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG, turns=turns)
                     assert got == want, (name, qtype, source)
+                    assert dnslib.DNSRecord.parse(got).header.rcode == NOERROR
 
 
 def test_spillovers_and_weighted_answers_are_counted_cached_or_not() -> None:
@@ -561,13 +568,125 @@ def test_spillovers_and_weighted_answers_are_counted_cached_or_not() -> None:
         ask(responder, "spill.shop.svc.cluster.local", "127.0.0.4")  # node-c: enough
         srv = dnslib.DNSRecord.question("_http._tcp.weighted.shop.svc.cluster.local", "SRV")
         assert isinstance(responder.respond(bytes(srv.pack()), UDP4, "127.0.0.4"), bytes)
-        ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")  # A: the nearest tier
+        ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")  # A: the zone's turns
+    # 80,20 in turn: zone, zone, "*", zone, zone...
+    ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")  # "*"'s turn
+    ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")  # the zone's again
     assert responder.topology_counts.rows == {
         ("topologyKeys", "*", "spill-over"): [2, 0],
         ("topologyKeys", "kubernetes.io/hostname"): [2, 0],
-        ("annotation", "topology.kubernetes.io/zone", "weighted"): [2, 0],
-        ("annotation", "topology.kubernetes.io/zone"): [2, 0],
+        # Two SRV answers and three A replies from the zone's tier; one A reply from "*".
+        ("annotation", "topology.kubernetes.io/zone", "weighted"): [5, 0],
+        ("annotation", "*", "weighted"): [1, 0],
     }
+
+
+def weighted_query(rng: random.Random, qtype: str = "A") -> bytes:
+    """An A (or AAAA) query for `weighted` with a random ID, in one of the forms that take
+    different paths through the server: plain, with EDNS, in another letter case."""
+    form = rng.randrange(3)
+    name = "weighted.shop.svc.cluster.local"
+    if form == 2:
+        name = "".join(rng.choice((c, c.upper())) for c in name)
+    q = dnslib.DNSRecord.question(name, qtype)
+    q.header.id = rng.randrange(65536)
+    if form == 1:
+        q.add_ar(dnslib.EDNS0(udp_len=1232))
+    return bytes(q.pack())
+
+
+def test_weighted_a_replies_take_turns_on_every_path() -> None:
+    # node-c's client (127.0.0.4), zone z2: its zone's two replicas answer 80 replies in 100,
+    # every endpoint ("*") 20, whether the reply comes from the UDP
+    # fast path, the cache's other paths, TCP or the resolver (other letter case), each
+    # taking the next turn.
+    asyncio.run(take_turns())  # the TCP frontend sets timers
+
+
+async def take_turns() -> None:
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    frontends = Frontends(responder)
+    turns = TurnCounts()
+    rng = random.Random(7)
+    zone = everyone = 0
+    for turn in range(200):
+        data = weighted_query(rng)
+        want = reference_reply(data, UDP4, "127.0.0.4", SOFT_SNAPSHOT, CONFIG, turns=turns)
+        assert want is not None
+        if turn % 5 == 4:
+            (got,) = frontends.over_tcp(TCP4, [frame(data)], "127.0.0.4")
+        else:
+            (got,) = frontends.over_udp(UDP4, data, "127.0.0.4")
+        served = addresses(dnslib.DNSRecord.parse(got))
+        assert served == addresses(dnslib.DNSRecord.parse(want)), turn
+        if served == ["10.3.0.1", "10.3.0.2"]:
+            zone += 1
+        else:
+            assert served == ["10.1.0.1", "10.3.0.1", "10.3.0.2"]
+            everyone += 1
+        if turn == 99:
+            assert (zone, everyone) == (80, 20)
+    assert (zone, everyone) == (160, 40)
+    frontends.close()
+
+
+def test_weighted_a_replies_are_byte_for_byte_the_references() -> None:
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    frontends = Frontends(responder)
+    turns = TurnCounts()
+    rng = random.Random(3)
+    for turn in range(150):
+        qtype = rng.choice(("A", "AAAA"))
+        source = rng.choice(("127.0.0.2", "127.0.0.4", "127.0.0.5", "127.0.0.9"))
+        data = weighted_query(rng, qtype)
+        want = reference_reply(data, UDP4, source, SOFT_SNAPSHOT, CONFIG, turns=turns)
+        assert frontends.over_udp(UDP4, data, source) == [want], (turn, qtype, source)
+    frontends.close()
+
+
+def test_weighted_a_replies_take_turns_through_autopath() -> None:
+    # A pod's search path completed by autopath: the name it finds takes its turn too.
+    responder = Responder(CONFIG, SOFT_SNAPSHOT, autopath=AutopathOptions(enabled=True))
+    served = []
+    for _ in range(5):
+        reply = ask(
+            responder, "weighted.shop.svc.cluster.local.shop.svc.cluster.local", "127.0.0.4"
+        )
+        assert reply.rr[0].rtype == 5  # the CNAME to the name found
+        served.append(addresses(reply))
+    zone, other = ["10.3.0.1", "10.3.0.2"], ["10.1.0.1", "10.3.0.1", "10.3.0.2"]
+    assert served == [zone, zone, other, zone, zone]  # 80,20: "*" has the third turn
+
+
+def test_weighted_a_replies_take_turns_behind_a_plugin(tmp_path: Path) -> None:
+    # With a plugin before kubernetes (hosts), a miss is made by the cache-filling path and a
+    # query with options by the kubernetes handler: each takes its turn, as a hit does.
+    responder = Responder(
+        CONFIG, SOFT_SNAPSHOT, plugins=[hosts_of(tmp_path, "192.0.2.1 other\n", fallthrough=((),))]
+    )
+    turns = TurnCounts()
+    rng = random.Random(5)
+    for turn in range(40):
+        data = weighted_query(rng)
+        want = reference_reply(data, UDP4, "127.0.0.4", SOFT_SNAPSHOT, CONFIG, turns=turns)
+        assert responder.respond(data, UDP4, "127.0.0.4") == want, turn
+
+
+def test_the_kubernetes_handler_takes_turns_too() -> None:
+    # What the chain's kubernetes handler answers itself (a query the cache does not make)
+    # takes the next turn of the same rotation as the cache's replies.
+    responder = Responder(CONFIG, SOFT_SNAPSHOT)
+    served = []
+    for _ in range(5):
+        data = bytes(dnslib.DNSRecord.question("weighted.shop.svc.cluster.local").pack())
+        request = Request(decode_query(data), data, UDP4, "127.0.0.4")
+        reply = responder.kubernetes.serve(request, lambda passed: None)
+        assert isinstance(reply, bytes)
+        served.append(addresses(dnslib.DNSRecord.parse(reply)))
+    zone, everyone = ["10.3.0.1", "10.3.0.2"], ["10.1.0.1", "10.3.0.1", "10.3.0.2"]
+    assert served == [zone, zone, everyone, zone, zone]
+    # The cache's next reply is the sixth turn: the zone's (80,20: "*" has the third and eighth).
+    assert addresses(ask(responder, "weighted.shop.svc.cluster.local", "127.0.0.4")) == zone
 
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "topology-soft.yaml"

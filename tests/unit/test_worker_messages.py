@@ -13,8 +13,8 @@ import pytest
 
 from toposdns.config import ServeConfig
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.any import AnyOptions
 from toposdns.serve.cache import CacheBoundOptions
-from toposdns.serve.responder import AnyOptions
 from toposdns.wire.encode import BufsizeOptions
 from toposdns.workers.messages import Reconfigure, Stop, frame, receive
 

@@ -51,3 +51,8 @@ class Answer(NamedTuple):
     #: True when the cluster does not have the name and a `--fallthrough` zone holds it: the
     #: upstreams answer instead (CoreDNS's `fallthrough`, then `forward`).
     fallthrough: bool = False
+    #: Topology weights on A and AAAA: which tier (`Selection.rotation`'s index) answers each
+    #: of ROTATION turns, and the client's counter of turns (store/topology.py `TurnCounts`;
+    #: None when none was given); empty when answers do not rotate.
+    schedule: tuple[int, ...] = ()
+    counter: list[int] | None = None

@@ -24,7 +24,7 @@ from toposdns.resolve.answer import Answer
 from toposdns.resolve.qname import SVC
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.codes import CNAME, NXDOMAIN, Name
 from toposdns.wire.records import RR
 
@@ -233,9 +233,11 @@ def local_answer(
     config: ResolverConfig,
     labels: Labels,
     decisions: list[Decision] | None = None,
+    turns: TurnCounts | None = None,
 ) -> Answer | None:
-    """The zones' answer for a name on the walk, or None when the upstreams must answer it."""
+    """The zones' answer for a name on the walk, or None when the upstreams must answer it
+    (`turns`: the server's rotations of topology weights, which a name found moves on)."""
     if match_zone(tuple(label.lower() for label in name), config.zones) is None:
         return None
-    answer = resolve(name, qtype, snapshot, config, labels, decisions)
+    answer = resolve(name, qtype, snapshot, config, labels, decisions, turns=turns)
     return None if answer.fallthrough else answer

@@ -53,7 +53,16 @@ from toposdns.store.model import (
     canonical_ip,
 )
 from toposdns.store.snapshot import Dependency, Snapshot
-from toposdns.store.topology import Labels, Policy, Selection, endpoint_labels, select
+from toposdns.store.topology import (
+    Labels,
+    Policy,
+    Selection,
+    TurnCounts,
+    endpoint_labels,
+    schedule_of,
+    select,
+    take_turn,
+)
 from toposdns.wire.codes import (
     AAAA,
     AXFR,
@@ -298,6 +307,8 @@ def resolve(
     client: Labels | None = None,
     trace: list[Decision] | None = None,
     limit: int = MAX_TCP_SIZE,
+    turns: TurnCounts | None = None,
+    group: int = -1,
 ) -> Answer:
     """Answer one question. `name` is the query name's labels exactly as asked.
 
@@ -310,6 +321,10 @@ def resolve(
     takes the records before it, compressed as tightly as they could be, past that size: the
     records after it would be cut from any reply (wire/encode.py truncates from the end), so
     the reply is the same as that of the whole answer, cut, without building them.
+
+    A and AAAA of a service with topology weights answer one tier per reply, in turn
+    (`Answer.schedule`): the next turn of the client's rotation in `turns` (which moves on),
+    turn 0 without it, or with `group` >= 0 that tier (`Selection.rotation`'s index) as it is.
     """
     lower = tuple(map(str.lower, name))
     zone_len = match_zone(lower, config.zones)
@@ -321,6 +336,7 @@ def resolve(
     # The reply's header and question (written whole) come before any record.
     room = limit - 12 - _name_length(name) - 4
     lookup = _Lookup(snapshot, config, zone, zone_lower, client or {}, trace, room)
+    lookup.turns, lookup.group = turns, group
     soa = lookup.soa()
     try:
         records, extra = lookup.dispatch(name, lower, qtype)
@@ -347,6 +363,8 @@ def resolve(
             tier=lookup.tier,
             soft=lookup.soft,
             depends=depends,
+            schedule=lookup.schedule,
+            counter=lookup.counter,
         )
     chase = None if lookup.chase is None else Chase(lookup.chase, qtype, soa)
     return Answer(
@@ -359,6 +377,8 @@ def resolve(
         soft=lookup.soft,
         chase=chase,
         depends=depends,
+        schedule=lookup.schedule,
+        counter=lookup.counter,
     )
 
 
@@ -555,7 +575,7 @@ class _Lookup:
     # One is made per query that misses the cache.
     __slots__ = (
         "snap", "cfg", "zone", "zone_lower", "ttl", "client", "trace", "policy", "tier", "chase",
-        "depends", "room", "qtype", "srv_groups", "soft",
+        "depends", "room", "qtype", "srv_groups", "soft", "turns", "group", "schedule", "counter",
     )  # fmt: skip
 
     def __init__(
@@ -586,6 +606,12 @@ class _Lookup:
         self.srv_groups: dict[int, tuple[int, int, int]] = {}
         #: What soft topology did (Answer.soft).
         self.soft = ""
+        #: Weights for A and AAAA (`resolve`): the rotations' turns, the tier asked for (-1:
+        #: the next turn), and the schedule and counter of the rotation answered.
+        self.turns: TurnCounts | None = None
+        self.group = -1
+        self.schedule: tuple[int, ...] = ()
+        self.counter: list[int] | None = None
         #: An out-of-zone CNAME target to resolve upstream.
         self.chase: Name | None = None
         #: What of the snapshot the answer read (store/snapshot.py `Dependency`).
@@ -781,8 +807,27 @@ class _Lookup:
                 for i, priority, group, share in selection.srv
             }
             return [entry for entry in entries if id(entry.endpoint) in groups]
-        chosen = {id(candidates[i][0]) for i in selection.chosen}
+        held = selection.chosen
+        if selection.rotation and self.qtype in (A, AAAA):
+            group = self.rotate(svc, policy, selection)
+            held = selection.rotation[group][1]
+            self.tier = selection.taken[group]
+            self.soft = "weighted"
+        chosen = {id(candidates[i][0]) for i in held}
         return [entry for entry in entries if id(entry.endpoint) in chosen]
+
+    def rotate(self, svc: Service, policy: Policy, selection: Selection) -> int:
+        """Which of `selection.rotation`'s tiers answers this A or AAAA query: the group asked
+        for, else its rotation's next turn (docs/topology.md, "Soft topology")."""
+        schedule = schedule_of(tuple(share for share, _ in selection.rotation))
+        counter = None
+        if self.turns is not None:
+            key = (svc.namespace, svc.name, self.qtype, policy.signature(self.client))
+            counter = self.turns.counter(key)
+        self.schedule, self.counter = schedule, counter
+        if 0 <= self.group < len(selection.rotation):
+            return self.group
+        return schedule[take_turn(counter, len(schedule)) if counter is not None else 0]
 
     def ns_entries(self) -> list[_Entry]:
         """ns.go nsAddrs: this server's own Service if it finds its endpoint, else ns.dns.<zone>."""
@@ -791,7 +836,7 @@ class _Lookup:
         done: set[int] = set()
         for own in () if self.cfg.noendpoints else self.cfg.ns_addresses:
             self.depends.add(("ip", canonical_ip(own)))
-            for eps, _ep, _address in self.snap.endpoint_ips.get(canonical_ip(own), ()):
+            for eps, _ep, _address in self.snap.endpoints_at(canonical_ip(own)):
                 self.depends.add(("svc", eps.namespace, eps.service))
                 svc = self.snap.services.get((eps.namespace, eps.service))
                 if svc is None or id(eps) in done:
@@ -945,7 +990,7 @@ class _Lookup:
             pod_names = self.cfg.endpoint_pod_names
             # Each distinct target takes a record (its name compressed to a pointer at least).
             most = self.room // (_RR_LEAST + 2) + 1
-            for eps, ep, address in self.snap.endpoint_ips.get(ip, ()):
+            for eps, ep, address in self.snap.endpoints_at(ip):
                 if listed and eps.namespace not in listed:
                     continue
                 hostname = endpoint_hostname(ep, address, pod_names)

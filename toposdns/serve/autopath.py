@@ -34,10 +34,11 @@ from toposdns.resolve.autopath import (
 )
 from toposdns.resolve.autopath import walk as walk_names
 from toposdns.resolve.resolver import ResolverConfig
+from toposdns.serve.chain import Next, Reply, Request, failed
 from toposdns.serve.placement import Placer
 from toposdns.serve.transport import Transport
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
 from toposdns.wire.decode import Query, question_end, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, name_wire, udp_limit
@@ -78,7 +79,10 @@ class Relay(Protocol):
 
 class AutoPath:
     """Completes search paths from the snapshot being served and, for the names outside the
-    zones, the upstreams (`relay`; None without any)."""
+    zones, the upstreams (`relay`; None without any). It is the `autopath` handler of the
+    kubernetes block's chain: a query it does not complete goes on to the plugins after it."""
+
+    name = "autopath"
 
     def __init__(
         self,
@@ -88,14 +92,26 @@ class AutoPath:
         placer: Placer,
         relay: Relay | None,
         count: Callable[[], None],
+        turns: TurnCounts | None = None,
     ) -> None:
         self.options = options
+        #: The server's rotations of topology weights: the name a walk finds takes a turn.
+        self.turns = turns
         self.config = config
         self.serving = serving
         self.placer = placer
         self.relay = relay
         #: Called for each name found (`coredns_autopath_success_total`).
         self.count = count
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        try:
+            completion = self.complete(
+                request.data, request.query, request.transport, request.source
+            )
+        except Exception:
+            return failed(request.query)
+        return next(request) if completion is None else completion
 
     def complete(
         self, data: bytes, query: Query, transport: Transport, source: str
@@ -138,7 +154,9 @@ class AutoPath:
         snapshot = self.serving()
 
         def local(name: Name) -> Answer | None:
-            return local_answer(name, walk.query.qtype, snapshot, self.config, walk.labels)
+            return local_answer(
+                name, walk.query.qtype, snapshot, self.config, walk.labels, turns=self.turns
+            )
 
         for index, answer in walk_names(walk.names, start, local):
             name = walk.names[index]

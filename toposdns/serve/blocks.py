@@ -7,9 +7,10 @@ to the block whose zone is the longest suffix of its name (`.` last), and REFUSE
 block's zone holds it; a DS question goes to the parent's block when its name is a block's
 zone itself, as the delegation's parent answers DS (RFC 4035 section 3.1.4.1).
 
-The kubernetes server block is the responder's (serve/responder.py), with its caches and fast
-paths; `Blocks.find` tells it which queries are its own (None) and hands the others to their
-block's chain (serve/chain.py), built here from the block's options in CoreDNS's plugin order.
+The kubernetes server block is the responder's (serve/responder.py): its caches and fast paths
+in front, then its own chain (kubernetes, forward and the plugins around them); `Blocks.find`
+tells it which queries are that block's (None) and hands the others to their block's chain
+(serve/chain.py), built here from the block's options in CoreDNS's plugin order.
 On a port without the kubernetes block, the `Blocks` have no zones of the responder's own:
 every query goes down a block's chain, or is REFUSED.
 """
@@ -21,15 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from toposdns.options import Network
-from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
-from toposdns.serve.forward import Forwarder, ForwardOptions, forwarder_for
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, chain
+from toposdns.serve.forward import Forwarder, Forwarding, ForwardOptions, forwarder_for
 from toposdns.serve.forward_cache import CacheSettings, cache_off, capping
 from toposdns.serve.hosts import HostsOptions, make_hosts
+from toposdns.serve.query_metrics import DROPPED
 from toposdns.serve.rewrite import RewriteOptions, make_rewrite
 from toposdns.serve.template import TemplateOptions, make_template
 from toposdns.serve.transport import Transport
-from toposdns.wire.codes import DS, REFUSED, Name
-from toposdns.wire.encode import encode_bare, encode_opt
+from toposdns.wire.codes import DS, Name
+from toposdns.wire.records import name_text
 
 log = logging.getLogger("toposdns")
 
@@ -69,6 +71,15 @@ class Blocks:
         for config, link in others:
             for zone in config.zones:
                 self.by_zone[zone] = link
+        #: Each zone as the metrics' `zone` label writes it.
+        self.texts = {zone: name_text(zone) for zone in self.by_zone}
+        #: The zones of the blocks without `prometheus`, whose queries CoreDNS does not count.
+        self.uncounted = frozenset(
+            self.texts[zone]
+            for config, _ in others
+            if "prometheus" not in config.plugins
+            for zone in config.zones
+        )
 
     def find(self, name: Name, qtype: int) -> tuple[Name, Next | None] | None:
         """The zone of the block that answers `name`, and its chain (None: the kubernetes
@@ -86,6 +97,13 @@ class Blocks:
                     return (zone, self.by_zone[zone])
         return found
 
+    def zone_label(self, name: Name, qtype: int) -> str:
+        """The `zone` label of a query for `name`: the zone of the block it goes to, as
+        CoreDNS's `metrics` in that block matches it; `dropped` when no block holds it (the
+        server refuses it before any block, and CoreDNS counts it so)."""
+        found = self.find(name, qtype)
+        return DROPPED if found is None else self.texts[found[0]]
+
     def mine(self, name: Name, qtype: int) -> bool:
         """True if the kubernetes block answers `name`."""
         found = self.find(name, qtype)
@@ -101,32 +119,6 @@ class Blocks:
         return all(self.mine(zone, 0) for zone in zones) and not any(
             other[len(other) - len(zone) :] == zone for zone in zones for other in others
         )
-
-
-class Forwarding:
-    """CoreDNS's `forward` (with its `cache`) at the end of a server block's chain."""
-
-    name = "forward"
-
-    def __init__(self, forwarder: Forwarder) -> None:
-        self.forwarder = forwarder
-
-    def serve(self, request: Request, next: Next) -> Reply:
-        forwarder = self.forwarder
-        if not forwarder.admits(request.source):  # `--forward-allow`, as in every block
-            return encode_bare(request.query, REFUSED)
-        if forwarder.scoped and not forwarder.forwards(request.query.name):
-            return next(request)  # outside FROM, or under `except`: as CoreDNS's match
-        return self.relayed(request)
-
-    async def relayed(self, request: Request) -> bytes | None:
-        """The upstream's reply, or the rcode the forwarder gives when there is none."""
-        query = request.query
-        opt = encode_opt(query.edns) if query.edns is not None else b""
-        reply = await self.forwarder.forward(
-            request.data, request.transport.tcp, request.limit, opt
-        )
-        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
 
 def block_forwarder(

@@ -48,7 +48,7 @@ from toposdns.resolve.client import NO_LABELS
 from toposdns.serve.query_metrics import Hits
 from toposdns.serve.transport import TRANSPORTS
 from toposdns.store.snapshot import Dependency
-from toposdns.store.topology import Labels, Policy
+from toposdns.store.topology import Labels, Policy, take_turn
 from toposdns.wire.case import Recasing, recase, rotated
 from toposdns.wire.decode import serial_offset
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions
@@ -65,6 +65,8 @@ TOPOLOGY_OVERHEAD = 600
 #: A label set a `TopologyReplies` remembers: its slot in `by_labels`, the int key, its slot
 #: in `held` (measured: 77 to 100 bytes as they fill).
 LABELS_OVERHEAD = 92
+#: A `Turns` beyond its replies: the object, its tuple of ROTATION references and its counter.
+TURNS_OVERHEAD = 1000
 #: A `Rendered` reply beyond the bytes of its query and reply: the object, the bytes objects'
 #: headers and the table's slot.
 RENDERED_OVERHEAD = 250
@@ -154,6 +156,7 @@ class Cached:
         "small",
         "packed",
         "case",
+        "turns",
     )
 
     def __init__(
@@ -208,6 +211,9 @@ class Cached:
         #: Where the reply copies the name asked, to write it for another letter case (found
         #: when first asked so; `NOT_RECASED` when it cannot be), or None.
         self.case: Recasing | None = None
+        #: Topology weights on A and AAAA: the replies of the client's rotation, one per
+        #: turn, of which this is one; None for a reply that is the same each time.
+        self.turns: Turns | None = None
 
     def current(self, serial: int) -> bytes:
         """The reply with this serial (rewritten once per serial, not per hit) and, with
@@ -245,6 +251,29 @@ class Cached:
                 self.compressed[:compressed_at] + stamp + self.compressed[compressed_at + 4 :]
             )
         self.serial = serial
+
+
+class Turns:
+    """A client signature's replies to an A or AAAA query of a service with topology weights:
+    one per turn of its rotation (each tier's reply, as often as its share), and the counter of
+    turns that the resolver's path moves on too (store/topology.py `TurnCounts`). A hit takes
+    the next turn (`next`, inlined by the UDP frontend), as `Rotation` gives `--loadbalance`'s
+    next order."""
+
+    __slots__ = ("replies", "counter")
+
+    def __init__(self, replies: tuple[Cached, ...], counter: list[int]) -> None:
+        self.replies = replies
+        self.counter = counter
+
+    def peek(self) -> Cached:
+        """The reply of the next turn, the counter left where it is."""
+        turn = self.counter[0]
+        return self.replies[turn if turn < len(self.replies) else 0]
+
+    def next(self) -> Cached:
+        """The reply of the next turn; the counter moves on (store/topology.py `take_turn`)."""
+        return self.replies[take_turn(self.counter, len(self.replies))]
 
 
 def _serial_at(reply: bytes | None) -> int:

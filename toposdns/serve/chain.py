@@ -8,19 +8,26 @@ reply that comes back (`rewrite`). The end of the chain answers SERVFAIL, as Cor
 `plugin.NextOrFailure` does when no plugin is left.
 
 A reply is the message's bytes, None for no reply, or a coroutine that gives one of them once
-an upstream has answered.
+an upstream has answered. Every server block runs so, the kubernetes one too (its chain ends in
+`kubernetes` and `forward`, serve/responder.py); what runs before a chain (the reply cache,
+the server's counting) is the server's, as CoreDNS's dnsserver is in front of its plugins.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from toposdns.metrics import PANICS
 from toposdns.serve.transport import Transport
 from toposdns.wire.codes import SERVFAIL
 from toposdns.wire.decode import Query
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, udp_limit
+from toposdns.wire.records import name_text, type_name
+
+log = logging.getLogger("toposdns")
 
 #: CoreDNS 1.14's plugin.cfg, the order a chain runs its plugins in, whatever order a Corefile
 #: writes them (the plugins toposdns has are among them).
@@ -54,6 +61,10 @@ class Request:
     zone: str = "."
     #: The plugin whose handler wrote the reply, once one has ("" until then).
     written_by: str = ""
+    #: Whether an ANY question may go upstream: `any` says no, and `forward` then answers RFC
+    #: 8482's HINFO in the upstreams' place (CoreDNS's `any` answers every ANY before the
+    #: other plugins; here `kubernetes` answers the ANY questions of its zones first).
+    upstream_any: bool = True
 
     @property
     def limit(self) -> int:
@@ -76,19 +87,21 @@ class Handler(Protocol):
         ...
 
 
-#: What the plugins before the kubernetes block's own (template, hosts) give when every one
-#: of them passes a query on: the responder then answers it (no reply is ever empty).
-PASSED = b""
-
-
-def pass_on(request: Request) -> Reply:
-    """The end of the plugins before the kubernetes block's own: the responder's turn."""
-    return PASSED
-
-
 def end_of_chain(request: Request) -> Reply:
     """What a request gets when every plugin has passed it on: SERVFAIL, as CoreDNS."""
     return encode_bare(request.query, SERVFAIL)
+
+
+def failed(query: Query) -> bytes:
+    """SERVFAIL for a bug in a handler, with the traceback in the log (CoreDNS's panic
+    recovery, counted in `coredns_panics_total`)."""
+    PANICS.inc()
+    log.exception(
+        "internal error answering %s %s; replied SERVFAIL",
+        name_text(query.name),
+        type_name(query.qtype),
+    )
+    return encode_bare(query, SERVFAIL)
 
 
 def chain(handlers: Sequence[Handler], end: Next = end_of_chain) -> Next:
@@ -106,7 +119,7 @@ def _linked(handler: Handler, rest: Next) -> Next:
     def link(request: Request) -> Reply:
         reply = serve(request, rest)
         # A plugin after this one that wrote the reply has said so already.
-        if not request.written_by and reply is not PASSED:
+        if not request.written_by:
             request.written_by = name
         return reply
 

@@ -3,10 +3,10 @@ zones go to upstream servers.
 
 `forward FROM TO... { except IGNORED_NAMES...; force_tcp; prefer_udp; expire DURATION;
 max_fails INTEGER; tls [CERT KEY] [CA]; tls_servername NAME; policy random|round_robin|
-sequential; health_check DURATION [no_rec] [domain FQDN]; max_concurrent MAX }`, as CoreDNS
-1.14's README and setup.go read it. TO is `IP[:PORT]`, `[IPv6]:PORT`, `dns://...`,
+sequential; health_check DURATION [no_rec] [domain FQDN]; failover RCODE...; max_concurrent
+MAX }`, as CoreDNS 1.14's README and setup.go read it. TO is `IP[:PORT]`, `[IPv6]:PORT`, `dns://...`,
 `tls://IP[%NAME][:PORT]` (DNS over TLS, port 853) or a resolv.conf file; at most 15. Not here:
-DNS over HTTPS, host names as TO, and the other options (`next`, `failover`, `read_timeout`,
+DNS over HTTPS, host names as TO, and the other options (`next`, `read_timeout`,
 `max_idle_conns`, `source_address`, ...), which stop startup with what is supported; one
 `forward` per server block.
 
@@ -25,9 +25,10 @@ DNS over HTTPS, host names as TO, and the other options (`next`, `failover`, `re
   further each query; sequential always from the first) among those healthy over the transport
   in use (upstream.py: `max_fails`, `health_check`); when none is, all are, in random order
   (CoreDNS counts this as its health check broken). Every failure moves the query on to the
-  next upstream. A reply is relayed, and cached, only if it parses and answers the question
-  asked; when the only replies were to other questions the client gets FORMERR, as from CoreDNS,
-  and when none came SERVFAIL.
+  next upstream, and so does a reply whose rcode `failover` names, until every upstream has
+  given one (the last is then relayed). A reply is relayed, and cached, only if it parses and
+  answers the question asked; when the only replies were to other questions the client gets
+  FORMERR, as from CoreDNS, and when none came SERVFAIL.
 - A query goes upstream over the transport it came by (UDP or TCP), or over TCP with
   `force_tcp`, over UDP with `prefer_udp` (`force_tcp` wins); a truncated UDP reply is asked
   again over TCP. A `tls://` upstream is always asked over TLS. TCP and TLS connections are
@@ -78,6 +79,7 @@ from toposdns.options import (
     seconds,
     sets,
 )
+from toposdns.serve.chain import Next, Reply, Request, failed
 from toposdns.serve.connections import EXPIRE, Connections, tls_context
 from toposdns.serve.forward_cache import CacheSettings, Entry, ForwardCache, Refresher
 from toposdns.serve.loop import LoopGuard
@@ -95,6 +97,7 @@ from toposdns.serve.upstream import (
 from toposdns.wire.codes import (
     AAAA,
     AD,
+    ANY,
     CNAME,
     FORMERR,
     NS,
@@ -108,13 +111,14 @@ from toposdns.wire.codes import (
     Name,
 )
 from toposdns.wire.decode import question_end, read_name, record_spans
-from toposdns.wire.encode import truncate
+from toposdns.wire.encode import encode_bare, encode_minimal_any, encode_opt, truncate
 from toposdns.wire.records import RR, name_text
 
 __all__ = [
     "FORWARD",
     "ForwardOptions",
     "Forwarder",
+    "Forwarding",
     "Upstream",
     "answer_records",
     "build_query",
@@ -137,6 +141,12 @@ MAX_UPSTREAMS = 15
 POLICIES = ("random", "round_robin", "sequential")
 #: CoreDNS reads `max_fails` as a 32-bit unsigned number.
 MAX_FAILS = 2**32 - 1
+#: The rcodes `failover` may name, by miekg/dns's names (any letter case): those a reply's
+#: header holds, but NOERROR, which CoreDNS refuses there.
+FAILOVER_RCODES = {
+    "FORMERR": 1, "SERVFAIL": 2, "NXDOMAIN": 3, "NOTIMP": 4, "REFUSED": 5, "YXDOMAIN": 6,
+    "YXRRSET": 7, "NXRRSET": 8, "NOTAUTH": 9, "NOTZONE": 10,
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +186,8 @@ class ForwardOptions:
     tls: tuple[str, ...] | None = None
     #: `tls_servername`: the name a TLS upstream's certificate must carry.
     tls_servername: str = ""
+    #: `failover RCODE...`: replies with these rcodes send the query on to the next upstream.
+    failover: frozenset[int] = frozenset()
 
     @property
     def checks(self) -> HealthChecks:
@@ -337,6 +349,23 @@ def _servername(words: Sequence[str], origin: Origin) -> str:
     return name
 
 
+def _failover(words: Sequence[str], origin: Origin) -> frozenset[int]:
+    """`failover RCODE...`: rcode names, as CoreDNS reads them (NOERROR refused)."""
+    if not words:
+        raise origin.error("expected at least one rcode, e.g. failover SERVFAIL REFUSED")
+    rcodes = set()
+    for word in words:
+        if word.upper() == "NOERROR":
+            raise origin.error("NoError cannot be used in failover; name the failures to retry")
+        rcode = FAILOVER_RCODES.get(word.upper())
+        if rcode is None:
+            raise origin.error(
+                f"{word} is not a valid rcode; expected some of {', '.join(FAILOVER_RCODES)}"
+            )
+        rcodes.add(rcode)
+    return frozenset(rcodes)
+
+
 def _checked(options: ForwardOptions, origin: Origin) -> ForwardOptions:
     """A certificate name per upstream and one for all cannot both be given, as CoreDNS says."""
     for upstream in options.upstreams or ():
@@ -389,6 +418,7 @@ FORWARD: Plugin[ForwardOptions] = Plugin(
         Setting("expire", sets("expire", seconds(0.0, 86400.0))),
         Setting("tls", sets("tls", _tls)),
         Setting("tls_servername", sets("tls_servername", _servername)),
+        Setting("failover", sets("failover", _failover)),
     ),
     check=_checked,
 )
@@ -407,11 +437,16 @@ def forwarder_for(options: ForwardOptions, cache: CacheSettings) -> Forwarder | 
     )
 
 
-def loop_checked(options: ForwardOptions) -> tuple[Upstream, ...]:
-    """The upstreams CoreDNS's `loop` probe would go through: the plain DNS ones (toposdns
-    serves no TLS, so a `tls://` upstream is never this server), and none when FROM is not the
-    root (the probe's random name is not forwarded then)."""
-    if options.zone or () in options.ignored:
+def loop_checked(options: ForwardOptions, zone: Name = ()) -> tuple[Upstream, ...]:
+    """The upstreams CoreDNS's `loop` probe, `<random>.<random>.ZONE` (its server block's
+    zone), would go through: the plain DNS ones (toposdns serves no TLS, so a `tls://`
+    upstream is never this server), and none when these options do not forward that name
+    (FROM does not hold the zone, or an `except` does: its random labels match no zone)."""
+
+    def under(name: Name, parent: Name) -> bool:
+        return len(name) >= len(parent) and name[len(name) - len(parent) :] == parent
+
+    if not under(zone, options.zone) or any(under(zone, ignored) for ignored in options.ignored):
         return ()
     return tuple(upstream for upstream in options.upstreams or () if not upstream.tls)
 
@@ -463,6 +498,7 @@ class Forwarder:
         self.force_tcp = options.force_tcp
         self.prefer_udp = options.prefer_udp
         self.policy = options.policy
+        self.failover = options.failover
         #: round_robin's count of queries, which picks the first upstream of each.
         self.robin = 0
         self.allow = allow
@@ -614,6 +650,8 @@ class Forwarder:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + BUDGET
         failure = SERVFAIL
+        #: Replies `failover` sent on: once every upstream has given one, the last is relayed.
+        failovers = 0
         for _ in range(PASSES):
             for upstream in self.order(tcp):
                 if loop.time() >= deadline:
@@ -639,9 +677,14 @@ class Forwarder:
                     self.short_of = ""
                     log.info("forwarding works again")
                 upstream.succeeded(tcp)
-                rcode = RCODE_NAMES.get(reply[3] & RCODE, str(reply[3] & RCODE))
+                rcode = reply[3] & RCODE
                 seconds = time.perf_counter() - started
-                PROXY_DURATION.labels("forward", str(upstream), rcode).observe(seconds)
+                name = RCODE_NAMES.get(rcode, str(rcode))
+                PROXY_DURATION.labels("forward", str(upstream), name).observe(seconds)
+                if rcode in self.failover:
+                    failovers += 1
+                    if failovers < len(self.upstreams):
+                        continue
                 return self.cache.store(key, reply, message)
         return failure
 
@@ -713,6 +756,46 @@ class Forwarder:
             return whole, whole_message
         finally:
             self.loops.answered(qid, question)
+
+
+class Forwarding:
+    """CoreDNS's `forward` (with its `cache`) in a server block's chain, the kubernetes block's
+    too (where it gets the names outside the zones and those that fall through)."""
+
+    name = "forward"
+
+    def __init__(self, forwarder: Forwarder, hits: list[int] | None = None) -> None:
+        self.forwarder = forwarder
+        #: Where the forward cache's hits of clients' queries count (the server's `cache`
+        #: metrics, serve/query_metrics.py), when it counts them.
+        self.hits = hits
+
+    def serve(self, request: Request, next: Next) -> Reply:
+        forwarder = self.forwarder
+        query = request.query
+        if not forwarder.admits(request.source):
+            # Outside `--forward-allow`, as CoreDNS's `acl` block in front would refuse it.
+            request.written_by = "acl"
+            return encode_bare(query, REFUSED)
+        if query.qtype == ANY and not request.upstream_any:
+            request.written_by = "any"  # serve/any.py: RFC 8482's reply, not the upstreams'
+            return encode_minimal_any(query)
+        if forwarder.scoped and not forwarder.forwards(query.name):
+            return next(request)  # outside FROM, or under `except`: as CoreDNS's match
+        return self.relayed(request)
+
+    async def relayed(self, request: Request) -> bytes | None:
+        """The upstream's reply, or the rcode the forwarder gives when there is none."""
+        query = request.query
+        try:
+            opt = encode_opt(query.edns) if query.edns is not None else b""
+            reply = await self.forwarder.forward(
+                request.data, request.transport.tcp, request.limit, opt, self.hits
+            )
+        except Exception:
+            return failed(query)
+        # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
+        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
 
 
 def cache_key(data: bytes, end: int, edns: bool) -> bytes:

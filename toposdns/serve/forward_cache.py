@@ -54,7 +54,7 @@ from toposdns.options import (
     none,
     sets,
 )
-from toposdns.serve.chain import PASSED, Next, Reply, Request
+from toposdns.serve.chain import Next, Reply, Request
 from toposdns.wire.codes import (
     AA,
     AD,
@@ -871,11 +871,14 @@ def first_served(reply: bytes, settings: CacheSettings, now: float) -> bytes:
     return bytes(out)
 
 
+#: The plugins whose replies `Capping` caps: forwarded replies are the forward cache's, which
+#: caps them itself; the kubernetes block's own are the reply cache's (serve/cache.py).
+CAPPED = ("template", "hosts")
+
+
 class Capping:
     """CoreDNS's `cache` in a chain, for the replies of the plugins after it that it would keep
-    (template, hosts): their TTLs capped as its first reply caps them. Forwarded replies are
-    the forward cache's, which caps them itself; the kubernetes block's own are the reply
-    cache's (serve/cache.py)."""
+    (template, hosts, `CAPPED`): their TTLs capped as its first reply caps them."""
 
     name = "cache"
 
@@ -884,7 +887,7 @@ class Capping:
 
     def serve(self, request: Request, next: Next) -> Reply:
         reply = next(request)
-        if isinstance(reply, bytes) and reply is not PASSED:
+        if isinstance(reply, bytes) and request.written_by in CAPPED:
             return first_served(reply, self.settings, time.time())
         return reply
 

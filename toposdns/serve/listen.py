@@ -25,6 +25,16 @@ class ListenOptions:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+def server_label(host: str, port: int) -> str:
+    """The `server` label CoreDNS gives the server on this address (the address it listens
+    on): `dns://:PORT` on every address, `dns://ADDR:PORT` on one (`bind`), IPv6 in brackets."""
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = not host
+    return f"dns://:{port}" if unspecified else f"dns://{ListenOptions(host, port)}"
+
+
 def _listen(options: ListenOptions, words: Sequence[str], origin: Origin) -> ListenOptions:
     if len(words) != 1:
         raise origin.error("expected HOST:PORT, e.g. 127.0.0.1:5353")

@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from struct import pack
 
 from toposdns.metrics import FORWARD_LOOPS
 from toposdns.serve.upstream import LocalError, Upstream, UpstreamError, send_udp
-from toposdns.wire.codes import RD
+from toposdns.wire.codes import RD, Name
 from toposdns.wire.decode import read_name
 
 log = logging.getLogger("toposdns")
@@ -92,18 +92,23 @@ class LoopGuard:
             return True
         return False
 
-    def probe(self, upstream: Upstream) -> bytes:
-        """A new probe question (`<random>.<random>. HINFO`) for `upstream`, known as a probe
+    def probe(self, upstream: Upstream, zone: Name = ()) -> bytes:
+        """A new probe question (`<random>.<random>.ZONE HINFO`, ZONE that of the server block
+        whose upstream it goes through, as CoreDNS's `loop`) for `upstream`, known as a probe
         from now on, also to the processes forked after."""
-        labels = (str(secrets.randbits(62)), str(secrets.randbits(62)))
-        name = b"".join(bytes((len(label),)) + label.encode() for label in labels) + b"\x00"
+        labels = (str(secrets.randbits(62)), str(secrets.randbits(62)), *zone)
+        name = (
+            b"".join(bytes((len(label),)) + label.encode("latin-1") for label in labels) + b"\x00"
+        )
         question = name + pack("!HH", HINFO, 1)
         self.probes[question] = upstream
         return question
 
-    async def check(self, upstreams: tuple[Upstream, ...], server: str) -> None:
-        """Send a probe through every upstream; LoopError if one comes back to `server`."""
-        await self.send_probes({self.probe(upstream): upstream for upstream in upstreams}, server)
+    async def check(self, upstreams: Sequence[tuple[Name, Upstream]], server: str) -> None:
+        """Send a probe through every upstream, under the zone given with it; LoopError if one
+        comes back to `server`."""
+        probes = {self.probe(upstream, zone): upstream for zone, upstream in upstreams}
+        await self.send_probes(probes, server)
 
     async def send_probes(self, probes: dict[bytes, Upstream], server: str) -> None:
         """Send probes made with `probe`; LoopError if one comes back to this process."""

@@ -7,13 +7,18 @@ made and gone with it, and the collector adds the rows up only when Prometheus s
 scrape's cost follows the number of distinct rows (labels times reply sizes), not the number of
 cached replies.
 
-Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty, `server` is
-`dns://:PORT`, one `QueryMetrics` per port, `zone` is `.`):
+Exported, as CoreDNS's `metrics` plugin does (label `view` is always empty; `server` is the
+address the server listens on, `dns://:PORT` or with `bind` `dns://ADDR:PORT`, one
+`QueryMetrics` per server; `zone` is the zone of the server block the query was routed by,
+`dropped` for a query the server refused before any block, as CoreDNS's `vars.Dropped`):
 `coredns_dns_requests_total{server,zone,view,proto,family,type}`,
+`coredns_dns_do_requests_total{server,zone,view}` (queries with the DO bit set),
 `coredns_dns_responses_total{server,zone,view,rcode,plugin}`,
 `coredns_dns_request_duration_seconds{server,zone,view}`,
 `coredns_dns_request_size_bytes{server,zone,view,proto}` and
-`coredns_dns_response_size_bytes{server,zone,view,proto}`.
+`coredns_dns_response_size_bytes{server,zone,view,proto}`. The zone and the DO bit are labels
+of a row like the others: a cached reply's queries all have its name and its key (which holds
+the OPT record's flags), so a hit counts them at no cost.
 
 And what a CoreDNS `cache` plugin in the server block would count (`coredns_cache_entries`,
 `coredns_cache_requests_total`, `coredns_cache_hits_total`, `coredns_cache_misses_total`,
@@ -40,6 +45,9 @@ from toposdns.wire.codes import RCODE_NAMES
 from toposdns.wire.records import type_name
 
 ZONE = "."
+#: The `zone` of a query the server refuses before any server block has it (no block's zone
+#: holds the name, or a class the server does not take), as CoreDNS's `vars.Dropped`.
+DROPPED = "dropped"
 #: qtypes CoreDNS reports by name (vars/monitor.go); the rest are "other".
 NAMED_TYPES = frozenset(
     "A AAAA CNAME DNSKEY DS MX NSEC3 NSEC NS PTR RRSIG SOA SRV TXT HTTPS SVCB IXFR AXFR ANY".split()
@@ -54,7 +62,8 @@ DURATIONS = 4
 QUERY_SIZES = DURATIONS + len(DURATION_BUCKETS) + 1
 REPLY_SIZES = QUERY_SIZES + len(SIZE_BUCKETS) + 1
 ROW = REPLY_SIZES + len(SIZE_BUCKETS) + 1
-Labels = tuple[str, str, str, str, str]  # proto, family, type, rcode, plugin
+#: proto, family, type, rcode, plugin, zone, and whether the query's DO bit is set.
+Labels = tuple[str, str, str, str, str, str, bool]
 
 
 #: How CoreDNS's `cache` would file a reply (its `type` label): one it would not keep, a
@@ -185,44 +194,62 @@ class QueryMetrics:
         merged = {labels: list(row) for labels, row in self.totals.items()}
         for hits in list(self.rows.values()):
             _fold(merged.setdefault(hits.labels, _row()), hits)
-        base = [self.server, ZONE, ""]
+        server = self.server
         by_request: dict[tuple[str, ...], float] = {}
         by_response: dict[tuple[str, ...], float] = {}
-        durations = _Histogram(DURATION_BUCKETS)
-        query_sizes = {"udp": _Histogram(SIZE_BUCKETS), "tcp": _Histogram(SIZE_BUCKETS)}
-        reply_sizes = {"udp": _Histogram(SIZE_BUCKETS), "tcp": _Histogram(SIZE_BUCKETS)}
-        for (proto, ip_family, qtype, rcode, plugin), row in merged.items():
-            key = (proto, ip_family, qtype)
+        by_do: dict[str, float] = {}
+        durations: dict[str, _Histogram] = {}
+        query_sizes: dict[tuple[str, str], _Histogram] = {}
+        reply_sizes: dict[tuple[str, str], _Histogram] = {}
+        for (proto, ip_family, qtype, rcode, plugin, zone, do), row in merged.items():
+            if not row[COUNT]:  # cached replies have rows for transports never asked over
+                continue
+            key = (zone, proto, ip_family, qtype)
             by_request[key] = by_request.get(key, 0) + row[COUNT]
-            by_response[rcode, plugin] = by_response.get((rcode, plugin), 0) + row[COUNT]
-            durations.add(row[DURATIONS:QUERY_SIZES], row[SECONDS])
-            query_sizes[proto].add(row[QUERY_SIZES:REPLY_SIZES], row[QUERY_SIZE])
-            reply_sizes[proto].add(row[REPLY_SIZES:ROW], row[REPLY_SIZE])
+            answered = (zone, rcode, plugin)
+            by_response[answered] = by_response.get(answered, 0) + row[COUNT]
+            if do:
+                by_do[zone] = by_do.get(zone, 0) + row[COUNT]
+            if zone not in durations:
+                durations[zone] = _Histogram(DURATION_BUCKETS)
+            durations[zone].add(row[DURATIONS:QUERY_SIZES], row[SECONDS])
+            if (zone, proto) not in query_sizes:
+                query_sizes[zone, proto] = _Histogram(SIZE_BUCKETS)
+                reply_sizes[zone, proto] = _Histogram(SIZE_BUCKETS)
+            query_sizes[zone, proto].add(row[QUERY_SIZES:REPLY_SIZES], row[QUERY_SIZE])
+            reply_sizes[zone, proto].add(row[REPLY_SIZES:ROW], row[REPLY_SIZE])
         requests = CounterMetricFamily(
             "coredns_dns_requests", "Counter of DNS requests made per zone, protocol and family.",
             labels=["server", "zone", "view", "proto", "family", "type"])  # fmt: skip
-        for values, value in sorted(by_request.items()):
-            requests.add_metric(base + list(values), value)
+        for asked, value in sorted(by_request.items()):
+            requests.add_metric([server, asked[0], "", *asked[1:]], value)
         yield requests
+        dnssec = CounterMetricFamily(
+            "coredns_dns_do_requests", "Counter of DNS requests with DO bit set per zone.",
+            labels=["server", "zone", "view"])  # fmt: skip
+        for zone, value in sorted(by_do.items()):
+            dnssec.add_metric([server, zone, ""], value)
+        yield dnssec
         responses = CounterMetricFamily(
             "coredns_dns_responses", "Counter of response status codes.",
             labels=["server", "zone", "view", "rcode", "plugin"])  # fmt: skip
-        for values, value in sorted(by_response.items()):
-            responses.add_metric(base + list(values), value)
+        for got, value in sorted(by_response.items()):
+            responses.add_metric([server, got[0], "", *got[1:]], value)
         yield responses
         duration = HistogramMetricFamily(
             "coredns_dns_request_duration_seconds",
             "Histogram of the time (in seconds) each request took.",
             labels=["server", "zone", "view"])  # fmt: skip
-        durations.add_to(duration, base)
+        for zone, histogram in sorted(durations.items()):
+            histogram.add_to(duration, [server, zone, ""])
         yield duration
         for name, doc, histograms in (
             ("coredns_dns_request_size_bytes", "Size of the request in bytes.", query_sizes),
             ("coredns_dns_response_size_bytes", "Size of the response in bytes.", reply_sizes),
         ):
             sizes = HistogramMetricFamily(name, doc, labels=["server", "zone", "view", "proto"])
-            for proto, histogram in histograms.items():
-                histogram.add_to(sizes, base + [proto])
+            for (zone, proto), histogram in sorted(histograms.items()):
+                histogram.add_to(sizes, [server, zone, "", proto])
             yield sizes
 
 
@@ -247,8 +274,16 @@ class AllServers:
         yield from families.values()
 
 
-def labels_of(tcp: bool, family: int, qtype: int, rcode: int, plugin: str) -> Labels:
-    """The label values of one query, as CoreDNS writes them."""
+def labels_of(
+    tcp: bool,
+    family: int,
+    qtype: int,
+    rcode: int,
+    plugin: str,
+    zone: str = ZONE,
+    do: bool = False,
+) -> Labels:
+    """The label values of one query, as CoreDNS writes them; `do`: its DO bit is set."""
     name = type_name(qtype)
     return (
         "tcp" if tcp else "udp",
@@ -256,6 +291,8 @@ def labels_of(tcp: bool, family: int, qtype: int, rcode: int, plugin: str) -> La
         name if name in NAMED_TYPES else "other",
         RCODE_NAMES.get(rcode, str(rcode)),
         plugin,
+        zone,
+        do,
     )
 
 

@@ -20,45 +20,55 @@
    found once, from the reply to the name in the other case), compressed as its names compress;
    a name whose answer depends on its case (a zone's apex, `ns.dns`) is built anew.
 
-Everything else takes `decoded`, the full decoder's path, never cached: messages that are not
-plain queries, BADVERS, other classes, failures, and names for an upstream, which branch off
-to the forwarder (a coroutine). A new snapshot drops only the cached replies that read what it
-changed (`update`). Buffer sizes are bounded by `--max-udp-size` first, as CoreDNS's `bufsize`
-bounds them."""
+Everything else takes `decoded`, the full decoder's path: messages that are not plain queries,
+BADVERS, other classes, failures, names for an upstream, and every miss when the kubernetes
+block has plugins before `kubernetes` (rewrite, template, hosts). It decodes the query, finds
+its server block (serve/blocks.py) and runs it down that block's chain (serve/chain.py), the
+kubernetes block's too (`chain`: any, loadbalance, rewrite, autopath, template, hosts,
+kubernetes, forward, as the block has them, in CoreDNS's order), and counts the reply once, at
+the head, under the plugin that wrote it. Nothing it answers is cached, but a miss that the
+plugins before `kubernetes` pass on unchanged: the kubernetes handler gets that one from the
+cache-filling path (`fill`, which is `made`). A new snapshot drops only the cached replies
+that read what it changed (`update`). Buffer sizes are bounded by `--max-udp-size` first, as
+CoreDNS's `bufsize` bounds them."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from collections.abc import Coroutine, Sequence
 from typing import Any, Literal
 
-from toposdns.metrics import AUTOPATH_SUCCESS, PANICS
-from toposdns.options import Plugin, Setting, none, sets
+from toposdns.metrics import AUTOPATH_SUCCESS
 from toposdns.resolve.answer import Answer
 from toposdns.resolve.autopath import NO_AUTOPATH, AutopathOptions
 from toposdns.resolve.client import NO_LABELS, Trust
-from toposdns.resolve.resolver import ResolverConfig, case_insensitive, match_zone, resolve
-from toposdns.serve.autopath import AutoPath, Completion
+from toposdns.resolve.resolver import ResolverConfig, case_insensitive, resolve
+from toposdns.serve.any import Any as AnyHandler
+from toposdns.serve.autopath import AutoPath
 from toposdns.serve.blocks import Blocks
 from toposdns.serve.cache import (
     DEFAULT_MAX_BYTES,
     NAMES_SHARE,
+    TURNS_OVERHEAD,
     Cached,
     Entry,
     Rendered,
     ReplyCache,
     TopologyReplies,
+    Turns,
 )
-from toposdns.serve.chain import PASSED, Next, Reply, Request
-from toposdns.serve.forward import Forwarder, answer_records, build_query
+from toposdns.serve.chain import ORDER, Handler, Next, Reply, Request, chain
+from toposdns.serve.forward import Forwarder, Forwarding
 from toposdns.serve.forward_cache import DEFAULT_CACHE, CacheSettings
+from toposdns.serve.kubernetes import BADVERS, REFUSE, ZONES, Kubernetes, route
+from toposdns.serve.loadbalance import LoadBalance
 from toposdns.serve.negative import Negatives
 from toposdns.serve.placement import Placer
 from toposdns.serve.query_metrics import (
     DENIAL,
+    DROPPED,
     SUCCESS,
     UNCACHED,
+    ZONE,
     Hits,
     QueryMetrics,
     count_hit,
@@ -73,6 +83,7 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
+from toposdns.store.topology import Labels, TurnCounts
 from toposdns.wire.case import (
     NOT_RECASED,
     Recasing,
@@ -86,8 +97,7 @@ from toposdns.wire.case import (
 )
 from toposdns.wire.codes import (
     AA,
-    ANY,
-    CLASS_IN,
+    DO,
     NOERROR,
     NOTIMP,
     NXDOMAIN,
@@ -95,8 +105,6 @@ from toposdns.wire.codes import (
     REFUSED,
     SERVFAIL,
     SOA,
-    TC,
-    Name,
 )
 from toposdns.wire.decode import (
     HEADER_SIZE,
@@ -105,6 +113,7 @@ from toposdns.wire.decode import (
     Rejected,
     decode_plain,
     decode_query,
+    dnssec_ok,
     read_name,
 )
 from toposdns.wire.edns import (
@@ -124,80 +133,30 @@ from toposdns.wire.encode import (
     encode_badvers,
     encode_bare,
     encode_forms,
-    encode_minimal_any,
-    encode_opt,
     encode_rejection,
-    encode_reply,
     fit,
-    udp_limit,
 )
-from toposdns.wire.records import name_text, type_name
-from toposdns.wire.shuffle import Rotation, shuffle_reply
-
-log = logging.getLogger("toposdns")
+from toposdns.wire.records import name_text
+from toposdns.wire.shuffle import Rotation
 
 #: Replies larger than this are cached compressed too, for the queries they do not fit whole
 #: (the smallest limit, 512 bytes, less room for a query's EDNS options).
 COMPRESS_OVER = MIN_UDP_SIZE - 100
 
 
-@dataclass(frozen=True, slots=True)
-class AnyOptions:
-    """CoreDNS's `any`: ANY for a name the upstreams would answer gets RFC 8482's minimal
-    reply. On unless `--forward-any`; `any` in a Corefile says so too."""
-
-    minimal: bool = True
-
-
-ANY_PLUGIN: Plugin[AnyOptions] = Plugin(
-    "any",
-    AnyOptions,
-    (
-        Setting("", sets("minimal", none)),
-        Setting(
-            None,
-            lambda options, words, origin: replace(options, minimal=False),
-            "--forward-any",
-            help="forward ANY questions for names outside the zones; by default they get RFC "
-            "8482's minimal answer, a HINFO record, as from CoreDNS's `any` plugin",
-        ),
-    ),
-)
+#: The plugins whose replies count as a query that passed the `cache` plugin's place in the
+#: kubernetes block (a miss of CoreDNS's cache), as they always have here: `any`, the `acl` of
+#: `--forward-allow` and the server's own refusals answer before it, and the replies of
+#: template and hosts are not counted by the `cache` metrics.
+PASSING = frozenset({"kubernetes", "autopath", "forward"})
 
 #: The rcodes CoreDNS's cache keeps as denials (NXDOMAIN, NODATA is NOERROR, SERVFAIL, NOTIMP).
 DENIALS = frozenset({NOERROR, NXDOMAIN, SERVFAIL, NOTIMP})
 
 
-#: Where a query goes first (`route`).
-BADVERS = "BADVERS"
-UPSTREAMS = "upstreams"
-REFUSE = "REFUSED"
-ZONES = "zones"
-
-
-def route(query: Query, zones: tuple[Name, ...], forwarding: bool) -> str:
-    """The first step of every query, in the order CoreDNS takes it: an EDNS version other than
-    0 gets BADVERS before anything looks at it (the server checks it, forwarded or not); a name
-    in no zone goes to the upstreams when there are some; another class than IN is refused
-    unless `forward` is loaded (then the zones answer it with IN records); the rest is the
-    zones'. In the zones, --autopath may complete the name, and --fallthrough may send it
-    upstream after all (`Responder.decoded`)."""
-    if query.edns is not None and query.edns.version != 0:
-        return BADVERS
-    if forwarding and not in_zones(query.name, zones):
-        return UPSTREAMS
-    if query.qclass != CLASS_IN and not forwarding:
-        return REFUSE
-    return ZONES
-
-
-def in_zones(name: Name, zones: tuple[Name, ...]) -> bool:
-    """True if one of the zones holds the name."""
-    return match_zone(tuple(label.lower() for label in name), zones) is not None
-
-
 class Responder:
-    """Answers raw queries from the current snapshot, and forwards the rest if it may."""
+    """Answers raw queries: from the reply cache and its fast paths when it can, else down the
+    server block's chain (the kubernetes block's: `chain`)."""
 
     def __init__(
         self,
@@ -213,52 +172,84 @@ class Responder:
         forward_any: bool = False,
         cache: CacheSettings = DEFAULT_CACHE,
         blocks: Blocks | None = None,
-        front: Next | None = None,
+        plugins: Sequence[Handler] = (),
     ) -> None:
         self.config = config
-        #: The plugins the kubernetes block runs before its own (template, hosts), linked and
-        #: ending in `pass_on`: a query they answer is theirs, one they give back (`PASSED`)
-        #: the responder's (serve/chain.py).
-        self.front = front
+        #: The handlers of the kubernetes block's plugins that the server makes (rewrite,
+        #: template, hosts, and the `cache` that caps their replies), for its chain (`chain`).
+        self.plugins = tuple(plugins)
         #: The server blocks of the port, when there are others than this one's `.`: a query
         #: of another block's zone goes down that block's chain (serve/blocks.py).
         self.blocks = blocks
         self.snapshot = snapshot
         self.placer = Placer(ecs_trust, snapshot)
         self.forwarder = forwarder
-        #: Whether `forward`'s FROM or `except` leave some names out (kubeadm's `.`: never).
-        self.scoped = forwarder is not None and forwarder.scoped
         self.metrics = metrics
         #: `--loadbalance`: vary the order of address records (CoreDNS `loadbalance`).
         self.loadbalance = loadbalance
+        #: Where each rotation of topology weights stands, shared by the cache and the
+        #: resolver's path (store/topology.py `TurnCounts`).
+        self.turns = TurnCounts()
         #: `--max-udp-size`: the largest UDP reply, whatever buffer a client announces.
         self.max_udp_size = max_udp_size
-        #: `--forward-any`: ask the upstreams ANY too, rather than answer RFC 8482's HINFO.
-        self.forward_any = forward_any
         #: The `cache` plugin's settings: which replies it would keep, for its metrics.
         self.cache_settings = cache
+        #: Topology-filtered answers by policy and tier (counted with or without --http).
+        self.topology_counts = TopologyCounts()
+        self.kubernetes = Kubernetes(
+            config, lambda: self.snapshot, self.placer, forwarder, self.count_answer, self.turns
+        )
         self.autopath = (
             AutoPath(
                 autopath,
                 config,
                 lambda: self.snapshot,
                 self.placer,
-                self if forwarder is not None else None,
+                self.kubernetes if forwarder is not None else None,
                 self.count_autopath,
+                self.turns,
             )
             if autopath.enabled
             else None
         )
+        #: The miss being answered down the chain, whose reply the cache-filling path may
+        #: make (`fill`), while the chain runs; None otherwise.
+        self.miss: Miss | None = None
+        if self.plugins:  # a query they pass on unchanged is still made and cached
+            self.kubernetes.fill = self.fill
+        #: The kubernetes block's handlers, in CoreDNS's order, and their chain (serve/chain.py):
+        #: what answers a query the reply cache does not (`decoded`).
+        self.handlers: list[Handler] = []
+        self.chain = self.linked(forward_any)
         #: NXDOMAIN from templates; not with autopath, which completes names that do not exist,
-        #: nor when a name of the zones may be another server block's or none's. Their memory
-        #: of endpoint names takes a share of the cache's bound.
+        #: nor when a name of the zones may be another server block's or none's, nor when
+        #: plugins run before `kubernetes`. Their memory of endpoint names takes a share of the
+        #: cache's bound.
         shared = blocks is not None and not blocks.holds_whole(config.zones)
         names = cache_max_bytes // NAMES_SHARE
-        self.negatives = None if autopath.enabled or shared or front else Negatives(config, names)
+        templated = not (autopath.enabled or shared or self.plugins)
+        self.negatives = Negatives(config, names) if templated else None
         #: The reply cache, one for every transport: replies are cut per query.
         self.cache = ReplyCache(cache_max_bytes, 0 if self.negatives is None else names)
-        #: Topology-filtered answers by policy and tier (counted with or without --http).
-        self.topology_counts = TopologyCounts()
+
+    def linked(self, forward_any: bool) -> Next:
+        """The kubernetes block's chain: the server's plugins (`plugins`) with `any`,
+        `loadbalance`, `autopath`, `kubernetes` and `forward` as this block has them, linked in
+        CoreDNS's order."""
+        handlers: list[Handler] = [*self.plugins, self.kubernetes]
+        if self.autopath is not None:
+            handlers.append(self.autopath)
+        if self.loadbalance:
+            handlers.append(LoadBalance())
+        if self.forwarder is not None:
+            metrics = self.metrics
+            hits = None if metrics is None else metrics.forward_hits
+            handlers.append(Forwarding(self.forwarder, hits))
+            if not forward_any:
+                handlers.append(AnyHandler())
+        handlers.sort(key=lambda handler: ORDER.index(handler.name))
+        self.handlers = handlers
+        return chain(handlers)
 
     def clear(self) -> None:
         """Drop every cached reply: a plugin before the kubernetes block's own (a hosts file
@@ -360,18 +351,29 @@ class Responder:
                 return None  # its names are written anew
             name = data[12 : question_end - 4]
             held = case.size
+        turns = cached.turns
+        if turns is not None:  # topology weights: this turn's reply, taken once it is served
+            cached = turns.peek()
+            row = cached.row
         options = echo.scoped if via_ecs else echo.plain
         reply = self.rendered(data, key, cached, options, transport, name)
         if case is not None and case.size != held:  # a compressed form kept, or let go
             self.cache.grow(entry, cached, case.size - held)
         if reply is None:
             return None
+        if turns is not None:
+            turns.next()
         hits = None if cached.hits is None else cached.hits[transport.slot]
         whole = hits is not None and (len(data), len(reply)) == (hits.query_size, hits.reply_size)
         replay = Rendered(
             reply[2:], None if row is None else source, hits, whole, row, labels is NO_LABELS
         )
-        if name is None and cached.rotation is None and cached.compressed_rotation is None:
+        if (
+            name is None
+            and cached.rotation is None
+            and cached.compressed_rotation is None
+            and turns is None
+        ):
             # The same each time (a query in random case is seldom asked again).
             self.cache.remember(transport.slot, data[2:], replay)
         self.count(replay, data, reply, started)
@@ -441,7 +443,7 @@ class Responder:
         on its letter case (resolver `case_insensitive`; the plugins before the kubernetes
         block's own, which may match names by their case, are asked each time) or is not the
         zones' alone."""
-        if self.front is not None:
+        if self.plugins:
             return None
         try:
             query = self.bounded(decode_plain(data))
@@ -530,10 +532,8 @@ class Responder:
         key, whatever their case, buffer size and options), then served as a hit is. Anything
         but an answer from the zones (BADVERS, forwarding, another class, a failure) takes the
         decoder's path."""
-        if self.front is not None:
-            fronted = self.fronted(data, transport, source, started)
-            if fronted is not False:
-                return fronted
+        if self.plugins:  # theirs first: the kubernetes handler then makes it (`fill`)
+            return self.decoded(data, transport, source, started, Miss(data, key, echo))
         # A reply kept in another letter case (one that cannot be written in this query's)
         # stays: this one is made for this query only.
         kept = self.cache.table.get(key)
@@ -547,11 +547,16 @@ class Responder:
                 return self.counted(data, answer, transport, started, qtype)
         made = self.made(data, key, echo, source, keep)
         if made is None:
-            return self.decoded(data, transport, source, started, fronted=True)
+            return self.decoded(data, transport, source, started)
         cached, scoped = made
+        turns = cached.turns
+        if turns is not None:  # topology weights: this turn's reply, taken once it is served
+            cached = turns.peek()
         reply = self.rendered(data, key, cached, echo.scoped if scoped else echo.plain, transport)
         if reply is None:  # larger than its cached forms allow for this query
-            return self.decoded(data, transport, source, started, fronted=True)
+            return self.decoded(data, transport, source, started)
+        if turns is not None:
+            turns.next()
         self.count_miss(kept)
         return self.counted(data, reply, transport, started, _qtype(data, key))
 
@@ -642,7 +647,11 @@ class Responder:
         try:
             labels, via_ecs = self.placer.place(source, echo.subnet)
             # As many records as the largest reply (TCP's) holds: it serves every transport.
-            answer = resolve(query.name, query.qtype, self.snapshot, self.config, labels)
+            # With topology weights, the first tier's reply; the others' are made below.
+            answer = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels,
+                turns=self.turns, group=0,
+            )  # fmt: skip
             if self.forwarder is not None and (answer.chase or not answer.authoritative):
                 # Outside the zones, ending outside them, or falling through (--fallthrough):
                 # the upstream's to answer.
@@ -650,28 +659,61 @@ class Responder:
             if self.autopath is not None and not self.autopath.shared(query, answer):
                 # A pod of the namespace the name names gets another reply: never cached.
                 return None
-            whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
-            body = whole[2:]
-            row = None
-            if answer.policy is not None:
-                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier, answer.soft)
-            carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
-            cached = Cached(
-                body,
-                None if compressed is None else body if compressed is whole else compressed[2:],
-                query.question,
-                tuple(answer.depends),
-                self.snapshot.serial if carries_soa else -1,
-                self.loadbalance and not carries_soa,
-                self.hit_rows(data, key, whole, query.qtype),
-            )
+            cached = self.entry_of(data, key, query, answer)
+            row = cached.row
+            if answer.schedule:
+                self.rotation_of(data, key, query, labels, answer, cached)
             if keep:
                 self.cache.store(key, cached, answer.policy, labels, row)
+            if cached.turns is not None:  # counted as the turn it serves (`built`)
+                row = cached.turns.peek().row
             if row is not None:
                 count_topology(row, labels is NO_LABELS)
         except Exception:
             return None  # the decoder's path says what failed
         return cached, via_ecs and answer.policy is not None
+
+    def entry_of(self, data: bytes, key: bytes, query: Query, answer: Answer) -> Cached:
+        """A resolved answer as the cache keeps it (its `row` set when it follows a policy)."""
+        whole, compressed = encode_forms(query, answer, COMPRESS_OVER)
+        body = whole[2:]
+        carries_soa = bool(answer.authority) or any(rr.rtype == SOA for rr in answer.answer)
+        cached = Cached(
+            body,
+            None if compressed is None else body if compressed is whole else compressed[2:],
+            query.question,
+            tuple(answer.depends),
+            self.snapshot.serial if carries_soa else -1,
+            self.loadbalance and not carries_soa,
+            self.hit_rows(data, key, whole, query.qtype),
+        )
+        if answer.policy is not None:
+            cached.row = self.topology_counts.row(
+                query.qtype, answer.policy, answer.tier, answer.soft
+            )
+        return cached
+
+    def rotation_of(
+        self, data: bytes, key: bytes, query: Query, labels: Labels, answer: Answer, first: Cached
+    ) -> None:
+        """Topology weights: the reply of each tier of the rotation beside `first` (tier 0's),
+        and the `Turns` they all share, counted in `first`'s size as one entry. Each is built
+        anew in another letter case (`NOT_RECASED`): a turn is taken once per reply."""
+        made = {0: first}
+        for group in sorted(set(answer.schedule) - {0}):
+            other = resolve(
+                query.name, query.qtype, self.snapshot, self.config, labels, turns=self.turns,
+                group=group,
+            )  # fmt: skip
+            made[group] = self.entry_of(data, key, query, other)
+        counter = answer.counter if answer.counter is not None else [0]
+        turns = Turns(tuple(made[group] for group in answer.schedule), counter)
+        for group, cached in made.items():
+            cached.turns = turns
+            cached.case = NOT_RECASED
+            if group:
+                first.size += cached.size
+        first.size += TURNS_OVERHEAD
 
     def hit_rows(
         self, data: bytes, key: bytes, reply: bytes, qtype: int
@@ -685,9 +727,12 @@ class Responder:
         plugin = "kubernetes" if reply[2] & (AA >> 8) else ""
         size = len(key) + (6 if data[11] else 2)  # with the ID, and the OPT's size and length
         filed = self.cache_kind(data, reply)
+        zone = self.zone_of(data, qtype)
+        # Every query of the key has the OPT record's flags it holds (wire/edns.py).
+        do = bool(data[11]) and bool(key[-2] & (DO >> 8))
         return tuple(
             metrics.row(
-                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin),
+                labels_of(kind.tcp, kind.family, qtype, reply[3] & RCODE, plugin, zone, do),
                 size,
                 len(reply),
                 filed,
@@ -695,46 +740,53 @@ class Responder:
             for kind in TRANSPORTS
         )
 
-    def fronted(
-        self, data: bytes, transport: Transport, source: str, started: float
-    ) -> Reply | Literal[False]:
-        """The reply the plugins before the kubernetes block's own give a plain query, counted;
-        False when they pass it on (or it is not the block's: the decoder's path says why).
-        Decoded whole, EDNS options too: a reply of theirs echoes the query's cookie."""
-        assert self.front is not None
-        try:
-            query = self.bounded(decode_query(data))
-        except (Dropped, Rejected):
-            return False
-        if route(query, self.config.zones, self.forwarder is not None) in (BADVERS, REFUSE):
-            return False
-        if self.blocks is not None and not self.blocks.mine(query.name, query.qtype):
-            return False
-        return self.ask_front(query, data, transport, source, started)
-
-    def ask_front(
-        self, query: Query, data: bytes, transport: Transport, source: str, started: float
-    ) -> Reply | Literal[False]:
-        """The reply of the plugins before the kubernetes block's own, counted; False when
-        they pass the query on."""
-        assert self.front is not None
-        request = Request(query, data, transport, source)
-        reply = self.front(request)
-        return False if reply is PASSED else self.chained(request, reply, started)
+    def fill(self, request: Request) -> bytes | None:
+        """The kubernetes handler's reply to the miss the chain is answering (`miss`) when the
+        plugins before it passed its request on untouched: made and cached as `built` makes
+        it, the miss counted; None for another request (one a rewrite rule touched, or a
+        plugin's own lookup), or when only the resolver's uncached answer will do."""
+        miss = self.miss
+        if miss is None or request is not miss.request:
+            return None
+        self.miss = None  # once: the handler's own answer if this one is None
+        data, key, echo = miss.data, miss.key, miss.echo
+        kept = self.cache.table.get(key)
+        made = self.made(data, key, echo, request.source, not isinstance(kept, Cached))
+        if made is None:
+            return None
+        cached, scoped = made
+        turns = cached.turns
+        if turns is not None:  # topology weights: this turn's reply, taken once it is served
+            cached = turns.peek()
+        options = echo.scoped if scoped else echo.plain
+        reply = self.rendered(data, key, cached, options, request.transport)
+        if reply is None:  # larger than its cached forms allow for this query
+            return None
+        if turns is not None:
+            turns.next()
+        miss.filled = True
+        self.count_miss(kept)
+        return reply
 
     def decoded(
-        self, data: bytes, transport: Transport, source: str, started: float, fronted: bool = False
+        self,
+        data: bytes,
+        transport: Transport,
+        source: str,
+        started: float,
+        miss: Miss | None = None,
     ) -> Reply:
-        """Decode, place, resolve and encode a query in full; nothing is cached. Every query
-        that is not plain, or not answered by the zones, comes this way (`fronted`: the plugins
-        before the kubernetes block's own have passed it on already)."""
+        """Decode a query in full and answer it down its server block's chain (the kubernetes
+        block's, `chain`), counted at the head; nothing is cached but what the chain's
+        kubernetes handler makes of the `miss` (`fill`). Every query that is not plain, not
+        answered by the zones alone, or that plugins see first comes this way."""
         try:
             query = self.bounded(decode_query(data))
         except Dropped:
             return None
         except Rejected as rejected:
             rejection = encode_rejection(rejected.data, rejected.rcode)
-            return self.counted(data, rejection, transport, started, 0)
+            return self.counted(data, rejection, transport, started, 0, zone=DROPPED)
         qtype = query.qtype
         where = route(query, self.config.zones, self.forwarder is not None)
         if where is BADVERS:
@@ -743,105 +795,24 @@ class Responder:
             block = self.blocks.find(query.name, qtype)
             if block is None:  # no server block of the port holds the name, as CoreDNS
                 return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
-            zone, link = block
-            if link is not None:
-                request = Request(query, data, transport, source, name_text(zone))
-                return self.chained(request, link(request), started)
-        if where is REFUSE:
-            return self.counted(data, encode_bare(query, REFUSED), transport, started, qtype)
-        if self.front is not None and not fronted:
-            front = self.ask_front(query, data, transport, source, started)
-            if front is not False:
-                return front
-        if where is UPSTREAMS:
-            return self.upstreams(data, query, transport, source, started)
-        self.passed()
-        try:
-            if self.autopath is not None:
-                completion = self.autopath.complete(data, query, transport, source)
-                if completion is not None:
-                    return self.completed(completion, data, transport, started, qtype)
-            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
-            labels, via_ecs = self.placer.place(source, subnet)
-            # Never cached: no more records than this reply can hold.
-            room = self.reply_limit(query, transport)
-            answer = resolve(
-                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
-            )
-            if answer.fallthrough and self.forwarder is not None:
-                return self.upstreams(data, query, transport, source, started, passed=True)
-            # The answer was tailored to the ECS prefix only if it depended on the client.
-            scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
-            if answer.chase is not None and self.admits(source):
-                # Outside --forward-allow the CNAME stands alone, as CoreDNS's upstream lookup
-                # would leave it with an acl block refusing the target to this client.
-                chased = self.chased(query, answer, transport, scope)
-                return self.counted_later(chased, data, transport, started, qtype, "kubernetes")
-            reply = self.balanced(self.encoded(query, answer, transport, scope))
-            if answer.policy is not None:
-                row = self.topology_counts.row(qtype, answer.policy, answer.tier, answer.soft)
-                count_topology(row, labels is NO_LABELS)
-        except Exception:
-            reply = self.failed(query)
-        return self.counted(data, reply, transport, started, qtype)
-
-    def answer(self, request: Request) -> Reply:
-        """The kubernetes block's own answer to a request that a plugin before it changed
-        (rewrite's new question or options), as `decoded` gives one after those plugins: from
-        the zones (with autopath), or from the upstreams. It stays in this block, as CoreDNS
-        keeps a query in its server block, whatever its new name. Never cached, nor looked up
-        in the caches (its question is not the one asked); not counted either: the query as
-        asked is, with the reply it gets in the end."""
-        query = request.query
-        data, transport, source = request.data, request.transport, request.source
-        where = route(query, self.config.zones, self.forwarder is not None)
-        if where is BADVERS:
-            return encode_badvers(query)
-        if where is REFUSE:
-            return encode_bare(query, REFUSED)
-        if where is UPSTREAMS:
-            return self.relayed(request)
-        try:
-            if self.autopath is not None:
-                completion = self.autopath.complete(data, query, transport, source)
-                if completion is not None:
-                    request.written_by = "autopath"
-                    if isinstance(completion, bytes):
-                        return self.balanced(completion)
-                    return completion
-            subnet = (query.ecs.address, query.ecs.source_prefix) if query.ecs else None
-            labels, via_ecs = self.placer.place(source, subnet)
-            room = self.reply_limit(query, transport)
-            answer = resolve(
-                query.name, query.qtype, self.snapshot, self.config, labels, limit=room
-            )
-            if answer.fallthrough and self.forwarder is not None:
-                return self.relayed(request)
-            scope = query.ecs.source_prefix if query.ecs and via_ecs and answer.policy else 0
-            request.written_by = "kubernetes"
-            if answer.chase is not None and self.admits(source):
-                return self.chased(query, answer, transport, scope)
-            reply = self.balanced(self.encoded(query, answer, transport, scope))
-            if answer.policy is not None:
-                row = self.topology_counts.row(query.qtype, answer.policy, answer.tier)
-                count_topology(row, labels is NO_LABELS)
-            return reply
-        except Exception:
-            return self.failed(query)
-
-    def relayed(self, request: Request) -> Reply:
-        """A changed request's name for the upstreams, as `upstreams` sends a query's but not
-        counted: REFUSED outside `--forward-allow`, RFC 8482's minimal answer to ANY (unless
-        `--forward-any`), else the upstream's reply."""
-        assert self.forwarder is not None
-        query = request.query
-        if not self.forwarder.admits(request.source):
-            return encode_bare(query, REFUSED)
-        if query.qtype == ANY and not self.forward_any:
-            request.written_by = "any"
-            return encode_minimal_any(query)
-        request.written_by = "forward"
-        return self.forwarded(request.data, query, request.transport)
+            found, other = block
+            if other is not None:
+                request = Request(query, data, transport, source, name_text(found))
+                return self.chained(request, other(request), started)
+        if where is REFUSE:  # the server's own class check, before any block (CoreDNS)
+            refused = encode_bare(query, REFUSED)
+            return self.counted(data, refused, transport, started, qtype, zone=DROPPED)
+        request = Request(query, data, transport, source)
+        if miss is not None:
+            miss.request = request
+        outer, self.miss = self.miss, miss
+        try:  # a plugin's own lookup (template's) asks the server again, within this one
+            reply = self.chain(request)
+        finally:
+            self.miss = outer
+        if request.written_by in PASSING and (miss is None or not miss.filled):
+            self.passed()  # it reached the `cache` plugin's place and found no cached reply
+        return self.chained(request, reply, started)
 
     def chained(self, request: Request, reply: Reply, started: float) -> Reply:
         """A chain's reply to `request`, counted (under the plugin that wrote it) when it is
@@ -852,49 +823,11 @@ class Responder:
             if reply is None:
                 return None
             return self.counted(data, reply, transport, started, qtype, plugin)
-        return self.counted_later(reply, data, transport, started, qtype, plugin)
-
-    def upstreams(
-        self,
-        data: bytes,
-        query: Query,
-        transport: Transport,
-        source: str,
-        started: float,
-        passed: bool = False,
-    ) -> Reply:
-        """A query the upstreams answer, counted when they have; ANY gets RFC 8482's minimal
-        answer at once instead (CoreDNS's `any`), unless `--forward-any`: the reply an upstream
-        gives ANY is as large as it likes, an open amplifier. A source outside
-        `--forward-allow` is REFUSED, as CoreDNS's `acl` block would (both before the cache
-        sees the query; `passed`: it has seen it already)."""
-        assert self.forwarder is not None
-        if not self.forwarder.admits(source):
-            return self.counted(data, encode_bare(query, REFUSED), transport, started, query.qtype)
-        if query.qtype == ANY and not self.forward_any:
-            reply = encode_minimal_any(query)
-            return self.counted(data, reply, transport, started, ANY, plugin="any")
-        if not passed:
-            self.passed()
-        if self.scoped and not self.forwarder.forwards(query.name):
-            # Outside FROM or under `except`: no plugin after forward, as CoreDNS's end.
-            reply = encode_bare(query, SERVFAIL)
-            return self.counted(data, reply, transport, started, query.qtype)
-        forwarded = self.forwarded(data, query, transport, client=True)
-        return self.counted_later(forwarded, data, transport, started, query.qtype, "forward")
+        return self.counted_later(reply, request, started)
 
     def bounded(self, query: Query) -> Query:
         """The query with its buffer size bounded by `--max-udp-size` (wire/encode.py)."""
         return bound_buffer(query, self.max_udp_size)
-
-    def encoded(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
-        """The reply to a decoded query."""
-        limit = self.reply_limit(query, transport)
-        return encode_reply(query, answer, limit, transport.fragment_limit, scope)
-
-    def reply_limit(self, query: Query, transport: Transport) -> int:
-        """The largest reply to a decoded query (its buffer bounded already, `bounded`)."""
-        return MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
 
     def counted(
         self,
@@ -904,54 +837,53 @@ class Responder:
         started: float,
         qtype: int,
         plugin: str = "",
+        zone: str = "",
     ) -> bytes:
-        """Count a query and its reply (when metrics are on)."""
+        """Count a query and its reply (when metrics are on), under the zone of the block that
+        has it (`zone_of`; `zone` when the server refused it before any block, `dropped`), unless
+        that block has no `prometheus`, as CoreDNS counts in that plugin."""
         metrics = self.metrics
         if metrics is not None:
-            # Replies the zones wrote are the kubernetes plugin's; the server writes the others.
-            plugin = plugin or ("kubernetes" if reply[2] & (AA >> 8) else "")
-            labels = labels_of(transport.tcp, transport.family, qtype, reply[3] & RCODE, plugin)
+            zone = zone or self.zone_of(data, qtype)
+            if self.blocks is not None and zone in self.blocks.uncounted:
+                return reply
+            if not plugin or plugin == "kubernetes":
+                # Replies the zones wrote are the kubernetes plugin's; its failures (no AA)
+                # and what the server refuses are the server's, as CoreDNS writes them.
+                plugin = "kubernetes" if reply[2] & (AA >> 8) else ""
+            labels = labels_of(
+                transport.tcp,
+                transport.family,
+                qtype,
+                reply[3] & RCODE,
+                plugin,
+                zone,
+                dnssec_ok(data),
+            )
             metrics.observe(labels, started, len(data), len(reply))
         return reply
 
+    def zone_of(self, data: bytes, qtype: int) -> str:
+        """The `zone` label of a query: the zone of the server block it goes to (`.` when the
+        kubernetes block, for `.`, is the port's only one)."""
+        if self.blocks is None:
+            return ZONE
+        try:
+            name = read_name(data, HEADER_SIZE)[0]
+        except (IndexError, ValueError):
+            return DROPPED
+        return self.blocks.zone_label(name, qtype)
+
     async def counted_later(
-        self,
-        pending: Coroutine[Any, Any, bytes | None],
-        data: bytes,
-        transport: Transport,
-        started: float,
-        qtype: int,
-        plugin: str,
+        self, pending: Coroutine[Any, Any, bytes | None], request: Request, started: float
     ) -> bytes | None:
         """Count a reply that needed an upstream once it is there."""
         reply = await pending
         if reply is not None:
-            reply = self.balanced(reply)
-            self.counted(data, reply, transport, started, qtype, plugin=plugin)
+            plugin = request.written_by
+            qtype = request.query.qtype
+            self.counted(request.data, reply, request.transport, started, qtype, plugin)
         return reply
-
-    def completed(
-        self, completion: Completion, data: bytes, transport: Transport, started: float, qtype: int
-    ) -> Reply:
-        """An --autopath reply, counted (and with --loadbalance reordered) when it is there."""
-        if isinstance(completion, bytes):
-            reply = self.balanced(completion)
-            return self.counted(data, reply, transport, started, qtype, plugin="autopath")
-        return self.counted_later(completion, data, transport, started, qtype, "autopath")
-
-    def balanced(self, reply: bytes) -> bytes:
-        """The reply in a new order with `--loadbalance` (for replies that are never cached)."""
-        return (shuffle_reply(reply) or reply) if self.loadbalance else reply
-
-    def failed(self, query: Query) -> bytes:
-        """SERVFAIL for a bug, with the traceback in the log."""
-        PANICS.inc()
-        log.exception(
-            "internal error answering %s %s; replied SERVFAIL",
-            name_text(query.name),
-            type_name(query.qtype),
-        )
-        return encode_bare(query, SERVFAIL)
 
     def passed(self) -> None:
         """A query that reached the `cache` plugin's place and found no cached reply."""
@@ -986,58 +918,31 @@ class Responder:
             counts[DENIAL] += len(self.forwarder.cache.denial)
         return counts
 
+    def count_answer(self, qtype: int, answer: Answer, unplaced: bool) -> None:
+        """Count a topology-filtered answer the kubernetes handler gave in its row."""
+        assert answer.policy is not None
+        row = self.topology_counts.row(qtype, answer.policy, answer.tier, answer.soft)
+        count_topology(row, unplaced)
+
     def count_autopath(self) -> None:
         """A name autopath found (`coredns_autopath_success_total`, with metrics on)."""
         if self.metrics is not None:
             AUTOPATH_SUCCESS.labels(self.metrics.server).inc()
 
-    def admits(self, source: str) -> bool:
-        """Whether names outside the zones may go upstream for this client: there are
-        upstreams, and it is inside `--forward-allow`."""
-        return self.forwarder is not None and self.forwarder.admits(source)
 
-    def in_zones(self, name: Name) -> bool:
-        """True if a served zone holds the name."""
-        return in_zones(name, self.config.zones)
+class Miss:
+    """A plain query the reply cache missed, on its way down the kubernetes block's chain:
+    its key and echoed options, for the cache-filling path (`Responder.fill`)."""
 
-    async def forwarded(
-        self, data: bytes, query: Query, transport: Transport, client: bool = False
-    ) -> bytes:
-        """A query outside the zones, relayed to an upstream (CoreDNS `forward`); `client`: a
-        client's own query, whose forward-cache hits the `cache` metrics count (autopath's
-        lookups are not)."""
-        assert self.forwarder is not None
-        metrics = self.metrics
-        hits = metrics.forward_hits if client and metrics is not None else None
-        try:
-            limit = MAX_TCP_SIZE if transport.tcp else udp_limit(query.edns)
-            opt = encode_opt(query.edns) if query.edns is not None else b""
-            reply = await self.forwarder.forward(data, transport.tcp, limit, opt, hits)
-        except Exception:
-            return self.failed(query)
-        # An rcode when no upstream gave a usable answer: SERVFAIL, REFUSED or FORMERR.
-        return reply if isinstance(reply, bytes) else encode_bare(query, reply)
-
-    async def chased(self, query: Query, answer: Answer, transport: Transport, scope: int) -> bytes:
-        """An answer ending in an out-of-zone CNAME, completed with the upstream's answer."""
-        assert self.forwarder is not None and answer.chase is not None
-        chase = answer.chase
-        truncated = False
-        try:
-            lookup = build_query(chase.target, chase.qtype)
-            reply = await self.forwarder.forward(lookup, tcp=False, limit=MAX_TCP_SIZE)
-            if isinstance(reply, int):
-                # No message at all: CoreDNS drops the CNAME, which leaves NODATA.
-                answer = Answer(NOERROR, authority=(chase.soa,), policy=answer.policy)
-            else:
-                records, truncated = answer_records(reply)
-                answer = answer._replace(answer=answer.answer + records, chase=None)
-            encoded = self.encoded(query, answer, transport, scope)
-        except Exception:
-            return self.failed(query)
-        if truncated:  # CoreDNS copies the upstream's TC bit
-            encoded = encoded[:2] + bytes((encoded[2] | (TC >> 8),)) + encoded[3:]
-        return encoded
+    def __init__(self, data: bytes, key: bytes, echo: EchoedOptions) -> None:
+        self.data = data
+        self.key = key
+        self.echo = echo
+        #: Its request down the chain: the one the kubernetes handler may answer from the
+        #: cache-filling path (a plugin that changes a query passes on a request of its own).
+        self.request: Request | None = None
+        #: Whether the cache-filling path answered it (and counted the miss).
+        self.filled = False
 
 
 def _qtype(data: bytes, key: bytes) -> int:

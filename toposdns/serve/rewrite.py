@@ -51,17 +51,16 @@ own plugins write), and a client that sent no OPT record gets none. A reply is w
 as the server writes its own: uncompressed when it fits the client's buffer, else compressed
 and cut, with TC.
 
-**Caching.** In the kubernetes server block the rules run among the plugins before `kubernetes`
-(the responder's `front`: after `cache`, before `template` and `hosts`), on a reply-cache miss.
-A query that a rule applies to, or that reaches an `edns0` rule, is answered by the chain after
-it each time: what the rest of the chain passes on is the kubernetes block's own answer to the
-changed query (`Responder.answer`), which is neither cached nor looked up in the caches (its
-question is not the one asked). A query that no rule touches is passed on unchanged, and the
-responder answers and caches it as before. The cache is consulted before the rules (a hit
-answers before any plugin runs), and that is sound: whether a rule touches a query depends only
-on what the cache key holds (its name in lower case, its type and class; every `edns0` rule is
-reached from the same rules before it), so the key of a query a rule touches never has a reply
-stored.
+**Caching.** In the kubernetes server block the rules run in its chain (after `cache`, before
+`autopath`, `template`, `hosts` and `kubernetes`), on a reply-cache miss. A query that a rule
+applies to, or that reaches an `edns0` rule, is answered by the chain after it each time: the
+changed query goes down the rest of the chain, whose answer is neither cached nor looked up in
+the caches (its question is not the one asked). A query that no rule touches is passed on
+unchanged, and the kubernetes plugin's answer to it is cached as before. The cache is
+consulted before the rules (a hit answers before any plugin runs), and that is sound: whether
+a rule touches a query depends only on what the cache key holds (its name in lower case, its
+type and class; every `edns0` rule is reached from the same rules before it), so the key of a
+query a rule touches never has a reply stored.
 
 **Cost.** A query no rule touches costs the match: its name in presentation form once (only
 with `name` or `ttl` rules), a comparison or a regex search per rule. A query a rule touches is
@@ -83,7 +82,7 @@ import dnslib
 import re2
 
 from toposdns.options import Origin, Plugin, Setting
-from toposdns.serve.chain import PASSED, Next, Reply, Request, end_of_chain
+from toposdns.serve.chain import Next, Reply, Request
 from toposdns.wire.codes import (
     CLIENT_SUBNET,
     CNAME,
@@ -970,9 +969,6 @@ class Rewrite:
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = tuple(rules)
-        #: What answers a request it changed that the rest of the chain passes on (`PASSED`):
-        #: the kubernetes block's own answer, when it is that block's (server.py sets it).
-        self.kubernetes: Next | None = None
         #: Faults logged, so that each is logged once until it clears.
         self.failing: set[str] = set()
         for rule in self.rules:  # compiled once, now
@@ -1009,15 +1005,13 @@ class Rewrite:
             restore = bool(answers)
         if not touched:
             return next(request)
-        changed = request
+        # A request of its own, changed or not: what the rest answers it is not the answer to
+        # the query as asked (serve/responder.py `fill` caches only that one).
+        changed = replace(request)
         if asked.changed():
             data = asked.message(request.data)
-            changed = Request(
-                decode_query(data), data, request.transport, request.source, request.zone
-            )
+            changed = replace(request, query=decode_query(data), data=data)
         reply = next(changed)
-        if reply is PASSED:  # the kubernetes block's: its answer to this query, never cached
-            reply = (self.kubernetes or end_of_chain)(changed)
         if changed.written_by:  # the plugin that wrote the reply it changes back
             request.written_by = changed.written_by
         if reply is None or isinstance(reply, bytes):

@@ -12,8 +12,9 @@
 - `toposdns_topology_spillovers_total{policy,tier}`: of those, the answers of a Service with
   `toposdns.io/topology-min-endpoints` that took tiers past the nearest one with an endpoint;
   `tier` is the last tier taken.
-- `toposdns_topology_weighted_answers_total{policy,tier}`: of those, the SRV answers that
-  carried weights between tiers (`toposdns.io/topology-weights`); `tier` is the nearest one.
+- `toposdns_topology_weighted_answers_total{policy,tier}`: of those, the answers of a Service
+  with `toposdns.io/topology-weights`: SRV answers carrying weights between tiers (`tier`: the
+  nearest one), and A and AAAA replies of its rotation (`tier`: the one whose turn it was).
 - `toposdns_unplaced_client_queries_total`: those of them asked by a client whose address (the
   source, or a trusted EDNS Client Subnet address) no PodLocator holds.
 
@@ -80,8 +81,9 @@ class TopologyCounts:
         )
         weighted = CounterMetricFamily(
             "toposdns_topology_weighted_answers",
-            "Topology-filtered SRV answers carrying weights between tiers "
-            "(toposdns.io/topology-weights), by policy source and the nearest tier.",
+            "Topology-filtered answers shaped by toposdns.io/topology-weights: SRV answers "
+            "carrying weights (tier: the nearest one), A and AAAA replies in turn (tier: the "
+            "one whose turn it was), by policy source and tier.",
             labels=["policy", "tier"],
         )
         kinds = {"spill-over": spillovers, "weighted": weighted}

@@ -22,7 +22,6 @@ from immutables import Map
 
 from toposdns.store.model import (
     HEADLESS,
-    Endpoint,
     EndpointSlice,
     PodLocator,
     Record,
@@ -40,7 +39,6 @@ from toposdns.store.snapshot import EVERYTHING, Dependency, Snapshot, new_lineag
 from toposdns.store.topology import Policy, policy_for
 
 Key = tuple[str, str]
-SliceRef = tuple[EndpointSlice, Endpoint, str]
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -72,7 +70,7 @@ class StoreBuilder:
         self._namespaces: Map[str, bool] = Map()
         self._by_service: Map[Key, tuple[EndpointSlice, ...]] = Map()
         self._service_ips: Map[str, tuple[Service, ...]] = Map()
-        self._endpoint_ips: Map[str, tuple[SliceRef, ...]] = Map()
+        self._endpoint_ips: Map[str, EndpointSlice | tuple[EndpointSlice, ...]] = Map()
         #: The locator placing each address; `_shared` has every claimant of the few
         #: addresses several locators claim (kept apart: one tuple per address costs memory).
         self._combined: Map[str, PodLocator] = Map()
@@ -271,12 +269,16 @@ class StoreBuilder:
         self._slices[key] = eps
         service = (eps.namespace, eps.service)
         self._by_service = self._by_service.set(service, self._by_service.get(service, ()) + (eps,))
-        for ep in eps.endpoints:
-            for address in ep.addresses:
-                ip = canonical_ip(address)
-                refs = self._endpoint_ips.get(ip, ()) + ((eps, ep, address),)
-                self._endpoint_ips = self._endpoint_ips.set(ip, refs)
-                self._note(("ip", ip))
+        for ip in _addresses(eps):
+            held = self._endpoint_ips.get(ip)
+            if held is None:
+                held = eps  # the usual case: one slice holds the address
+            elif isinstance(held, EndpointSlice):
+                held = (held, eps)
+            else:
+                held = (*held, eps)
+            self._endpoint_ips = self._endpoint_ips.set(ip, held)
+            self._note(("ip", ip))
         self._note(("svc", *service))
         self._update_policy(service)
         return True
@@ -285,12 +287,16 @@ class StoreBuilder:
         service = (eps.namespace, eps.service)
         rest = tuple(s for s in self._by_service.get(service, ()) if s is not eps)
         self._by_service = _set_or_drop(self._by_service, service, rest)
-        for ep in eps.endpoints:
-            for address in ep.addresses:
-                ip = canonical_ip(address)
-                refs = tuple(ref for ref in self._endpoint_ips.get(ip, ()) if ref[0] is not eps)
-                self._endpoint_ips = _set_or_drop(self._endpoint_ips, ip, refs)
-                self._note(("ip", ip))
+        for ip in _addresses(eps):
+            held = self._endpoint_ips.get(ip)
+            left: EndpointSlice | tuple[EndpointSlice, ...] = ()
+            if isinstance(held, tuple):
+                others = tuple(s for s in held if s is not eps)
+                left = others[0] if len(others) == 1 else others
+            elif held is not None and held is not eps:
+                left = held
+            self._endpoint_ips = _set_or_drop(self._endpoint_ips, ip, left)
+            self._note(("ip", ip))
         self._note(("svc", *service))
 
     def _update_policy(self, key: Key) -> None:
@@ -466,6 +472,11 @@ class Relist:
                 changed |= self.builder.remove(self.kind, namespace, name)
         self.seen = None
         return changed
+
+
+def _addresses(eps: EndpointSlice) -> Iterable[str]:
+    """The canonical form of each address a slice holds, once each."""
+    return dict.fromkeys(canonical_ip(a) for ep in eps.endpoints for a in ep.addresses)
 
 
 def _choose(holders: tuple[PodLocator, ...]) -> PodLocator:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from socket import AF_INET, inet_pton
+from typing import Any
 
 
 def canonical_ip(text: str) -> str:
@@ -35,6 +36,14 @@ def is_canonical_ipv4(text: str) -> bool:
     except (OSError, ValueError):  # not dotted-quad IPv4 (or a NUL in it)
         return False
     return True
+
+
+def _written_canonically(text: str) -> bool:
+    """True if `text` is an address in canonical form; False for any other text."""
+    try:
+        return canonical_ip(text) == text
+    except ValueError:
+        return False
 
 
 #: The key under which a locator's `labels` carry its `nodeName`: "same node" compares node names,
@@ -104,20 +113,98 @@ class Service:
     topology_weights: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One ready endpoint of an EndpointSlice."""
+    """One ready endpoint of an EndpointSlice; immutable, compared and hashed by its fields.
 
-    addresses: tuple[str, ...]
-    hostname: str = ""
+    Not a dataclass, to be smaller: a cluster holds one per pod behind a Service. Its one
+    address (nearly always one) is held without a tuple around it, and its two hint lists,
+    nearly always absent, in one slot: 56 bytes less each, 8 MB at 150,000 endpoints."""
+
+    __slots__ = ("_addresses", "hostname", "pod_name", "node_name", "zone", "_hints")
+    _addresses: str | tuple[str, ...]
+    hostname: str
     #: `targetRef.name` when the target is a Pod (used by `--endpoint-pod-names`).
-    pod_name: str = ""
-    node_name: str = ""
-    zone: str = ""
-    #: `hints.forZones[].name`; None when the endpoint carries no zone hint.
-    hint_zones: tuple[str, ...] | None = None
-    #: `hints.forNodes[].name`; None when the endpoint carries no node hint.
-    hint_nodes: tuple[str, ...] | None = None
+    pod_name: str
+    node_name: str
+    zone: str
+    _hints: tuple[tuple[str, ...] | None, tuple[str, ...] | None] | None
+
+    def __init__(
+        self,
+        addresses: tuple[str, ...],
+        hostname: str = "",
+        pod_name: str = "",
+        node_name: str = "",
+        zone: str = "",
+        hint_zones: tuple[str, ...] | None = None,
+        hint_nodes: tuple[str, ...] | None = None,
+    ) -> None:
+        put = object.__setattr__
+        put(self, "_addresses", addresses[0] if len(addresses) == 1 else tuple(addresses))
+        put(self, "hostname", hostname)
+        put(self, "pod_name", pod_name)
+        put(self, "node_name", node_name)
+        put(self, "zone", zone)
+        hints = None if hint_zones is None and hint_nodes is None else (hint_zones, hint_nodes)
+        put(self, "_hints", hints)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Its addresses, as written."""
+        held = self._addresses
+        return (held,) if isinstance(held, str) else held
+
+    @property
+    def hint_zones(self) -> tuple[str, ...] | None:
+        """`hints.forZones[].name`; None when the endpoint carries no zone hint."""
+        return None if self._hints is None else self._hints[0]
+
+    @property
+    def hint_nodes(self) -> tuple[str, ...] | None:
+        """`hints.forNodes[].name`; None when the endpoint carries no node hint."""
+        return None if self._hints is None else self._hints[1]
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.addresses,
+            self.hostname,
+            self.pod_name,
+            self.node_name,
+            self.zone,
+            self.hint_zones,
+            self.hint_nodes,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Endpoint):
+            return NotImplemented
+        # The slots as held (a relist compares every endpoint): one address is held alike.
+        return (
+            self._addresses == other._addresses
+            and self.pod_name == other.pod_name
+            and self.node_name == other.node_name
+            and self.zone == other.zone
+            and self.hostname == other.hostname
+            and self._hints == other._hints
+        )
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        names = ("addresses", "hostname", "pod_name", "node_name", "zone", "hint_zones")
+        values = zip((*names, "hint_nodes"), self._fields(), strict=True)
+        return f"Endpoint({', '.join(f'{name}={value!r}' for name, value in values)})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[type[Endpoint], tuple[object, ...]]:
+        # By the constructor: the default would set the slots through __setattr__.
+        return Endpoint, self._fields()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +216,23 @@ class EndpointSlice:
     service: str
     ports: tuple[Port, ...]
     endpoints: tuple[Endpoint, ...]
+    #: True when every address is written in canonical form (as good as every slice): the
+    #: snapshot then finds an address in it by equality, without parsing the others.
+    canonical: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        canonical = all(
+            _written_canonically(address)
+            for endpoint in self.endpoints
+            for address in endpoint.addresses
+        )
+        object.__setattr__(self, "canonical", canonical)
+
+    def holding(self, ip: str) -> list[tuple[Endpoint, str]]:
+        """(endpoint, address as written) of each address whose canonical form is `ip`."""
+        if self.canonical:
+            return [(ep, a) for ep in self.endpoints for a in ep.addresses if a == ip]
+        return [(ep, a) for ep in self.endpoints for a in ep.addresses if canonical_ip(a) == ip]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,38 +242,129 @@ class Namespace:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
 class PodLocator:
     """A toposdns.io/v1alpha1 PodLocator: where a pod (or, for node locators, a node) runs.
 
     It places its `addresses` exactly, and every address inside its `cidrs` unless a locator
-    holds that address exactly or a longer prefix contains it (docs/topology.md)."""
+    holds that address exactly or a longer prefix contains it (docs/topology.md).
 
+    Immutable, compared by its fields (not `labels`, made from them). Not a dataclass, to be
+    smaller, as `Endpoint`: a cluster may hold one per pod, and its one address is held without
+    a tuple around it (48 bytes less each, 7 MB at 150,000)."""
+
+    __slots__ = (
+        "namespace",
+        "name",
+        "_addresses",
+        "node_name",
+        "node_labels",
+        "is_node",
+        "cidrs",
+        "pod_namespace",
+        "labels",
+    )
     namespace: str
     name: str
-    #: In canonical form (convert.py makes them so), the form the indexes use.
-    addresses: tuple[str, ...]
+    _addresses: str | tuple[str, ...]
     node_name: str
     node_labels: Mapping[str, str]
     #: True for the controller's per-node locators (label `toposdns.io/locator: node`).
-    is_node: bool = False
+    is_node: bool
     #: Prefixes whose every address this locator places, in canonical network form
     #: (`10.244.3.0/24`): a node's pod range, where the CNI allocates per node.
-    cidrs: tuple[str, ...] = ()
+    cidrs: tuple[str, ...]
     #: The label `toposdns.io/pod-namespace`: the namespace of the pod it places, which the
     #: controller says of the locators it writes in its own namespace; "" when not given.
-    pod_namespace: str = ""
+    pod_namespace: str
     #: What topology compares: `node_labels` and `node_name` under NODE_NAME.
-    labels: Mapping[str, str] = field(init=False, repr=False, compare=False)
+    labels: Mapping[str, str]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "labels", labels_with_node(self.node_labels, self.node_name))
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        addresses: tuple[str, ...],
+        node_name: str,
+        node_labels: Mapping[str, str],
+        is_node: bool = False,
+        cidrs: tuple[str, ...] = (),
+        pod_namespace: str = "",
+    ) -> None:
+        put = object.__setattr__
+        put(self, "namespace", namespace)
+        put(self, "name", name)
+        put(self, "_addresses", addresses[0] if len(addresses) == 1 else tuple(addresses))
+        put(self, "node_name", node_name)
+        put(self, "node_labels", node_labels)
+        put(self, "is_node", is_node)
+        put(self, "cidrs", cidrs)
+        put(self, "pod_namespace", pod_namespace)
+        put(self, "labels", labels_with_node(node_labels, node_name))
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Its addresses, in canonical form (convert.py makes them so), the form the indexes
+        use."""
+        held = self._addresses
+        return (held,) if isinstance(held, str) else held
 
     @property
     def namespace_of_pod(self) -> str:
         """The namespace of the pod it places (--autopath's search path, `--pods verified`):
         `pod_namespace`, else its own."""
         return self.pod_namespace or self.namespace
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.namespace,
+            self.name,
+            self.addresses,
+            self.node_name,
+            self.node_labels,
+            self.is_node,
+            self.cidrs,
+            self.pod_namespace,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PodLocator):
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self._addresses == other._addresses
+            and self.namespace == other.namespace
+            and self.node_name == other.node_name
+            and self.node_labels == other.node_labels
+            and self.is_node == other.is_node
+            and self.cidrs == other.cidrs
+            and self.pod_namespace == other.pod_namespace
+        )
+
+    def __hash__(self) -> int:
+        # Its labels are a dict: hashed by what identifies it (equal locators agree on it).
+        return hash((self.namespace, self.name, self.addresses))
+
+    def __repr__(self) -> str:
+        names = ("namespace", "name", "addresses", "node_name", "node_labels", "is_node", "cidrs")
+        values = zip((*names, "pod_namespace"), self._fields(), strict=True)
+        return f"PodLocator({', '.join(f'{name}={value!r}' for name, value in values)})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def replace(self, **changes: Any) -> PodLocator:
+        """A copy with `changes` (keyword arguments of the constructor), as dataclasses.replace
+        makes one of a dataclass."""
+        fields = ("namespace", "name", "addresses", "node_name", "node_labels", "is_node")
+        values = dict(zip((*fields, "cidrs", "pod_namespace"), self._fields(), strict=True))
+        return PodLocator(**{**values, **changes})
+
+    def __reduce__(self) -> tuple[type[PodLocator], tuple[object, ...]]:
+        # By the constructor: the default would set the slots through __setattr__.
+        return PodLocator, self._fields()
 
 
 #: Any object a snapshot can hold.

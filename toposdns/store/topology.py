@@ -367,8 +367,9 @@ class Selection:
     #: its group shares) for every endpoint the policy allows; empty when SRV answers as A
     #: and AAAA do. A group's weight is shared among the SRV records of its endpoints.
     srv: tuple[tuple[int, int, int, int], ...] = ()
-    #: Weights: (share of ROTATION replies, the candidates that answer it) per tier that has
-    #: endpoints, in the policy's order; an empty tier's share already moved to the next.
+    #: Weights: (share of ROTATION replies, the candidates that answer it: every endpoint the
+    #: tier holds) per tier that adds endpoints, in the policy's order; an empty tier's share
+    #: already moved to the next.
     rotation: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
@@ -462,6 +463,55 @@ def rotation_schedule(shares: Sequence[int]) -> tuple[int, ...]:
     return tuple(order)
 
 
+#: Schedules made so far, by their shares (few services carry weights; a bound all the same).
+_SCHEDULES: dict[tuple[int, ...], tuple[int, ...]] = {}
+SCHEDULES_KEPT = 1024
+
+
+def schedule_of(shares: tuple[int, ...]) -> tuple[int, ...]:
+    """`rotation_schedule`, made once per set of shares."""
+    found = _SCHEDULES.get(shares)
+    if found is None:
+        if len(_SCHEDULES) >= SCHEDULES_KEPT:
+            _SCHEDULES.clear()
+        found = _SCHEDULES[shares] = rotation_schedule(shares)
+    return found
+
+
+class TurnCounts:
+    """Where each weighted rotation of A and AAAA replies stands: per (namespace, service,
+    question type, client signature), the turn the next reply takes, 0 to ROTATION - 1, in a
+    one-item list that the reply cache's entries share (serve/cache.py `Turns`), so that a
+    reply from the cache and one built anew take the same next turn. One per server process;
+    bounded (`KEPT`): past it every rotation starts again at its first turn."""
+
+    __slots__ = ("counters",)
+
+    #: Rotations remembered: weighted services times their clients' signatures.
+    KEPT = 65536
+
+    def __init__(self) -> None:
+        self.counters: dict[tuple[object, ...], list[int]] = {}
+
+    def counter(self, key: tuple[object, ...]) -> list[int]:
+        """The counter of one rotation, made at turn 0 when new."""
+        found = self.counters.get(key)
+        if found is None:
+            if len(self.counters) >= self.KEPT:
+                self.counters.clear()
+            found = self.counters[key] = [0]
+        return found
+
+
+def take_turn(counter: list[int], length: int) -> int:
+    """The turn a reply takes (then the counter moves on, wrapping at `length`)."""
+    turn = counter[0]
+    if turn >= length:  # the schedule got shorter
+        turn = 0
+    counter[0] = turn + 1 if turn + 1 < length else 0
+    return turn
+
+
 def _soften(
     policy: Policy, hard: Selection, tiers: list[tuple[str, tuple[int, ...]]], ready: int
 ) -> Selection:
@@ -474,7 +524,7 @@ def _soften(
         seen.update(fresh)
         own.append((key, fresh))
     if policy.weights:
-        return _weighted(policy, hard, own)
+        return _weighted(policy, hard, own, tiers)
     # Spill-over: tiers in order, added together, until the answer holds the minimum (without
     # one, the nearest tier with an endpoint, as the hard policy takes).
     minimum = policy.min_endpoints
@@ -506,8 +556,15 @@ def _soften(
     return Selection(tuple(sorted(chosen)), rule, tier, tuple(taken), len(taken) > 1, srv)
 
 
-def _weighted(policy: Policy, hard: Selection, own: list[tuple[str, tuple[int, ...]]]) -> Selection:
-    """Weights: SRV holds every tier in priority 0, A and AAAA rotate between tiers."""
+def _weighted(
+    policy: Policy,
+    hard: Selection,
+    own: list[tuple[str, tuple[int, ...]]],
+    tiers: list[tuple[str, tuple[int, ...]]],
+) -> Selection:
+    """Weights: SRV holds every tier in priority 0, each endpoint in the nearest tier that
+    holds it (`own`); A and AAAA rotate between the tiers, each answering with every endpoint
+    it holds (`tiers`: those matching its key, all of them for "*")."""
     shares = list(policy.weights)
     # An empty tier's share goes to the next tier with endpoints (past the last, the last one
     # before it that has some).
@@ -524,11 +581,14 @@ def _weighted(policy: Policy, hard: Selection, own: list[tuple[str, tuple[int, .
             if own[i][1]:
                 shares[i] += carried
                 break
-    rotation = tuple((shares[i], fresh) for i, (_, fresh) in enumerate(own) if fresh)
-    if not rotation:
+    groups = [(shares[i], fresh, tiers[i][1]) for i, (_, fresh) in enumerate(own) if fresh]
+    if not groups:
         return hard
+    rotation = tuple((share, held) for share, _, held in groups)
     srv = tuple(
-        sorted((i, 0, group, share) for group, (share, fresh) in enumerate(rotation) for i in fresh)
+        sorted(
+            (i, 0, group, share) for group, (share, fresh, _) in enumerate(groups) for i in fresh
+        )
     )
     taken = tuple(key for key, fresh in own if fresh)
     rule = "weighted: " + ", ".join(

@@ -12,7 +12,18 @@ from struct import error as StructError
 from struct import unpack_from
 from typing import NamedTuple
 
-from toposdns.wire.codes import CLIENT_SUBNET, FORMERR, NOTIMP, OPCODE, OPT, POINTER, QR, SOA, Name
+from toposdns.wire.codes import (
+    CLIENT_SUBNET,
+    DO,
+    FORMERR,
+    NOTIMP,
+    OPCODE,
+    OPT,
+    POINTER,
+    QR,
+    SOA,
+    Name,
+)
 
 HEADER_SIZE = 12
 MAX_NAME_WIRE = 255
@@ -140,6 +151,30 @@ def question_end(message: bytes) -> int:
     that finds it by reading the name (a plain query's is read off its cache key:
     wire/edns.py `plain_question_end`). IndexError or ValueError when the message is cut short."""
     return read_name(message, HEADER_SIZE)[1] + 4
+
+
+def dnssec_ok(message: bytes) -> bool:
+    """Whether a query's OPT record sets the DO bit (CoreDNS's `request.Do`, which the
+    `coredns_dns_do_requests_total` metric counts); False without an OPT record, or when the
+    message ends before it. Each record read is at least 11 bytes of the message: the walk is
+    bounded by its length."""
+    if len(message) < HEADER_SIZE or not (message[10] or message[11]):
+        return False
+    try:
+        questions, answers, authority, additional = unpack_from("!4H", message, 4)
+        offset = HEADER_SIZE
+        for _ in range(questions):
+            offset = read_name(message, offset)[1] + 4
+        before = answers + authority
+        for index in range(before + additional):
+            offset = read_name(message, offset)[1]
+            rtype, _, ttl, length = unpack_from("!HHIH", message, offset)
+            if rtype == OPT and index >= before:
+                return bool(ttl & DO)
+            offset += 10 + length
+    except (IndexError, ValueError, StructError):
+        return False
+    return False
 
 
 def read_name(data: bytes, offset: int) -> tuple[Name, int]:

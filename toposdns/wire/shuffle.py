@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from math import lcm
 from struct import error as StructError
 from struct import unpack_from
@@ -25,37 +24,8 @@ from struct import unpack_from
 import dnslib
 from dnslib.buffer import BufferError as PacketError
 
-from toposdns.options import Origin, Plugin, Setting, sets
 from toposdns.wire.codes import AAAA, AXFR, CNAME, IXFR, MX, NOERROR, OPT, A
 from toposdns.wire.decode import HEADER_SIZE, question_end, read_name, record_spans
-
-
-@dataclass(frozen=True, slots=True)
-class LoadbalanceOptions:
-    """CoreDNS's `loadbalance [round_robin]` (`--loadbalance`)."""
-
-    round_robin: bool = False
-
-
-def _policy(words: Sequence[str], origin: Origin) -> bool:
-    if list(words) not in ([], ["round_robin"]):
-        raise origin.error("only the round_robin policy is supported")
-    return True
-
-
-LOADBALANCE: Plugin[LoadbalanceOptions] = Plugin(
-    "loadbalance",
-    LoadbalanceOptions,
-    (
-        Setting(
-            "",
-            sets("round_robin", _policy),
-            "--loadbalance",
-            help="vary the order of A, AAAA and MX records from reply to reply "
-            "(CoreDNS `loadbalance round_robin`)",
-        ),
-    ),
-)
 
 TSIG = 250
 #: The furthest a compression pointer reaches (14 bits of offset).

@@ -7,6 +7,13 @@
   stops startup before any worker is forked); then
   the workers are forked, after the data is loaded, so that they start with it in copy-on-write
   memory. Once each says it serves, the reservation is closed and the port announced.
+- **a first sync later than --startup-timeout**: the workers were forked before it, and each
+  received the rest of the data as changes (a copy each, in place of shared pages). They
+  answer from the synced data as soon as they have applied it, and /ready waits for that. Then
+  each is replaced, one at a time, by a worker forked from the synced data (which shares it
+  copy-on-write): the successor serves first, and only then does the old one leave through its
+  lameduck, still applying every change; so /ready stays 200 and no answer comes from older
+  data than the supervisor's.
 - **main loop**: each change the source publishes goes to every worker, in order: the store
   builder's journal of changes for the cluster, the whole snapshot for a reloaded file. A worker
   that ends is logged and forked again from the data as it is then; one that keeps ending soon
@@ -37,7 +44,6 @@ from toposdns.config import ServeConfig
 from toposdns.lifecycle import Lifecycle
 from toposdns.metrics import WORKER_RESTARTS
 from toposdns.serve import http, udp_batch
-from toposdns.serve.forward import loop_checked
 from toposdns.serve.listen import ListenOptions, bind_pair
 from toposdns.serve.loop import LoopGuard, loop_error
 from toposdns.serve.upstream import Upstream
@@ -46,6 +52,7 @@ from toposdns.server import (
     answering,
     bind_address,
     family_of,
+    loop_probes,
     restart_only,
     run_server,
 )
@@ -103,8 +110,11 @@ class Worker:
     applied: int
     serving: bool = False
     killed: bool = False
-    #: Told to stop so that it starts again from the first synced data (`Supervisor.renew`).
+    #: Being replaced by a worker forked from the first synced data (`Supervisor.renew`): it
+    #: answers until its successor serves, then leaves through its lameduck.
     renewing: bool = False
+    #: Told to stop (it answers through its lameduck, and is not forked again).
+    stopped: bool = False
     #: Its metric families as of the last scrape it answered.
     families: list[Metric] = field(default_factory=list)
     scrapes: dict[int, asyncio.Future[list[Metric]]] = field(default_factory=dict)
@@ -151,6 +161,8 @@ class Supervisor:
         #: The ports reserved for the other addresses of server blocks, by address.
         self.other_ports: dict[ListenOptions, int] = {}
         self.workers: dict[int, Worker] = {}
+        #: Workers being replaced by the one of their slot in `workers` (`renew`).
+        self.renewed: set[Worker] = set()
         #: Slots waiting to be forked again after a crash: (delay, monotonic time of the fork).
         self.backoff: dict[int, tuple[float, float]] = {}
         self.started = False
@@ -191,7 +203,7 @@ class Supervisor:
             udp_batch.wanted(config.toposdns.udp_batch)  # warns here once, not in each worker
             self.life.stack.push_async_callback(self.end_workers)
             self.probes = {
-                self.loops.probe(upstream): upstream for upstream in loop_checked(config.forward)
+                self.loops.probe(upstream, zone): upstream for zone, upstream in loop_probes(config)
             }
             for slot in range(1, config.workers + 1):
                 await self.spawn(slot)
@@ -244,8 +256,12 @@ class Supervisor:
 
     def broadcast(self, message: Message) -> None:
         data = frame(message)
-        for worker in list(self.workers.values()):
+        for worker in self.live():
             worker.send(data)
+
+    def live(self) -> list[Worker]:
+        """Every worker process, those being replaced (which still answer) included."""
+        return [*self.workers.values(), *self.renewed]
 
     # ----- the workers
 
@@ -289,7 +305,9 @@ class Supervisor:
                 "worker %d (pid %d): a message that cannot be handled", worker.slot, worker.pid
             )
             worker.kill()
-        del self.workers[worker.slot]
+        if self.workers.get(worker.slot) is worker:
+            del self.workers[worker.slot]
+        self.renewed.discard(worker)
         worker.writer.close()
         self.retired.add(worker.families, growing_only=True)
         for scrape in worker.scrapes.values():
@@ -304,8 +322,9 @@ class Supervisor:
         elif not self.started:
             self.failure = f"worker {worker.slot} (pid {worker.pid}) {how} before serving"
             self.changed.set()
-        elif worker.renewing and status == 0:
-            await self.restart(worker.slot)
+        elif worker.renewing:  # it has a successor already
+            if status != 0:
+                log.warning("worker %d (pid %d), replaced, %s", worker.slot, worker.pid, how)
         else:
             WORKER_RESTARTS.inc()
             delay = self.restart_delay(worker)
@@ -327,22 +346,27 @@ class Supervisor:
         return min(MAX_BACKOFF, max(RESTART_DELAY, previous * 2))
 
     async def renew(self) -> None:
-        """Start every worker again from the data as it is now, one after another: each old
-        one answers through its lameduck while its successor is forked and starts serving."""
+        """Replace every worker by one forked from the data as it is now, one after another:
+        each successor serves before the old one is told to stop, and the old one answers
+        through its lameduck, applying every change until it exits."""
         await self.until_serving()
-        log.info("first sync done: starting the workers again from it, one at a time")
+        log.info("first sync done: replacing the workers by ones forked from it, one at a time")
         for slot in sorted(self.workers):
             old = self.workers.get(slot)
             if old is None or self.life.stopping:
                 continue
             old.renewing = True
-            old.send(frame(Stop(now=False)))
+            del self.workers[slot]
+            self.renewed.add(old)
+            await self.restart(slot)
             while not self.life.stopping:
                 new = self.workers.get(slot)
-                if new is not None and new is not old and new.serving:
+                if new is not None and new.serving:
                     break
                 self.changed.clear()
                 await self.changed.wait()
+            old.stopped = True
+            old.send(frame(Stop(now=False)))
 
     async def restart(self, slot: int) -> None:
         """Fork a worker again, and keep trying (once a second) while the system refuses."""
@@ -416,13 +440,13 @@ class Supervisor:
         try:
             await asyncio.wait_for(self._all_gone(), EXIT_GRACE)
         except TimeoutError:
-            for worker in self.workers.values():
+            for worker in self.live():
                 worker.kill()
             if self.tasks:
                 await asyncio.wait(self.tasks, timeout=EXIT_GRACE)
 
     async def _all_gone(self) -> None:
-        while self.workers:
+        while self.workers or self.renewed:
             self.changed.clear()
             await self.changed.wait()
 
@@ -434,12 +458,15 @@ class Supervisor:
             return "Shutting down"
         if not self.current_snapshot.synced:
             return "kubernetes"
+        up_to_date = {
+            worker.slot
+            for worker in self.live()
+            if worker.serving and not worker.stopped and worker.applied >= self.batch
+        }
         behind = [
             self.describe(slot)
             for slot in range(1, self.config.workers + 1)
-            if (worker := self.workers.get(slot)) is None
-            or not worker.serving
-            or worker.applied < self.batch
+            if slot not in up_to_date
         ]
         return f"workers not serving the latest data: {', '.join(behind)}" if behind else None
 
@@ -456,7 +483,7 @@ class Supervisor:
         request count apart (`toposdns_worker_requests_total{worker}`)."""
         loop = asyncio.get_running_loop()
         scrapes: dict[Worker, tuple[int, asyncio.Future[list[Metric]]]] = {}
-        for worker in list(self.workers.values()):
+        for worker in self.live():
             request = next(self.requests)
             scrapes[worker] = request, loop.create_future()
             worker.scrapes[request] = scrapes[worker][1]
@@ -473,11 +500,13 @@ class Supervisor:
         )
         for worker, (request, scrape) in scrapes.items():
             worker.scrapes.pop(request, None)
-            if self.workers.get(worker.slot) is not worker:
+            if worker not in self.live():
                 continue  # it has ended: what it counted is in `retired`
             if scrape.done():
                 worker.families = scrape.result()
             summed.add(worker.families)
+            if worker.renewing:
+                continue  # its slot's count is its successor's
             total = sample_total(worker.families, "coredns_dns_requests_total")
             per_worker.add_sample(
                 "toposdns_worker_requests_total", {"worker": str(worker.slot)}, total

@@ -163,9 +163,8 @@ async def work(start: Start, channel: socket.socket) -> None:
         start.builder.journal = None  # it replays the supervisor's journal, and notes nothing
     async with Lifecycle() as life:
         life.stack.callback(writer.close)
-        if dns.forwarder is not None:
-            dns.forwarder.loops.probes.update(start.probes)
-            dns.forwarder.loops.on_probe = lambda question: send(Looped(question))
+        dns.loops.probes.update(start.probes)
+        dns.loops.on_probe = lambda question: send(Looped(question))
         dns.register(life.stack)
         await dns.start(life.stack, start.port, reuse_port=True, ports=start.ports)
         send(Serving())
