@@ -91,6 +91,32 @@ RESOURCES: dict[Resource, type] = {
 }  # fmt: skip
 
 
+class SourceListing:
+    """A full list of one resource, applied to the store page by page as it arrives
+    (`StoreBuilder.relist`): on a relist, a page's changes are published as a watch event's
+    are, the deletions once the list is complete. A malformed object keeps its last good version."""
+
+    def __init__(self, source: KubeSource, resource: Resource) -> None:
+        self.source = source
+        self.resource = resource
+        self.relist = source.builder.relist(RESOURCES[resource])
+
+    def page(self, items: list[Record | tuple[str, str]]) -> None:
+        """Apply one page of records (and keys of malformed objects)."""
+        records = [item for item in items if not isinstance(item, tuple)]
+        kept = [item for item in items if isinstance(item, tuple)]
+        # A first list is published when complete (and its resource synced) rather than once
+        # per page: a snapshot per page would cost the startup time for answers that SERVFAIL
+        # where they would not exist anyway.
+        if self.relist.page(records, kept) and self.resource.name in self.source.synced:
+            self.source.changed()
+
+    def finish(self) -> None:
+        """The list is complete: delete what it did not hold; the resource is synced."""
+        changed = self.relist.finish()
+        self.source.listed(self.resource, self.relist.count, changed)
+
+
 class KubeSource:
     """Reflectors for every DNS resource over one store; publishes snapshots on change."""
 
@@ -142,12 +168,19 @@ class KubeSource:
         return object_key(obj) if record is None else record
 
     def replace(self, resource: Resource, items: list[Record | tuple[str, str]]) -> None:
-        records = [item for item in items if not isinstance(item, tuple)]
-        kept = {item for item in items if isinstance(item, tuple)}
-        changed = self.builder.replace_all(RESOURCES[resource], records, keep=kept)
+        listing = self.relist(resource)
+        listing.page(items)
+        listing.finish()
+
+    def relist(self, resource: Resource) -> SourceListing:
+        """A full list of `resource`, applied to the store page by page."""
+        return SourceListing(self, resource)
+
+    def listed(self, resource: Resource, count: int, changed: bool) -> None:
+        """A full list of `resource` (`count` objects) is in the store."""
         if resource.name not in self.synced:
             self.synced.add(resource.name)
-            log.info("%s: listed %d objects", resource.name, len(records))
+            log.info("%s: listed %d objects", resource.name, count)
             changed = True
         if changed:
             self.changed()

@@ -2,8 +2,10 @@
 
 For each resource a `Reflector`:
 
-1. LISTs in pages (`limit`/`continue`) and hands the whole list to its sink in one call, so a
-   relist replaces what is stored in one step and never empties what is being served;
+1. LISTs in pages (`limit`/`continue`) and hands the list to its sink: page by page to a sink
+   that can take it so (`Sink.relist`: compared with what is stored as each page arrives, so a
+   relist costs about a page, not a second copy of everything), else whole in one call; either
+   way what is served is never emptied;
 2. WATCHes from the list's resourceVersion with bookmarks, handing each event to the sink;
 3. on `410 Gone` (history compacted, in an HTTP status or an ERROR event) goes back to 1;
    on any other failure waits with jittered exponential backoff and watches again from the last
@@ -103,12 +105,24 @@ class WatchSettings:
     page_size: int = 500
 
 
+class Listing(Protocol):
+    """One full list, handed over page by page (what `Sink.relist` returns)."""
+
+    def page(self, items: list[Any]) -> None:
+        """The next page's objects (after `prepare`)."""
+
+    def finish(self) -> None:
+        """The list is complete: what it did not hold is gone."""
+
+
 class Sink(Protocol):
     """Where a reflector delivers what it sees.
 
     A sink may also have `prepare(resource, obj)`: each listed object is then passed through it
     as its page arrives, and `replace` gets the results, so that a list of 100,000 objects never
-    holds all their raw JSON at once.
+    holds all their raw JSON at once. A sink may also have `relist(resource)`, returning a
+    `Listing`: lists are then handed over page by page, and never held whole (`replace` is not
+    called). A list that breaks off is dropped without `finish`; the next starts a new one.
     """
 
     def replace(self, resource: Resource, items: list[Any]) -> None:
@@ -145,6 +159,7 @@ class Reflector:
         self.prepare: Callable[[Resource, Object], Any] = getattr(
             sink, "prepare", lambda _resource, obj: obj
         )
+        self.relist: Callable[[Resource], Listing] | None = getattr(sink, "relist", None)
         self.pages = None if resource.fields is None else page_decoder(resource.fields)
         #: Where the next watch starts: the last event delivered, even when a watch broke off
         #: (resuming from an older one would replay changes already served, and answers would
@@ -191,7 +206,9 @@ class Reflector:
                 delay = min(delay * 2, self.settings.backoff_max)
 
     async def list(self) -> str:
-        """List every object in pages, hand them over at once; return the list's version."""
+        """List every object in pages, hand them over page by page (or at once to a sink
+        without `relist`); return the list's version."""
+        listing = None if self.relist is None else self.relist(self.resource)
         items: list[Any] = []
         token: str | None = None
         while True:
@@ -203,11 +220,18 @@ class Reflector:
                     obj.setdefault("kind", self.resource.kind)
                     obj.setdefault("apiVersion", self.resource.api_version)
                     items.append(self.prepare(self.resource, obj))
+            del body  # the page's raw objects go before the next page is asked for
+            if listing is not None:
+                listing.page(items)
+                items = []
             if self.on_page is not None:
                 self.on_page()
             token = metadata.get("continue") or None
             if token is None:
-                self.sink.replace(self.resource, items)
+                if listing is not None:
+                    listing.finish()
+                else:
+                    self.sink.replace(self.resource, items)
                 return str(metadata.get("resourceVersion", ""))
 
     async def request(self, **params: Any) -> Object:

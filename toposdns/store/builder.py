@@ -157,21 +157,47 @@ class StoreBuilder:
     ) -> bool:
         """Make the stored objects of a kind exactly `records` (after a full list), except
         that the objects named in `keep` (namespace, name) stay as they are."""
-        stored = self.keys(kind)
-        if stored:  # only what was stored before can be missing from the list
-            seen = set(keep)
-            records = list(records)
-            seen.update((getattr(record, "namespace", ""), record.name) for record in records)
-            stored -= seen
+        relist = self.relist(kind)
+        changed = relist.page(list(records), keep)
+        return relist.finish() or changed
+
+    def relist(self, kind: type) -> Relist:
+        """A full list of a kind, to be given page by page (`Relist`)."""
+        return Relist(self, kind)
+
+    def holds(self, kind: type) -> bool:
+        """True if any object of the kind is stored."""
+        if kind is Service:
+            return bool(self._services)
+        if kind is EndpointSlice:
+            return bool(self._slices)
         if kind is PodLocator:
-            changed = self._put_locators(records)  # type: ignore[arg-type]
+            return bool(self._locators)
+        return bool(self._namespaces)
+
+    def stored(self, kind: type, namespace: str, name: str) -> Record | None:
+        """The stored object of that kind and name, if any (Namespaces: None)."""
+        if kind is Service:
+            return self._services.get((namespace, name))
+        if kind is EndpointSlice:
+            return self._slices.get((namespace, name))
+        if kind is PodLocator:
+            return self._locators.get(namespace, {}).get(name)
+        return None
+
+    def missing(self, kind: type, seen: dict[str, set[str]]) -> list[Key]:
+        """(namespace, name) of the stored objects of a kind that `seen` does not name."""
+        if kind is PodLocator:
+            return [(ns, name) for ns, names in self._locators.items()
+                    for name in names if name not in seen.get(ns, ())]  # fmt: skip
+        stored: Iterable[Key]
+        if kind is Service:
+            stored = self._services.keys()
+        elif kind is EndpointSlice:
+            stored = self._slices.keys()
         else:
-            changed = False
-            for record in records:
-                changed |= self.put(record)
-        for namespace, name in stored:
-            changed |= self.remove(kind, namespace, name)
-        return changed
+            stored = (("", name) for name in self._namespaces.keys())
+        return [(ns, name) for ns, name in stored if name not in seen.get(ns, ())]
 
     def snapshot(self, serial: int, synced: bool = True) -> Snapshot:
         """A snapshot of the current state, saying what changed since the last one."""
@@ -386,6 +412,66 @@ class StoreBuilder:
         for cidr in dict.fromkeys(locator.cidrs):
             self._note(("cidr", cidr))
             self._prefixes = remove_prefix(self._prefixes, cidr, locator)
+
+
+class Relist:
+    """A full list of one kind, applied page by page as it arrives (client-go's `Replace`,
+    without holding the list): each page's objects go in as `put`s, so an object equal to what
+    is stored changes nothing and the new copy is dropped with its page; `finish` then deletes
+    what the list did not contain. Between pages every object is at its stored or its listed
+    version, never missing, as while a watch catches up. A list that breaks off is simply
+    dropped: the next one starts over, and nothing it skipped was deleted.
+
+    What the list named is kept as the stored records' own strings (per namespace, a set of
+    names), so nothing allocated for a page outlives it unless it changed the store: a relist
+    strands no memory between the pages of survivors.
+    """
+
+    def __init__(self, builder: StoreBuilder, kind: type) -> None:
+        self.builder = builder
+        self.kind = kind
+        #: namespace -> names the list held, as the stored strings; None when nothing of the
+        #: kind was stored as the list began (a first list), so nothing can be missing.
+        self.seen: dict[str, set[str]] | None = {} if builder.holds(kind) else None
+        #: How many objects the pages held (kept ones included).
+        self.count = 0
+
+    def page(self, records: list[Record], keep: Iterable[Key] = ()) -> bool:
+        """Apply one page: its `records`, and the objects named in `keep` (namespace, name)
+        left as they are (malformed in the list); False if it changed nothing."""
+        builder, kind = self.builder, self.kind
+        if kind is PodLocator:
+            changed = builder._put_locators(records)  # type: ignore[arg-type]
+        else:
+            changed = False
+            for record in records:
+                changed |= builder.put(record)
+        self.count += len(records)
+        if self.seen is None:  # nothing was stored: nothing can be missing
+            self.count += sum(1 for _ in keep)
+            return changed
+        seen = self.seen
+        for record in records:
+            namespace = getattr(record, "namespace", "")
+            stored = builder.stored(kind, namespace, record.name) or record
+            namespace = getattr(stored, "namespace", "")
+            names = seen.get(namespace)
+            if names is None:
+                names = seen[namespace] = set()
+            names.add(stored.name)
+        for namespace, name in keep:
+            seen.setdefault(namespace, set()).add(name)
+            self.count += 1
+        return changed
+
+    def finish(self) -> bool:
+        """The list is complete: delete what it did not hold; False if nothing was."""
+        changed = False
+        if self.seen is not None:
+            for namespace, name in self.builder.missing(self.kind, self.seen):
+                changed |= self.builder.remove(self.kind, namespace, name)
+        self.seen = None
+        return changed
 
 
 def _addresses(eps: EndpointSlice) -> Iterable[str]:
