@@ -38,7 +38,8 @@ from toposdns.serve.responder import (
 from toposdns.serve.tcp import TcpLimits, TcpProtocol
 from toposdns.serve.udp import UdpProtocol
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels, TurnCounts
+from toposdns.store.topology import Labels
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.codes import ANY, AXFR, CLASS_IN, IXFR, NXDOMAIN, REFUSED, A, Name
 from toposdns.wire.decode import Dropped, Query, Rejected, decode_query
 from toposdns.wire.encode import (

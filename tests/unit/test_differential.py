@@ -69,7 +69,8 @@ from toposdns.store.model import (
     canonical_ip,
 )
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import HOSTNAME, REGION, TRAFFIC_DISTRIBUTIONS, ZONE, TurnCounts
+from toposdns.store.topology import HOSTNAME, REGION, TRAFFIC_DISTRIBUTIONS, ZONE
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.codes import AAAA, ANY, AXFR, CNAME, MX, NS, PTR, SOA, SRV, TXT, A
 from toposdns.wire.decode import Dropped, Rejected, decode_query, read_name, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, MAX_UDP_SIZE, bound_buffer, udp_limit

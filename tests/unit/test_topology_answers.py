@@ -24,7 +24,7 @@ from toposdns.source.snapshot_file import load_records
 from toposdns.store.builder import StoreBuilder, build_snapshot
 from toposdns.store.convert import convert_object
 from toposdns.store.model import PodLocator
-from toposdns.store.topology import TurnCounts
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.codes import AAAA, NOERROR, NXDOMAIN, PTR, SRV, TXT, A
 from toposdns.wire.decode import decode_query
 

@@ -52,7 +52,7 @@ class Answer(NamedTuple):
     #: upstreams answer instead (CoreDNS's `fallthrough`, then `forward`).
     fallthrough: bool = False
     #: Topology weights on A and AAAA: which tier (`Selection.rotation`'s index) answers each
-    #: of ROTATION turns, and the client's counter of turns (store/topology.py `TurnCounts`;
+    #: of ROTATION turns, and the client's counter of turns (store/turns.py `TurnCounts`;
     #: None when none was given); empty when answers do not rotate.
     schedule: tuple[int, ...] = ()
     counter: list[int] | None = None

@@ -24,7 +24,8 @@ from toposdns.resolve.answer import Answer
 from toposdns.resolve.qname import SVC
 from toposdns.resolve.resolver import Decision, ResolverConfig, match_zone, resolve
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels, TurnCounts
+from toposdns.store.topology import Labels
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.codes import CNAME, NXDOMAIN, Name
 from toposdns.wire.records import RR
 

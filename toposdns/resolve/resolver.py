@@ -57,12 +57,11 @@ from toposdns.store.topology import (
     Labels,
     Policy,
     Selection,
-    TurnCounts,
     endpoint_labels,
     schedule_of,
     select,
-    take_turn,
 )
+from toposdns.store.turns import TurnCounts, take_turn
 from toposdns.wire.codes import (
     AAAA,
     AXFR,

@@ -38,7 +38,8 @@ from toposdns.serve.chain import Next, Reply, Request, failed
 from toposdns.serve.placement import Placer
 from toposdns.serve.transport import Transport
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import Labels, TurnCounts
+from toposdns.store.topology import Labels
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.codes import AXFR, CLASS_IN, IXFR, NXDOMAIN, OPT, SERVFAIL, Name
 from toposdns.wire.decode import Query, question_end, record_spans
 from toposdns.wire.encode import MAX_TCP_SIZE, encode_bare, encode_reply, name_wire, udp_limit

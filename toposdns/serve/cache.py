@@ -48,7 +48,8 @@ from toposdns.resolve.client import NO_LABELS
 from toposdns.serve.query_metrics import Hits
 from toposdns.serve.transport import TRANSPORTS
 from toposdns.store.snapshot import Dependency
-from toposdns.store.topology import Labels, Policy, take_turn
+from toposdns.store.topology import Labels, Policy
+from toposdns.store.turns import take_turn
 from toposdns.wire.case import Recasing, recase, rotated
 from toposdns.wire.decode import serial_offset
 from toposdns.wire.edns import NO_OPTIONS, EchoedOptions
@@ -260,11 +261,13 @@ class Turns:
     the next turn (`next`, inlined by the UDP frontend), as `Rotation` gives `--loadbalance`'s
     next order."""
 
-    __slots__ = ("replies", "counter")
+    __slots__ = ("replies", "counter", "small")
 
     def __init__(self, replies: tuple[Cached, ...], counter: list[int]) -> None:
         self.replies = replies
         self.counter = counter
+        #: Whether every turn's reply is `small`: the UDP frontend's own path then serves each.
+        self.small = all(reply.small for reply in replies)
 
     def peek(self) -> Cached:
         """The reply of the next turn, the counter left where it is."""
@@ -274,6 +277,13 @@ class Turns:
     def next(self) -> Cached:
         """The reply of the next turn; the counter moves on (store/topology.py `take_turn`)."""
         return self.replies[take_turn(self.counter, len(self.replies))]
+
+    def take_small(self) -> Cached | None:
+        """The reply of the next turn, the turn taken, when every turn's reply is `small`: the
+        UDP frontend's own path then serves it; else None, and the responder takes the turn.
+        One call from that path, which is not compiled, where reading the counter there cost
+        as much as the rest of a hit."""
+        return self.next() if self.small else None
 
 
 def _serial_at(reply: bytes | None) -> int:

@@ -25,7 +25,7 @@ from toposdns.serve.forward import Forwarder, answer_records, build_query
 from toposdns.serve.placement import Placer
 from toposdns.serve.transport import Transport
 from toposdns.store.snapshot import Snapshot
-from toposdns.store.topology import TurnCounts
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.codes import CLASS_IN, NOERROR, REFUSED, TC, Name
 from toposdns.wire.decode import Query
 from toposdns.wire.encode import (

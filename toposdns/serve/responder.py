@@ -83,7 +83,8 @@ from toposdns.serve.transport import UDP4 as UDP4
 from toposdns.serve.transport import UDP6 as UDP6
 from toposdns.serve.transport import Transport as Transport
 from toposdns.store.snapshot import Dependency, Snapshot
-from toposdns.store.topology import Labels, TurnCounts
+from toposdns.store.topology import Labels
+from toposdns.store.turns import TurnCounts
 from toposdns.wire.case import (
     NOT_RECASED,
     Recasing,

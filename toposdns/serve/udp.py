@@ -81,7 +81,6 @@ class UdpProtocol(asyncio.DatagramProtocol):
         # here and the responder folds its key.
         entry = self.table.get(data[2:])
         counts = None
-        turns = None
         if entry.__class__ is TopologyReplies and kind is UDP4:
             # This client's domain's reply; no options, so no Client Subnet to place it by. An
             # IPv4 source is the locators' key as it is (an IPv6 one may carry a zone index).
@@ -93,17 +92,15 @@ class UdpProtocol(asyncio.DatagramProtocol):
                 found = entry.by_labels.get(id(labels))
                 if found is None:
                     found = self.reply_cache.choose(entry, labels)
+                turns = None if found is None else found.turns
+                if turns is not None:
+                    # Topology weights: this turn's reply, its turn taken, when this path serves
+                    # it (no OPT record, every turn's reply small); else the responder's turn.
+                    found = None if data[11] else turns.take_small()
                 if found is not None:
-                    turns = found.turns
-                    if turns is not None:  # topology weights: this turn's reply (Turns.peek)
-                        found = turns.replies[turns.counter[0]]
                     entry, counts = found, found.row
         if type(entry) is Cached and entry.small and not data[11]:
             cached = entry  # the raw key matched its lower-cased key: the same case
-            if turns is not None:  # served: the rotation moves on (Turns.next, inlined)
-                counter = turns.counter
-                turn = counter[0] + 1
-                counter[0] = turn if turn < len(turns.replies) else 0
             rotation = cached.rotation
             if rotation is None:
                 transport.sendto(data[:2] + cached.reply, addr)
