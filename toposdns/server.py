@@ -729,10 +729,15 @@ RESTART_ONLY: dict[str, tuple[str, str]] = {
     "log": ("log", ""),  # the frontends are chosen at startup
     # The store believes the locators of these namespaces from the first it holds.
     "locator_namespaces": ("toposdns", "locator_namespaces"),
+    # What a cluster's watch holds (WATCHED): EndpointSlices at all, the endpoints' pod names.
+    "noendpoints": ("kubernetes", "noendpoints"),
+    "endpoint_pod_names": ("kubernetes", "endpoint_pod_names"),
     # Last: the blocks' addresses follow the kubernetes block's, as kept above.
     "server block ports": ("blocks", "addresses"),
 }
 BLOCK_ADDRESSES = RESTART_ONLY["server block ports"]
+#: Those that only wait when watching a cluster: a snapshot file's data holds everything.
+WATCHED = ("noendpoints", "endpoint_pod_names")
 
 
 def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig, list[str]]:
@@ -740,6 +745,8 @@ def restart_only(config: ServeConfig, running: ServeConfig) -> tuple[ServeConfig
     kept as they run, and the names of those that changed (they wait for a restart)."""
     waiting = []
     for name, (plugin, attribute) in RESTART_ONLY.items():
+        if name in WATCHED and running.snapshot.path is not None:
+            continue
         options, kept = getattr(config, plugin), getattr(running, plugin)
         if (plugin, attribute) == BLOCK_ADDRESSES:
             if config.servers().keys() == running.servers().keys():
@@ -889,6 +896,7 @@ async def start_source(
         on_page=gc.freeze,
         builder=StoreBuilder(config.toposdns.locator_namespaces) if builder is None else builder,
         endpoints=not config.kubernetes.noendpoints,
+        pod_names=config.kubernetes.endpoint_pod_names,
     )
     task = life.start(source.run(), "source")
     # Nor collect at all until the first sync: the records are acyclic, and a sync of 175,000

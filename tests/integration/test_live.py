@@ -162,3 +162,29 @@ def test_a_tenants_podlocators_change_no_other_namespaces_answer(
         assert server.log().count("PodLocator tenant/grab ignored") == 1
     finally:
         assert server.stop(STOP_TIMEOUT) == 0, server.log()
+
+
+@pytest.mark.parametrize("pod_names", [True, False])
+def test_endpoint_pod_names_from_the_watch(
+    api: FakeApiServer, tmp_path: Path, pod_names: bool
+) -> None:
+    """The watch keeps each endpoint's pod name only under `--endpoint-pod-names` (the only
+    reader of it); the names answer with it, and the dashed address without it."""
+    target = {"kind": "Pod", "name": "db-7d9c-x1", "namespace": "shop"}
+    for obj in headless("db", "shop", [endpoint("10.244.1.20", targetRef=target)]):
+        api.add(obj)
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    flags = ("--endpoint-pod-names",) if pod_names else ()
+    server = Server(None, ("--kubeconfig", str(kubeconfig), "--workers", "1", *flags))
+    try:
+        server.wait_ready()
+        named = dig(server, "db-7d9c-x1.db.shop.svc.cluster.local")
+        dashed = dig(server, "10-244-1-20.db.shop.svc.cluster.local")
+        answered, unknown = (named, dashed) if pod_names else (dashed, named)
+        assert [rr[4] for rr in answered.answer] == ["10.244.1.20"]
+        assert unknown.status == "NXDOMAIN"
+        srv = dig(server, "_http._tcp.db.shop.svc.cluster.local", "SRV", "+short").text
+        host = "db-7d9c-x1" if pod_names else "10-244-1-20"
+        assert srv.split()[3] == f"{host}.db.shop.svc.cluster.local."
+    finally:
+        assert server.stop(STOP_TIMEOUT) == 0, server.log()

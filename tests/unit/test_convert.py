@@ -458,12 +458,46 @@ SLICE_SHAPES: dict[str, tuple[dict[str, Any], bool]] = {
 }
 
 
+@pytest.mark.parametrize("pod_names", [True, False])
 @pytest.mark.parametrize(("raw", "fast"), SLICE_SHAPES.values(), ids=SLICE_SHAPES.keys())
 def test_endpoint_slice_fast_path_gives_what_the_checks_give(
-    raw: dict[str, Any], fast: bool
+    raw: dict[str, Any], fast: bool, pod_names: bool
 ) -> None:
-    assert (_common_endpoint_slice(raw) is not None) is fast
-    assert converted(convert_object, raw) == converted(convert_checked, raw)
+    assert (_common_endpoint_slice(raw, pod_names) is not None) is fast
+    assert converted(lambda r: convert_object(r, pod_names), raw) == converted(
+        lambda r: convert_checked(r, pod_names), raw
+    )
+
+
+@pytest.mark.parametrize("raw", [s for s, _ in SLICE_SHAPES.values()], ids=SLICE_SHAPES.keys())
+def test_endpoints_keep_their_pod_name_only_when_asked(raw: dict[str, Any]) -> None:
+    """Without `pod_names` every endpoint is the same but for its pod name, and a malformed
+    targetRef is refused all the same."""
+    kept, dropped = (
+        converted(convert_object, raw),
+        converted(lambda r: convert_object(r, False), raw),
+    )
+    if isinstance(kept, str):
+        assert dropped == kept
+        return
+    assert [ep.pod_name for ep in dropped.endpoints] == [""] * len(kept.endpoints)
+    assert dropped.endpoints == tuple(
+        Endpoint(
+            ep.addresses,
+            ep.hostname,
+            "",
+            ep.node_name,
+            ep.zone,
+            ep.hint_zones,
+            ep.hint_nodes,
+        )
+        for ep in kept.endpoints
+    )
+    assert (dropped.namespace, dropped.name, dropped.ports) == (
+        kept.namespace,
+        kept.name,
+        kept.ports,
+    )
 
 
 def test_endpoint_slice_fast_path_record() -> None:

@@ -482,3 +482,14 @@ def test_the_dns_source_does_without_the_generated_apis_and_the_sync_client() ->
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.splitlines() == ["[]", "CoreV1Api True"]
+
+
+@pytest.mark.parametrize(("pod_names", "kept"), [(True, "db-0"), (False, "")])
+def test_the_source_keeps_pod_names_only_when_asked(pod_names: bool, kept: str) -> None:
+    source = KubeSource(None, lambda _: None, pod_names=pod_names)  # type: ignore[arg-type]
+    target = {"kind": "Pod", "name": "db-0"}
+    record = source.prepare(
+        ENDPOINT_SLICES, endpoint_slice("db", endpoints=[endpoint("10.1.0.1", targetRef=target)])
+    )
+    assert not isinstance(record, tuple)
+    assert [ep.pod_name for ep in record.endpoints] == [kept]  # type: ignore[union-attr]

@@ -111,6 +111,27 @@ def test_every_reloaded_setting_is_applied_or_named_as_waiting(
         assert named == [waiting] and applied == running
 
 
+#: What the store holds: kept as it is while watching a cluster (the watch keeps only what the
+#: running settings need), applied at once from a snapshot file (its data holds everything).
+WATCHED = [
+    ({"--endpoint-pod-names": True}, "endpoint_pod_names"),
+    ({"--noendpoints": True}, "noendpoints"),
+]
+
+
+@pytest.mark.parametrize(("flags", "waiting"), WATCHED)
+def test_a_reload_of_what_the_watch_holds_waits_for_a_restart(
+    flags: dict[str, Any], waiting: str
+) -> None:
+    watching = {"--snapshot": None, "--kubeconfig": "kubeconfig", "--ttl": "9"}
+    running = config_of(**{**watching, "--ttl": "5"})
+    applied, named = server.restart_only(config_of(**watching, **flags), running)
+    assert named == [waiting]
+    assert applied == config_of(**watching), "the rest applies, this waits"
+    reloaded = config_of(**flags)
+    assert server.restart_only(reloaded, config_of()) == (reloaded, [])
+
+
 #: The blocks beside the kubernetes block as they run: a stub domain on its port, and
 #: example.org on a port of its own.
 STUB = BlockConfig((("consul", "local"),), "Corefile:5")

@@ -129,10 +129,13 @@ class KubeSource:
         on_page: Callable[[], None] | None = None,
         builder: StoreBuilder | None = None,
         endpoints: bool = True,
+        pod_names: bool = True,
     ) -> None:
         self.apis = apis
         #: The resources watched: all but EndpointSlices with `endpoints` False (`noendpoints`).
         self.resources = [r for r in RESOURCES if endpoints or r is not ENDPOINT_SLICES]
+        #: Whether endpoints keep their pod's name (`endpoint_pod_names` reads it).
+        self.pod_names = pod_names
         self.publish = publish
         self.settings = settings or WatchSettings()
         self.clock = clock
@@ -237,7 +240,7 @@ class KubeSource:
     def convert(self, raw: Object) -> Record | None:
         """A record, or None (logged and counted) for a malformed object."""
         try:
-            return convert_object(raw)
+            return convert_object(raw, self.pod_names)
         except ObjectError as exc:
             MALFORMED_OBJECTS.labels(str(raw.get("kind"))).inc()
             log.warning("skipping malformed object %s; fix it in the cluster", exc)

@@ -71,24 +71,26 @@ def describe(raw: Any) -> str:
     return f"{raw.get('kind', '?')} {ns}/{name}" if ns else f"{raw.get('kind', '?')} {name}"
 
 
-def convert_object(raw: Any) -> Record:
+def convert_object(raw: Any, pod_names: bool = True) -> Record:
     """Convert one raw object; raise ObjectError if it is malformed or of an unknown kind.
 
     The shapes nearly every PodLocator and EndpointSlice has are taken by a fast path; all
-    others, and every malformed one, by `convert_checked`, which gives the same records."""
+    others, and every malformed one, by `convert_checked`, which gives the same records.
+    Without `pod_names`, endpoints keep no pod name (`targetRef.name`): only
+    `endpoint_pod_names` reads it, and at 150,000 endpoints the names are 11 MB."""
     if type(raw) is dict:
         kind = raw.get("kind")
         record: Record | None = None
         if kind == "PodLocator":
             record = _common_pod_locator(raw)
         elif kind == "EndpointSlice":
-            record = _common_endpoint_slice(raw)
+            record = _common_endpoint_slice(raw, pod_names)
         if record is not None:
             return record
-    return convert_checked(raw)
+    return convert_checked(raw, pod_names)
 
 
-def convert_checked(raw: Any) -> Record:
+def convert_checked(raw: Any, pod_names: bool = True) -> Record:
     """`convert_object` field by field: what it refuses, it names by object and field path."""
     obj = raw
     if not isinstance(raw, Mapping):
@@ -107,7 +109,7 @@ def convert_checked(raw: Any) -> Record:
     if key[1] == "Service":
         return _service(raw, obj, namespace, name, meta)
     if key[1] == "EndpointSlice":
-        return _endpoint_slice(raw, obj, namespace, name, meta)
+        return _endpoint_slice(raw, obj, namespace, name, meta, pod_names)
     return _pod_locator(raw, obj, namespace, name, meta)
 
 
@@ -178,7 +180,12 @@ def _annotation(annotations: Mapping[str, Any], name: str, obj: Any) -> str | No
 
 
 def _endpoint_slice(
-    raw: Mapping[str, Any], obj: Any, namespace: str, name: str, meta: Mapping[str, Any]
+    raw: Mapping[str, Any],
+    obj: Any,
+    namespace: str,
+    name: str,
+    meta: Mapping[str, Any],
+    pod_names: bool,
 ) -> EndpointSlice:
     labels = _mapping(meta.get("labels"), obj, "metadata.labels")
     service = _str(labels.get(SERVICE_NAME_LABEL), obj, f"metadata.labels[{SERVICE_NAME_LABEL}]")
@@ -210,7 +217,7 @@ def _endpoint_slice(
                 addresses=addrs,
                 hostname=_str(ep.get("hostname"), obj, f"{where}.hostname"),
                 # Longer pod names are not valid DNS labels; CoreDNS drops them at conversion.
-                pod_name=pod_name if len(pod_name) < 64 else "",
+                pod_name=pod_name if pod_names and len(pod_name) < 64 else "",
                 node_name=sys.intern(_str(ep.get("nodeName"), obj, f"{where}.nodeName")),
                 zone=sys.intern(_str(ep.get("zone"), obj, f"{where}.zone")),
                 hint_zones=hint_zones,
@@ -325,7 +332,7 @@ def _common_pod_locator(raw: dict[str, Any]) -> PodLocator | None:
     )
 
 
-def _common_endpoint_slice(raw: dict[str, Any]) -> EndpointSlice | None:
+def _common_endpoint_slice(raw: dict[str, Any], pod_names: bool) -> EndpointSlice | None:
     """The EndpointSlice of the shape nearly all have (IPv4 addresses in canonical form, string
     fields, ports with a number), checked in as few operations as a sync can afford; None for
     any other shape, which `_endpoint_slice` then checks field by field and names what is
@@ -363,7 +370,7 @@ def _common_endpoint_slice(raw: dict[str, Any]) -> EndpointSlice | None:
                 return None
             if conditions.get("ready") is False:
                 continue  # as `_endpoint_slice`: nothing else of it is read
-        endpoint = _common_endpoint(ep)
+        endpoint = _common_endpoint(ep, pod_names)
         if endpoint is None:
             return None
         endpoints.append(endpoint)
@@ -373,7 +380,7 @@ def _common_endpoint_slice(raw: dict[str, Any]) -> EndpointSlice | None:
     return EndpointSlice(sys.intern(namespace), name, service, ports, tuple(endpoints))
 
 
-def _common_endpoint(ep: dict[str, Any]) -> Endpoint | None:
+def _common_endpoint(ep: dict[str, Any], pod_names: bool) -> Endpoint | None:
     """One ready endpoint of `_common_endpoint_slice`, or None if it is of another shape."""
     addresses = ep.get("addresses")
     target = ep.get("targetRef")
@@ -397,7 +404,7 @@ def _common_endpoint(ep: dict[str, Any]) -> Endpoint | None:
     return Endpoint(
         tuple(addresses),
         hostname or "",
-        pod_name if pod_name is not None and len(pod_name) < 64 else "",
+        pod_name if pod_names and pod_name is not None and len(pod_name) < 64 else "",
         sys.intern(node_name or ""),
         sys.intern(zone or ""),
     )
