@@ -15,8 +15,12 @@ ClusterIP Service's address; a headless Service's endpoints in the pod's zone, o
 when none is there. A wrong answer (or a missing one) is counted and the first few are shown.
 Another thread samples RSS (`VmRSS`) and PSS (`Pss:` of smaps_rollup) every 100 ms.
 
-Phases: ready, then settle; `--fill-caches N` asks N distinct names (each twice, so template
-replies are kept) to fill the reply caches; `steady` is the mean over `--window` seconds; then
+Phases: ready, then settle; `--fill-caches N` asks N distinct names in the cluster's zone (each
+twice, so template replies are kept) to fill the reply cache, and N names outside it, which
+toposdns forwards to a stub upstream in this process (each answered with an A record for an
+hour), to fill the forward cache; `--memory-limit MIB` bounds both caches as toposdns bounds
+them by default in a container with that memory limit (serve/cache.py `default_max_bytes`:
+an eighth and a sixteenth of it); `steady` is the mean over `--window` seconds; then
 each of `--restarts` API restarts (a compaction, then every connection closed: every watch's
 resume gets 410) until every resource watches again (`relist`), and `--after` seconds more.
 Reported per restart: the peak from the restart to the end of `after`, and the mean over the
@@ -32,6 +36,7 @@ import json
 import random
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +51,9 @@ import dns.rdatatype
 from bench.harness import HOST, ServerProcess, log, machine
 from bench.live_cluster import ZONES, Cluster, Sizes, fqdn, generate, load
 from bench.live_server import Live, live, wait_ready
+from tests.upstream import stub_upstream
+from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
+from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 
 JSON = dict[str, Any]
 READY_TIMEOUT = 600.0
@@ -150,20 +158,45 @@ def ask_checked(
                                        f"expected {sorted(want)}")  # fmt: skip
 
 
+def forwarded_name(i: int) -> str:
+    """The `i`th name the fill asks outside the cluster's zone."""
+    return f"fill-{i}.example.net"
+
+
+def upstream_records(count: int) -> dict[tuple[str, str], list[str]]:
+    """The stub upstream's answers: an A record for each forwarded fill name."""
+    names = (forwarded_name(i) for i in range(count))
+    return {(name, "A"): [f"{name}. 3600 IN A 192.0.2.1"] for name in names}
+
+
+def cache_bounds(limit_mib: int) -> list[str]:
+    """The flags bounding the caches as toposdns bounds them by default in a container with a
+    memory limit of `limit_mib` MiB (one process, no other server block)."""
+    with tempfile.TemporaryDirectory() as cgroup:
+        Path(cgroup, "memory.max").write_text(str(limit_mib << 20))
+        replies = default_max_bytes(MEMORY_SHARE, 1, DEFAULT_MAX_BYTES, cgroup)
+        forwarded = default_max_bytes(FORWARD_SHARE, 1, FORWARD_MAX_BYTES, cgroup)
+    return [f"--cache-max-bytes={replies}", f"--forward-cache-max-bytes={forwarded}"]
+
+
 def fill_caches(port: int, cluster: Cluster, count: int) -> int:
     """Ask `count` distinct names that do not exist, each twice (a template reply is kept the
-    second time), `WINDOW` at a time; how many replies came."""
+    second time), and `count` names forwarded upstream, `WINDOW` at a time; how many replies
+    came."""
     namespaces = [ns["metadata"]["name"] for ns in cluster.namespaces]
     replies = 0
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind((HOST, 0))
         sock.connect((HOST, port))
         sock.settimeout(1.0)
-        for start in range(0, count, WINDOW):
-            batch = range(start, min(count, start + WINDOW))
+        for start in range(0, 2 * count, WINDOW):
+            batch = range(start, min(2 * count, start + WINDOW))
             for _ in range(2):
                 for i in batch:
-                    name = f"fill-{i}.{namespaces[i % len(namespaces)]}.svc.cluster.local."
+                    if i < count:
+                        name = f"fill-{i}.{namespaces[i % len(namespaces)]}.svc.cluster.local."
+                    else:
+                        name = forwarded_name(i - count)
                     sock.send(dns.message.make_query(name, "A").to_wire())
                 for _ in batch:
                     try:
@@ -239,9 +272,13 @@ def restart_api(setup: Live) -> tuple[float, int]:
     return time.monotonic() - start, pages
 
 
-def measure(setup: Live, cluster: Cluster, truth: Truth, args: argparse.Namespace) -> JSON:
+def measure(
+    setup: Live, cluster: Cluster, truth: Truth, args: argparse.Namespace, upstream: int
+) -> JSON:
     """One toposdns from start through the restarts; stopped after."""
-    proc = setup.start(["--workers=1", "--ecs-trust", f"{HOST}/32", *args.toposdns_arg])
+    bounds = cache_bounds(args.memory_limit) if args.memory_limit else []
+    flags = ["--workers=1", "--ecs-trust", f"{HOST}/32", "--upstream", f"{HOST}:{upstream}"]
+    proc = setup.start([*flags, *bounds, *args.toposdns_arg])
     sampler = Sampler(proc)
     checks = Checks()
     stop = threading.Event()
@@ -302,10 +339,11 @@ def run(args: argparse.Namespace) -> JSON:
     result["placement"] = args.placement
     result["fill_caches"] = args.fill_caches
     result["toposdns_args"] = args.toposdns_arg
-    with live(args.show_log) as setup:
+    result["memory_limit_mib"] = args.memory_limit
+    with live(args.show_log) as setup, stub_upstream(upstream_records(args.fill_caches)) as stub:
         load(setup.server, cluster)
         setup.server.start()
-        result.update(measure(setup, cluster, truth, args))
+        result.update(measure(setup, cluster, truth, args, stub.port))
     return result
 
 
@@ -315,7 +353,8 @@ def table(result: JSON) -> str:
     lines = [
         f"{result['date']}, nproc {result['nproc']}, {result['cpu']}, Python {result['python']}",
         f"objects: {objects}; placement by {result['placement']}; caches filled with "
-        f"{result['fill_caches']:,} names",
+        f"{result['fill_caches']:,} names in the zone and as many forwarded; cache bounds of a "
+        f"{result['memory_limit_mib'] or 'unlimited'} MiB container",
         f"answers checked: {answers.get('asked', 0)}, wrong {answers.get('wrong', 0)}, "
         f"unanswered {answers.get('unanswered', 0)}",
         *(f"  wrong: {e}" for e in answers.get("examples", [])),
@@ -343,7 +382,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=5_000)
     p.add_argument("--namespaces", type=int, default=50)
     p.add_argument("--fill-caches", type=int, default=0, metavar="N",
-                   help="fill the reply caches with N distinct names first")  # fmt: skip
+                   help="fill the caches: N names in the zone, N forwarded")  # fmt: skip
+    p.add_argument("--memory-limit", type=int, default=0, metavar="MIB",
+                   help="bound the caches as in a container with this memory limit")  # fmt: skip
     p.add_argument("--restarts", type=int, default=1, help="API restarts, one after the other")
     p.add_argument("--settle", type=float, default=5.0, help="seconds after ready")
     p.add_argument("--window", type=float, default=3.0, help="seconds a mean is taken over")

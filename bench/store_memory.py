@@ -42,8 +42,11 @@ def pages(items: list[dict[str, Any]], resource: Resource) -> Iterator[bytes]:
         yield orjson.dumps({"metadata": {"resourceVersion": "1"}, "items": page})
 
 
-def sync(encoded: dict[Resource, list[bytes]]) -> tuple[StoreBuilder, Snapshot]:
-    """Decode, convert and index every page, as `Reflector.list` and `KubeSource` do."""
+def sync(
+    encoded: dict[Resource, list[bytes]], pod_names: bool = False
+) -> tuple[StoreBuilder, Snapshot]:
+    """Decode, convert and index every page, as `Reflector.list` and `KubeSource` do (keeping
+    pod names only with `pod_names`, as the server under `--endpoint-pod-names`)."""
     builder = StoreBuilder()
     for resource, data in encoded.items():
         assert resource.fields is not None
@@ -53,7 +56,7 @@ def sync(encoded: dict[Resource, list[bytes]]) -> tuple[StoreBuilder, Snapshot]:
             for obj in decoder.decode(page)["items"]:
                 obj.setdefault("kind", resource.kind)
                 obj.setdefault("apiVersion", resource.api_version)
-                records.append(convert_object(obj))
+                records.append(convert_object(obj, pod_names))
         builder.replace_all(RESOURCES[resource], records)
     return builder, builder.snapshot(1)
 
@@ -98,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--per-slice", default="3,10", help="fewest,most ready endpoints of a slice (%(default)s)"
     )
+    p.add_argument(
+        "--pod-names", action="store_true", help="keep pod names (--endpoint-pod-names)"
+    )
     p.add_argument("--lines", type=int, default=15, help="source lines to list")
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args(argv)
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     del cluster, by_resource
     gc.collect()
     tracemalloc.start(1)
-    builder, snapshot = sync(encoded)
+    builder, snapshot = sync(encoded, args.pod_names)
     del builder  # the server keeps it too, but it shares every record and map with the snapshot
     gc.collect()
     traced = tracemalloc.take_snapshot()
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nby source line:")
     for stat in traced.statistics("lineno")[: args.lines]:
         frame = stat.traceback[0]
-        where = f"{frame.filename.split('/site-packages/')[-1].split('/wt/slim/')[-1]}"
+        where = f"{frame.filename.split('/site-packages/')[-1]}"
         print(f"  {stat.size / 1e6:7.2f} MB {stat.count:9,} blocks  {where}:{frame.lineno}")
     print("\nreachable from the snapshot, by type (sys.getsizeof):")
     sizes_by_type = walk(snapshot)

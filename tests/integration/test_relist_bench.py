@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.relist import Truth, parse_args, run
+from bench.relist import Truth, cache_bounds, parse_args, run
 
 pytestmark = pytest.mark.integration
 
@@ -16,14 +16,17 @@ TINY = ["--pods", "300", "--services", "20", "--slices", "20", "--nodes", "10",
 
 @pytest.mark.parametrize("placement", ["cidrs", "pods"])
 def test_a_restart_relists_and_answers_stay_right(placement: str) -> None:
-    result = run(parse_args([*TINY, "--placement", placement, "--fill-caches", "100"]))
+    fill = ["--fill-caches", "100", "--memory-limit", "170"]
+    result = run(parse_args([*TINY, "--placement", placement, *fill]))
     answers = result["answers"]
     assert answers["wrong"] == 0, answers["examples"]
     assert answers["right"] > 0
     [restart] = result["restarts"]
     assert restart["list_pages"] >= 4  # every resource listed again
     assert restart["peak"]["pss_mib"] > 0 and result["steady"]["pss_mib"] > 0
-    assert result["fill_replies"] == 200  # each name asked twice, every reply came
+    assert result["fill_replies"] == 400  # each name asked twice, every reply came
+    # The caches bounded as in a 170Mi container: an eighth, a sixteenth.
+    assert cache_bounds(170) == ["--cache-max-bytes=22282240", "--forward-cache-max-bytes=11141120"]
 
 
 def test_the_expected_answers() -> None:
