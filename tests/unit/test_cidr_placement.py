@@ -82,6 +82,21 @@ def test_a_conflict_names_its_claimants() -> None:
     assert [held.name for held in placement.conflict] == ["c", "d"]
 
 
+def test_the_addresses_of_one_prefix_share_its_placement() -> None:
+    """A placement by prefix is the prefix's own object, not one per address: a DNS process
+    remembers the placement of up to 65,536 clients."""
+    snapshot = build_snapshot(LOCATORS, serial=1)
+    for first, second in [("10.244.1.7", "10.244.1.8"), ("10.244.3.7", "10.244.3.8")]:
+        assert snapshot.place(first) is snapshot.place(second)
+    builder = StoreBuilder()
+    for locator in LOCATORS:
+        builder.put(locator)
+    builder.remove(PodLocator, "toposdns", "d")  # the conflict ends: c places alone
+    alone = builder.snapshot(2).place("10.244.3.7")
+    assert alone.locator is not None and alone.locator.name == "c"
+    assert (alone.via, alone.conflict) == ("10.244.3.0/24", ())
+
+
 def test_the_placer_follows_changes_to_prefixes_and_addresses() -> None:
     builder = StoreBuilder()
     for locator in LOCATORS:

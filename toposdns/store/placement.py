@@ -23,8 +23,23 @@ from immutables import Map
 
 from toposdns.store.model import PodLocator
 
-#: (IP version, prefix length) -> network address as an integer -> the locators claiming it.
-PrefixMap: TypeAlias = Map[tuple[int, int], Map[int, tuple[PodLocator, ...]]]
+
+class Placement(NamedTuple):
+    """Where an address or prefix is placed, and why."""
+
+    locator: PodLocator | None
+    #: What placed it: the address itself, or the locator's CIDR (also the CIDR in conflict);
+    #: "" when nothing did.
+    via: str = ""
+    #: The locators claiming the longest prefix that holds it, when they are several.
+    conflict: tuple[PodLocator, ...] = ()
+
+
+UNPLACED = Placement(None)
+
+#: (IP version, prefix length) -> network address as an integer -> the placement it gives (its
+#: locator, or its claimants in conflict): one object shared by every address placed there.
+PrefixMap: TypeAlias = Map[tuple[int, int], Map[int, Placement]]
 #: Bits per IP version, and its network type.
 BITS = {4: 32, 6: 128}
 NETWORKS: dict[int, type[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {
@@ -43,19 +58,6 @@ class Prefixes(NamedTuple):
 
 NO_PREFIXES = Prefixes()
 
-
-class Placement(NamedTuple):
-    """Where an address or prefix is placed, and why."""
-
-    locator: PodLocator | None
-    #: What placed it: the address itself, or the locator's CIDR (also the CIDR in conflict);
-    #: "" when nothing did.
-    via: str = ""
-    #: The locators claiming the longest prefix that holds it, when they are several.
-    conflict: tuple[PodLocator, ...] = ()
-
-
-UNPLACED = Placement(None)
 
 #: The word of `--locator-namespaces` that believes the PodLocators of every namespace.
 EVERY_NAMESPACE = "*"
@@ -97,12 +99,22 @@ def place(
         if prefix > length:
             continue  # would hold only part of the prefix asked about
         network = value >> (host - prefix) << (host - prefix)
-        holders = prefixes.by_length[ip.version, prefix].get(network)
-        if holders is None:
-            continue
-        cidr = str(NETWORKS[ip.version]((network, prefix)))
-        return Placement(None, cidr, holders) if len(holders) > 1 else Placement(holders[0], cidr)
+        placement = prefixes.by_length[ip.version, prefix].get(network)
+        if placement is not None:
+            return placement
     return UNPLACED
+
+
+def claimants(placement: Placement) -> tuple[PodLocator, ...]:
+    """The locators claiming the prefix of a placement by prefix."""
+    if placement.conflict:
+        return placement.conflict
+    return () if placement.locator is None else (placement.locator,)
+
+
+def _claimed(cidr: str, claims: tuple[PodLocator, ...]) -> Placement:
+    """The placement a prefix claimed by `claims` (one or more) gives."""
+    return Placement(claims[0], cidr) if len(claims) == 1 else Placement(None, cidr, claims)
 
 
 def parse_cidr(cidr: str) -> tuple[int, int, int]:
@@ -115,10 +127,12 @@ def add_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixes:
     """`prefixes` with `locator` claiming `cidr` too."""
     version, length, network = parse_cidr(cidr)
     table = prefixes.by_length.get((version, length), Map())
-    claims = table.get(network, ()) + (locator,)
+    held = table.get(network)
+    claims = (() if held is None else claimants(held)) + (locator,)
     # The order of claimants must not depend on event order: every replica sees one conflict.
-    claims = tuple(sorted(claims, key=lambda held: (held.namespace, held.name)))
-    by_length = prefixes.by_length.set((version, length), table.set(network, claims))
+    claims = tuple(sorted(claims, key=lambda claim: (claim.namespace, claim.name)))
+    placement = _claimed(_canonical_cidr(version, length, network), claims)
+    by_length = prefixes.by_length.set((version, length), table.set(network, placement))
     if (version, length) in prefixes.by_length:
         return Prefixes(by_length, prefixes.lengths)
     return Prefixes(by_length, _lengths(by_length))
@@ -130,8 +144,9 @@ def remove_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixe
     table = prefixes.by_length.get((version, length))
     if table is None or network not in table:
         return prefixes
-    rest = tuple(held for held in table[network] if held is not locator)
-    table = table.set(network, rest) if rest else table.delete(network)
+    held = table[network]
+    rest = tuple(claim for claim in claimants(held) if claim is not locator)
+    table = table.set(network, _claimed(held.via, rest)) if rest else table.delete(network)
     if table:
         return Prefixes(prefixes.by_length.set((version, length), table), prefixes.lengths)
     by_length = prefixes.by_length.delete((version, length))
@@ -146,10 +161,10 @@ def prefix_conflicts(
     at every one)."""
     if changed is None:
         changed = (
-            str(NETWORKS[version]((network, length)))
-            for (version, length), table in new.by_length.items()
-            for network, holders in table.items()
-            if len(holders) > 1
+            placement.via
+            for table in new.by_length.values()
+            for placement in table.values()
+            if placement.conflict
         )
     found = []
     for cidr in changed:
@@ -161,7 +176,12 @@ def prefix_conflicts(
 
 def _claims(prefixes: Prefixes, cidr: str) -> tuple[PodLocator, ...]:
     version, length, network = parse_cidr(cidr)
-    return prefixes.by_length.get((version, length), Map()).get(network, ())
+    placement = prefixes.by_length.get((version, length), Map()).get(network)
+    return () if placement is None else claimants(placement)
+
+
+def _canonical_cidr(version: int, length: int, network: int) -> str:
+    return str(NETWORKS[version]((network, length)))
 
 
 def _lengths(by_length: PrefixMap) -> dict[int, tuple[int, ...]]:
