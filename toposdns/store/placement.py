@@ -40,12 +40,8 @@ UNPLACED = Placement(None)
 #: (IP version, prefix length) -> network address as an integer -> the placement it gives (its
 #: locator, or its claimants in conflict): one object shared by every address placed there.
 PrefixMap: TypeAlias = Map[tuple[int, int], Map[int, Placement]]
-#: Bits per IP version, and its network type.
+#: Bits per IP version.
 BITS = {4: 32, 6: 128}
-NETWORKS: dict[int, type[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {
-    4: ipaddress.IPv4Network,
-    6: ipaddress.IPv6Network,
-}
 
 
 class Prefixes(NamedTuple):
@@ -131,7 +127,7 @@ def add_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixes:
     claims = (() if held is None else claimants(held)) + (locator,)
     # The order of claimants must not depend on event order: every replica sees one conflict.
     claims = tuple(sorted(claims, key=lambda claim: (claim.namespace, claim.name)))
-    placement = _claimed(_canonical_cidr(version, length, network), claims)
+    placement = _claimed(cidr, claims)
     by_length = prefixes.by_length.set((version, length), table.set(network, placement))
     if (version, length) in prefixes.by_length:
         return Prefixes(by_length, prefixes.lengths)
@@ -179,9 +175,6 @@ def _claims(prefixes: Prefixes, cidr: str) -> tuple[PodLocator, ...]:
     placement = prefixes.by_length.get((version, length), Map()).get(network)
     return () if placement is None else claimants(placement)
 
-
-def _canonical_cidr(version: int, length: int, network: int) -> str:
-    return str(NETWORKS[version]((network, length)))
 
 
 def _lengths(by_length: PrefixMap) -> dict[int, tuple[int, ...]]:
