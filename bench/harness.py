@@ -21,6 +21,7 @@ from pathlib import Path
 # CoreDNS forwarder are the test suite's own: the benchmarks measure against the same fakes the
 # tests check the server with. Imported here only.
 from tests import glibc
+from tests.configmap import ConfigMap
 from tests.coredns_forwarder import CorefileForwarder, Directive, corefile_block, shown_corefile
 from tests.integration.support import metric_total, recv_exact
 from tests.kubeapi import FakeApiServer
@@ -31,6 +32,7 @@ from tests.upstream import StubUpstream, stub_upstream
 __all__ = [
     "HOST",
     "REPO",
+    "ConfigMap",
     "CorefileForwarder",
     "Directive",
     "FakeApiServer",

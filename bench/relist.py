@@ -48,10 +48,9 @@ import dns.exception
 import dns.message
 import dns.rdatatype
 
-from bench.harness import HOST, ServerProcess, log, machine
+from bench.harness import HOST, ServerProcess, log, machine, stub_upstream
 from bench.live_cluster import ZONES, Cluster, Sizes, fqdn, generate, load
 from bench.live_server import Live, live, wait_ready
-from tests.upstream import stub_upstream
 from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
 from toposdns.serve.forward_cache import FORWARD_MAX_BYTES, FORWARD_SHARE
 

@@ -13,14 +13,20 @@ names to a fake upstream (tests/upstream.py), both in this process. Then, all at
   changes a second: an endpoint moves to a new address and node, a client to another node;
 - **faults**, one every `--fault-every` seconds (30), in turn: the API server drops every watch,
   the API history is compacted (410), the upstream goes silent, the upstream sends garbage, a
-  worker is SIGKILLed, and a TCP slowloris (256 connections sending a byte at a time).
+  worker is SIGKILLed, a TCP slowloris (256 connections sending a byte at a time), and a
+  Corefile update. The server reads its Corefile (`reload 2s 1s`) from a directory laid out as
+  the kubelet mounts a ConfigMap, and each update swaps it as the kubelet does, with a new
+  `hosts` address for `reloaded.soak.test`: every worker must answer it within the reload's
+  interval, jitter and settling time (plus a margin). Every second update (the first too)
+  first writes a broken Corefile, which must be refused (its log line) while the old one
+  keeps answering.
 
 Every answer is checked against what the API held when the query was sent, up to one change
 interval before (`LAG`); inside the window of a fault that cuts the server off from the API,
 against anything since the fault began. It reports, per minute: queries, wrong answers (must
 be 0), unanswered queries outside the fault windows and inside them, p99 latency, and the RSS
 and open files of the server's processes; then the slope of RSS and open files over the last 20
-minutes.
+minutes (`--slope-window`).
 
 Run from the repository root:  python -m bench.soak --duration 1800 --bulk  (bench/README.md).
 """
@@ -61,6 +67,7 @@ import dns.rdatatype
 from bench import dnsperf as perf
 from bench.harness import (
     HOST,
+    ConfigMap,
     FakeApiServer,
     ServerProcess,
     StubUpstream,
@@ -73,6 +80,7 @@ from bench.harness import (
     service,
     toposdns_command,
 )
+from toposdns.reload import SETTLE
 
 JSON = dict[str, Any]
 NS = "soak"
@@ -97,6 +105,11 @@ FAULT_SECONDS = 8.0
 RECOVERY = 8.0
 QUERY_TIMEOUT = 2.0
 SAMPLE_EVERY = 10.0
+#: The name each Corefile update changes the address of, and the reload's interval and jitter.
+RELOADED = "reloaded.soak.test."
+RELOAD_EVERY, RELOAD_JITTER = 2.0, 1.0
+#: How long an update may take to answer: a check, the settling read, and a margin.
+RELOAD_WITHIN = RELOAD_EVERY + RELOAD_JITTER + SETTLE + 4.0
 
 
 # ----------------------------------------------------------------------------- the cluster
@@ -414,7 +427,7 @@ class Faults:
     """The faults, in turn, and their windows."""
 
     KINDS = ("watch-drop", "gone-410", "upstream-dies", "upstream-garbage", "worker-kill",
-             "slowloris")  # fmt: skip
+             "slowloris", "corefile-reload")  # fmt: skip
     #: Faults that cut the server off from the API: until it is back, it serves the data it had.
     STALE = ("watch-drop", "gone-410")
 
@@ -435,11 +448,109 @@ class Faults:
         return min(starts, default=None)
 
 
+class Corefiles:
+    """The server's Corefile, in a ConfigMap's directory, and what its updates did."""
+
+    REFUSED = "reload: the Corefile is not applied"
+
+    def __init__(self, directory: Path, port: int, kubeconfig: Path) -> None:
+        directory.mkdir()
+        self.configmap = ConfigMap(directory)
+        self.port, self.kubeconfig = port, kubeconfig
+        #: Per update: seconds until every worker answered it (None: not in RELOAD_WITHIN),
+        #: and whether a broken Corefile went before it and was refused.
+        self.updates: list[JSON] = []
+        self.configmap.write(self.text())
+
+    def address(self, version: int | None = None) -> str:
+        """The address version `version` (default: the current one) gives RELOADED."""
+        return f"192.0.2.{1 + (version or self.configmap.version) % 250}"
+
+    def text(self, broken: bool = False) -> str:
+        """The next version of the Corefile; `broken`: with a line toposdns refuses."""
+        return f"""\
+.:{self.port} {{
+    bind {HOST}
+    hosts {{
+        {self.address(self.configmap.version + 1)} {RELOADED.rstrip(".")}
+        fallthrough
+    }}
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {self.kubeconfig}
+        ttl {99999 if broken else 5}
+    }}
+    reload {RELOAD_EVERY:g}s {RELOAD_JITTER:g}s
+}}
+"""
+
+    async def update(self, server: ServerProcess, port: int, broken: bool) -> None:
+        """One update (after a broken one, if `broken`), checked through DNS and the log."""
+        refused = None
+        if broken:
+            before = server.log().count(self.REFUSED)
+            answer = self.address()
+            self.configmap.write(self.text(broken=True))
+            deadline = time.monotonic() + RELOAD_WITHIN
+            while server.log().count(self.REFUSED) == before and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            refused = server.log().count(self.REFUSED) > before and await every_worker_answers(
+                port, answer
+            )
+        self.configmap.write(self.text())
+        written, answer = time.monotonic(), self.address()
+        applied = None
+        while time.monotonic() < written + RELOAD_WITHIN:
+            if await every_worker_answers(port, answer):
+                applied = round(time.monotonic() - written, 1)
+                break
+            await asyncio.sleep(0.2)
+        self.updates.append({"applied_s": applied, "broken_refused": refused})
+
+    def summary(self) -> JSON:
+        applied = [u["applied_s"] for u in self.updates if u["applied_s"] is not None]
+        broken = [u["broken_refused"] for u in self.updates if u["broken_refused"] is not None]
+        return {
+            "updates": len(self.updates),
+            "applied": len(applied),
+            "slowest_s": max(applied, default=None),
+            "broken": len(broken),
+            "broken_refused": sum(broken),
+        }
+
+    def failed(self) -> bool:
+        summary = self.summary()
+        return (
+            summary["applied"] < summary["updates"] or summary["broken_refused"] < summary["broken"]
+        )
+
+
+async def every_worker_answers(port: int, address: str, tries: int = 8) -> bool:
+    """True if RELOADED answers `address` to each of `tries` queries from new source ports
+    (the kernel spreads them over the workers)."""
+    query = dns.message.make_query(RELOADED, "A")
+    for _ in range(tries):
+        try:
+            reply = await dns.asyncquery.udp(query, HOST, port=port, timeout=QUERY_TIMEOUT)
+        except dns.exception.Timeout:
+            return False
+        found = {rr.address for rrset in reply.answer for rr in rrset}
+        if found != {address}:
+            return False
+    return True
+
+
 async def inject(
-    kind: str, api: FakeApiServer, upstream: StubUpstream, server: ServerProcess, port: int
+    kind: str,
+    api: FakeApiServer,
+    upstream: StubUpstream,
+    server: ServerProcess,
+    port: int,
+    corefiles: Corefiles,
 ) -> None:
     """Cause one fault, and end it FAULT_SECONDS later."""
-    if kind == "watch-drop":
+    if kind == "corefile-reload":
+        await corefiles.update(server, port, broken=len(corefiles.updates) % 2 == 0)
+    elif kind == "watch-drop":
         await asyncio.to_thread(api.restart)
     elif kind == "gone-410":
         api.compact()
@@ -577,14 +688,16 @@ async def soak(args: argparse.Namespace) -> JSON:
     with stand(workdir, rng) as (api, upstream, truth):
         port, http = free_port(), free_port()
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
+        corefiles = Corefiles(workdir / "coredns", port, kubeconfig)
         server = ServerProcess(toposdns_command(
-            "serve", "--kubeconfig", str(kubeconfig), "--listen", f"{HOST}:{port}",
+            "serve", "--corefile", str(corefiles.configmap.path),
+            "--kubeconfig", str(kubeconfig), "--listen", f"{HOST}:{port}",
             "--ready", f"{HOST}:{http}", "--workers", "2", "--upstream", f"{HOST}:{upstream.port}",
             "--ecs-trust", f"{FORWARDER}/32", "--log-format", "json",
         ))  # fmt: skip
         try:
             server.wait_until(lambda: ready(http), 60.0, 0.1)
-            return await run(args, rng, api, upstream, truth, server, port, workdir)
+            return await run(args, rng, api, upstream, truth, server, port, workdir, corefiles)
         finally:
             server.stop()
             if args.show_log:
@@ -600,6 +713,7 @@ async def run(
     server: ServerProcess,
     port: int,
     workdir: Path,
+    corefiles: Corefiles,
 ) -> JSON:
     result: JSON = {"duration": args.duration, "checked_qps": args.checked_qps}
     bulk: subprocess.Popen[str] | None = None
@@ -643,7 +757,7 @@ async def run(
                 kind = Faults.KINDS[len(faults.done) % len(Faults.KINDS)]
                 faults.done.append(Fault(kind, now, now + FAULT_SECONDS))
                 log(f"{now - start:.0f}s: fault {kind}")
-                task = asyncio.create_task(inject(kind, api, upstream, server, port))
+                task = asyncio.create_task(inject(kind, api, upstream, server, port, corefiles))
                 fault_tasks.add(task)
                 task.add_done_callback(fault_tasks.discard)
                 next_fault += args.fault_every
@@ -668,14 +782,20 @@ async def run(
     await asyncio.gather(*fault_tasks, return_exceptions=True)
     if bulk is not None:
         result["bulk"] = dnsperf_figures(bulk, 0)
-    result.update(report(judge, faults, samples, start))
+    result.update(report(judge, faults, samples, start, args.slope_window))
+    result["corefile_updates"] = corefiles.summary()
+    result["reload_failed"] = corefiles.failed()
     return result
 
 
 def report(
-    judge: Judge, faults: Faults, samples: list[tuple[float, float, int]], start: float
+    judge: Judge,
+    faults: Faults,
+    samples: list[tuple[float, float, int]],
+    start: float,
+    slope_window: float,
 ) -> JSON:
-    """Per minute, and the slopes over the last 20 minutes of samples."""
+    """Per minute, and the slopes over the last `slope_window` seconds of samples."""
     minutes: list[JSON] = []
     last = max((sent for sent, _, _ in judge.seen), default=start)
     for minute in range(int((last - start) // 60) + 1):
@@ -700,7 +820,7 @@ def report(
             "files": sampled[-1][2] if sampled else None,
             "faults": [f.kind for f in faults.done if int((f.start - start) // 60) == minute],
         })  # fmt: skip
-    recent = [s for s in samples if s[0] >= samples[-1][0] - 1200] if samples else []
+    recent = [s for s in samples if s[0] >= samples[-1][0] - slope_window] if samples else []
     by_fault: dict[str, int] = {}
     for sent, latency, _ in judge.seen:
         for fault in faults.windows(sent) if latency is None else ():
@@ -741,6 +861,12 @@ def table(result: JSON) -> str:
         f"{result['rss_slope_mb_per_hour']:+.2f} MB/hour, open files "
         f"{result['files_slope_per_hour']:+.2f}/hour."
     )
+    updates = result["corefile_updates"]
+    lines.append(
+        f"Corefile updates: {updates['applied']} of {updates['updates']} answered by every "
+        f"worker within {RELOAD_WITHIN:g} s (slowest {updates['slowest_s']} s); "
+        f"{updates['broken_refused']} of {updates['broken']} broken ones refused."
+    )
     if "max_qps" in result:
         bulk = result.get("bulk", {})
         lines.append(
@@ -762,6 +888,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slice-changes", type=float, default=10.0, help="per second")
     parser.add_argument("--locator-changes", type=float, default=5.0, help="per second")
     parser.add_argument("--fault-every", type=float, default=30.0, help="seconds")
+    parser.add_argument(
+        "--slope-window", type=float, default=1200.0, help="seconds the slopes are fitted over"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--show-log", action="store_true", help="print the server's log tail")
@@ -778,7 +907,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     for example in result["examples"]:
         log(example)
-    return 0 if result["wrong"] == 0 else 1
+    return 0 if result["wrong"] == 0 and not result["reload_failed"] else 1
 
 
 if __name__ == "__main__":

@@ -101,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--per-slice", default="3,10", help="fewest,most ready endpoints of a slice (%(default)s)"
     )
-    p.add_argument(
-        "--pod-names", action="store_true", help="keep pod names (--endpoint-pod-names)"
-    )
+    p.add_argument("--pod-names", action="store_true", help="keep pod names (--endpoint-pod-names)")
     p.add_argument("--lines", type=int, default=15, help="source lines to list")
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args(argv)

@@ -8,7 +8,6 @@ The Corefile is kubeadm's, changed only where a loopback test must: the ports, `
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import dns.query
 import dns.rcode
 import pytest
 
+from tests.configmap import ConfigMap
 from tests.integration.support import (
     CorefileServer,
     copy_snapshot,
@@ -77,29 +77,6 @@ def kubeadm_corefile(ports: dict[str, int], kubeconfig: Path, upstream: int, ttl
     loadbalance
 }}
 """
-
-
-class ConfigMap:
-    """A directory laid out as the kubelet mounts a ConfigMap: `Corefile` -> `..data/Corefile`,
-    `..data` -> a versioned directory, swapped whole on an update."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.version = 0
-        (directory / "Corefile").symlink_to("..data/Corefile")
-
-    @property
-    def path(self) -> Path:
-        return self.directory / "Corefile"
-
-    def write(self, text: str) -> None:
-        self.version += 1
-        data = self.directory / f"..v{self.version}"
-        data.mkdir()
-        (data / "Corefile").write_text(text)
-        link = self.directory / "..data_tmp"
-        link.symlink_to(data.name)
-        os.replace(link, self.directory / "..data")
 
 
 @pytest.fixture

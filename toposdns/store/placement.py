@@ -176,7 +176,6 @@ def _claims(prefixes: Prefixes, cidr: str) -> tuple[PodLocator, ...]:
     return () if placement is None else claimants(placement)
 
 
-
 def _lengths(by_length: PrefixMap) -> dict[int, tuple[int, ...]]:
     lengths: dict[int, list[int]] = {}
     for version, length in by_length:
