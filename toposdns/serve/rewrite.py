@@ -69,7 +69,6 @@ written anew and decoded, answered, and its reply parsed (dnslib) and written ag
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import re
@@ -79,10 +78,10 @@ from struct import pack
 from typing import Any, Literal
 
 import dnslib
-import re2
 
 from toposdns.options import Origin, Plugin, Setting
 from toposdns.serve.chain import Next, Reply, Request
+from toposdns.serve.go_regex import PatternError, go_regex
 from toposdns.wire.codes import (
     CLIENT_SUBNET,
     CNAME,
@@ -212,14 +211,6 @@ def normalized(text: str) -> str:
     return (text + ".").lower()
 
 
-@functools.lru_cache(maxsize=4096)
-def regex(pattern: str) -> Any:
-    """A pattern compiled by RE2, as Go's regexp compiles it (re2.error when it cannot)."""
-    settings = re2.Options()
-    settings.log_errors = False
-    return re2.compile(pattern, settings)
-
-
 def groups_used(text: str) -> int:
     """How many of `{0}` to `{100}` a TO uses (name.go getSubExprUsage)."""
     return sum(1 for index in range(101) if f"{{{index}}}" in text)
@@ -246,7 +237,7 @@ class RegexRewriter:
     replacement: str
 
     def rewrite(self, name: str) -> str:
-        found = regex(self.pattern).search(name)
+        found = go_regex(self.pattern).search(name)
         return name if found is None else substituted(self.replacement, found)
 
 
@@ -440,7 +431,7 @@ class NameRule:
                 return IGNORED
             new = name.replace(source, target)
         else:
-            found = regex(source).search(name)
+            found = go_regex(source).search(name)
             if found is None:
                 return IGNORED
             new = substituted(target, found)
@@ -472,7 +463,7 @@ class TtlRule:
         elif match == SUBSTRING:
             found = source in name
         else:
-            found = regex(source).search(name) is not None
+            found = go_regex(source).search(name) is not None
         return (True, (TtlClamp(self.low, self.high),)) if found else IGNORED
 
 
@@ -629,10 +620,9 @@ def checked_regex(pattern: str, target: str, origin: Origin, kind: str, what: st
     if len(pattern) > MAX_PATTERN:
         raise _error(origin, kind, f"{what}regex pattern too long: {len(pattern)} > {MAX_PATTERN}")
     try:
-        compiled = regex(pattern)
-    except re2.error as exc:
-        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
-        message = f"{what}invalid regex matching pattern: {pattern} ({reason})"
+        compiled = go_regex(pattern)
+    except PatternError as exc:
+        message = f"{what}invalid regex matching pattern: {pattern} ({exc})"
         raise _error(origin, kind, message) from None
     if groups_used(target) > compiled.groups:
         raise _error(
@@ -781,8 +771,8 @@ def _ttl_rule(mode: Mode, args: list[str], origin: Origin) -> TtlRule:
                 f"regex pattern too long in a ttl rule: {len(pattern)} > {MAX_PATTERN}",
             )
         try:
-            regex(pattern)
-        except re2.error:
+            go_regex(pattern)
+        except PatternError:
             raise _error(origin, "ttl", f"invalid regex pattern in a ttl rule: {pattern}") from None
         return TtlRule(mode, REGEX, pattern, *bounds)
     if match not in MATCHES:
@@ -973,7 +963,7 @@ class Rewrite:
         self.failing: set[str] = set()
         for rule in self.rules:  # compiled once, now
             if isinstance(rule, (NameRule, TtlRule)) and rule.match == REGEX:
-                regex(rule.source)
+                go_regex(rule.source)
 
     def serve(self, request: Request, next: Next) -> Reply:
         asked = Asked(request.query, request.source, request.transport.tcp)

@@ -49,12 +49,12 @@ from dataclasses import dataclass, replace
 from struct import pack
 from typing import Any, cast
 
-import re2
 from dnslib import QTYPE, DNSRecord
 
 from toposdns.metrics import TEMPLATE_FAILURES, TEMPLATE_MATCHES, TEMPLATE_RR_FAILURES
 from toposdns.options import Origin, Plugin, Setting, domain
 from toposdns.serve.chain import Next, Reply, Request
+from toposdns.serve.go_regex import PatternError, go_regex
 from toposdns.serve.go_template import (
     Action,
     Branch,
@@ -167,13 +167,10 @@ def _match(options: TemplateOptions, words: Sequence[str], origin: Origin) -> Te
 
 def compile_pattern(pattern: str, origin: Origin) -> Any:
     """A `match` regex compiled; its error, in RE2's words, at `origin`."""
-    settings = re2.Options()
-    settings.log_errors = False
     try:
-        return re2.compile(pattern, settings)
-    except re2.error as exc:
-        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
-        raise origin.error(f"could not parse regex {pattern!r}: {reason}") from None
+        return go_regex(pattern)
+    except PatternError as exc:
+        raise origin.error(f"could not parse regex {pattern!r}: {exc}") from None
 
 
 def _section(name: str) -> Setting[TemplateOptions]:
