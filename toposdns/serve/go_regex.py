@@ -1,7 +1,8 @@
 """Go's regular expressions, as RE2 compiles them (google-re2), for `rewrite` and `template`.
 
 RE2 is imported with the first pattern compiled: a Corefile without regexes, as most are,
-never loads it (2.5 MB of a DNS process's memory)."""
+never loads it (0.5 MB in a serving process; 2.5 MB where nothing else loaded the C++
+runtime it needs)."""
 
 from __future__ import annotations
 
