@@ -352,8 +352,8 @@ def table(result: JSON) -> str:
     lines = [
         f"{result['date']}, nproc {result['nproc']}, {result['cpu']}, Python {result['python']}",
         f"objects: {objects}; placement by {result['placement']}; caches filled with "
-        f"{result['fill_caches']:,} names in the zone and as many forwarded; cache bounds of a "
-        f"{result['memory_limit_mib'] or 'unlimited'} MiB container",
+        f"{result['fill_caches']:,} names in the zone and as many forwarded; cache bounds "
+        + (f"of a {limit} MiB container" if (limit := result["memory_limit_mib"]) else "unlimited"),
         f"answers checked: {answers.get('asked', 0)}, wrong {answers.get('wrong', 0)}, "
         f"unanswered {answers.get('unanswered', 0)}",
         *(f"  wrong: {e}" for e in answers.get("examples", [])),
