@@ -38,7 +38,12 @@ from toposdns.resolve.resolver import ResolverConfig
 from toposdns.serve import udp_batch
 from toposdns.serve.acl import Acl, Screen
 from toposdns.serve.blocks import BlockConfig, Blocks, block_chain, block_forwarder
-from toposdns.serve.cache import DEFAULT_MAX_BYTES, MEMORY_SHARE, default_max_bytes
+from toposdns.serve.cache import (
+    DEFAULT_MAX_BYTES,
+    MEMORY_SHARE,
+    container_memory_limit,
+    default_max_bytes,
+)
 from toposdns.serve.chain import ORDER, Handler, Next, Reply
 from toposdns.serve.forward import BUDGET as FORWARD_BUDGET
 from toposdns.serve.forward import Forwarder, forwarder_for, loop_checked
@@ -619,6 +624,7 @@ async def run_server(
         # Signals are ours before the port is announced, so that a signal sent right after
         # the "serving" line is never Python's default KeyboardInterrupt.
         life.catch_signals()
+        log.info("%s", cache_budget(config))
         port = await dns.start(source)
         log.info(
             "serving DNS on %s:%d (udp, tcp) for %s%s",
@@ -862,6 +868,22 @@ def cache_bounds(config: ServeConfig) -> tuple[int, int]:
     return (
         bounds.max_bytes or default_max_bytes(MEMORY_SHARE, workers, DEFAULT_MAX_BYTES),
         forward // (1 + len(config.blocks)),
+    )
+
+
+def cache_budget(config: ServeConfig) -> str:
+    """What each DNS process's caches may hold, and where that comes from, in a line."""
+    replies, forwarded = cache_bounds(config)
+    bounds, limit = config.cache_bounds, container_memory_limit()
+    if bounds.max_bytes and bounds.forward_max_bytes:
+        source = "as set"
+    elif limit is None:
+        source = "no container memory limit: the defaults"
+    else:
+        source = f"from the container's memory limit of {limit / 2**20:.0f} MiB"
+    return (
+        f"caches: in-zone replies up to {replies / 2**20:.1f} MiB, each forward cache up to "
+        f"{forwarded / 2**20:.1f} MiB, per DNS process ({source})"
     )
 
 

@@ -149,6 +149,14 @@ def test_answer_options(start_server: StartServer) -> None:
         "--endpoint-pod-names",
         "--namespaces",
         "shop",
+        "--cache-max-bytes",
+        "8Mi",
+        "--forward-cache-max-bytes",
+        "4Mi",
+    )
+    assert (
+        "caches: in-zone replies up to 8.0 MiB, each forward cache up to 4.0 MiB, per DNS "
+        "process (as set)" in server.log()
     )
     assert "for example.org., cluster.local., in-addr.arpa." in server.log()
     reply = ask(server, "frontend.shop.svc.cluster.local.")
@@ -187,6 +195,13 @@ def test_answer_options(start_server: StartServer) -> None:
 
 def test_default_options(shared_server: Server) -> None:
     assert "for cluster.local., in-addr.arpa., ip6.arpa." in shared_server.log()
+    # The caches' bounds and where they come from: the defaults, or the runner's cgroup limit.
+    assert re.search(
+        r"caches: in-zone replies up to 32\.0 MiB, each forward cache up to 16\.0 MiB, per DNS "
+        r"process \(no container memory limit: the defaults\)|from the container's memory "
+        r"limit of \d+ MiB\)",
+        shared_server.log(),
+    )
     pod = ask(shared_server, "10-1-2-3.shop.pod.cluster.local.")
     assert pod.rcode() == dns.rcode.NXDOMAIN  # pods disabled
     named = ask(shared_server, "frontend-7d9c-x1.frontend.shop.svc.cluster.local.")
