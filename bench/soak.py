@@ -464,7 +464,8 @@ class Corefiles:
 
     def address(self, version: int | None = None) -> str:
         """The address version `version` (default: the current one) gives RELOADED."""
-        return f"192.0.2.{1 + (version or self.configmap.version) % 250}"
+        version = self.configmap.version if version is None else version
+        return f"192.0.2.{1 + version % 250}"
 
     def text(self, broken: bool = False) -> str:
         """The next version of the Corefile; `broken`: with a line toposdns refuses."""

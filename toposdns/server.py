@@ -877,10 +877,13 @@ def cache_budget(config: ServeConfig) -> str:
     bounds, limit = config.cache_bounds, container_memory_limit()
     if bounds.max_bytes and bounds.forward_max_bytes:
         source = "as set"
-    elif limit is None:
-        source = "no container memory limit: the defaults"
     else:
-        source = f"from the container's memory limit of {limit / 2**20:.0f} MiB"
+        if limit is None:
+            source = "no container memory limit: the defaults"
+        else:
+            source = f"from the container's memory limit of {limit / 2**20:.0f} MiB"
+        if bounds.max_bytes or bounds.forward_max_bytes:
+            source += " where not set"
     return (
         f"caches: in-zone replies up to {replies / 2**20:.1f} MiB, each forward cache up to "
         f"{forwarded / 2**20:.1f} MiB, per DNS process ({source})"

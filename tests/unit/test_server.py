@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from dataclasses import replace
 from typing import Any
@@ -252,3 +253,15 @@ SERVER_LABELS = [
 @pytest.mark.parametrize(("host", "port", "expected"), SERVER_LABELS)
 def test_the_server_label_is_the_address_listened_on(host: str, port: int, expected: str) -> None:
     assert server_label(host, port) == expected
+
+
+def test_the_caches_line_says_which_bound_was_set() -> None:
+    both = config_of(**{"--cache-max-bytes": "8Mi", "--forward-cache-max-bytes": "4Mi"})
+    assert server.cache_budget(both).endswith("per DNS process (as set)")
+    one = server.cache_budget(config_of(**{"--cache-max-bytes": "8Mi"}))
+    assert one.startswith("caches: in-zone replies up to 8.0 MiB")
+    assert re.search(
+        r"\((no container memory limit: the defaults|from the container's memory limit of "
+        r"\d+ MiB) where not set\)$",
+        one,
+    )

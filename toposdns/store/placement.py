@@ -101,7 +101,7 @@ def place(
     return UNPLACED
 
 
-def claimants(placement: Placement) -> tuple[PodLocator, ...]:
+def _claimants(placement: Placement) -> tuple[PodLocator, ...]:
     """The locators claiming the prefix of a placement by prefix."""
     if placement.conflict:
         return placement.conflict
@@ -124,7 +124,7 @@ def add_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixes:
     version, length, network = parse_cidr(cidr)
     table = prefixes.by_length.get((version, length), Map())
     held = table.get(network)
-    claims = (() if held is None else claimants(held)) + (locator,)
+    claims = (() if held is None else _claimants(held)) + (locator,)
     # The order of claimants must not depend on event order: every replica sees one conflict.
     claims = tuple(sorted(claims, key=lambda claim: (claim.namespace, claim.name)))
     placement = _claimed(cidr, claims)
@@ -141,7 +141,7 @@ def remove_prefix(prefixes: Prefixes, cidr: str, locator: PodLocator) -> Prefixe
     if table is None or network not in table:
         return prefixes
     held = table[network]
-    rest = tuple(claim for claim in claimants(held) if claim is not locator)
+    rest = tuple(claim for claim in _claimants(held) if claim is not locator)
     table = table.set(network, _claimed(held.via, rest)) if rest else table.delete(network)
     if table:
         return Prefixes(prefixes.by_length.set((version, length), table), prefixes.lengths)
@@ -173,7 +173,7 @@ def prefix_conflicts(
 def _claims(prefixes: Prefixes, cidr: str) -> tuple[PodLocator, ...]:
     version, length, network = parse_cidr(cidr)
     placement = prefixes.by_length.get((version, length), Map()).get(network)
-    return () if placement is None else claimants(placement)
+    return () if placement is None else _claimants(placement)
 
 
 def _lengths(by_length: PrefixMap) -> dict[int, tuple[int, ...]]:
